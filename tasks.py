@@ -77,12 +77,55 @@ def test(c: Context, unit: bool = False, k: str = "", lint: bool = True) -> None
         c.run(f"{py} -m mypy", pty=False)
     paths = "tests/unit tests/overlays" if unit else "tests"
     if not unit:
-        with user_errors():
-            from imageforge.testenv import prepare_integration
+        from imageforge.build import prepare_base
 
-            prepare_integration(ROOT)
+        with user_errors():
+            prepare_base(str(ROOT / "build.yaml"), "cpu")
     selector = f" -k {json_quote(k)}" if k else ""
     c.run(f"{py} -m pytest {paths}{selector}", pty=False)
+
+
+@task(help={"target": "Target whose recipe base image to make (default: cpu)", "manifest": MANIFEST_HELP,
+            "traceback": TRACEBACK_HELP})
+def base(c: Context, target: str = "cpu", manifest: str = "", traceback: bool = False) -> None:
+    """Make the target's base image from its recipe (OS image, wheelhouse, vLLM venv) and its model."""
+    from imageforge.build import prepare_base
+
+    with user_errors(traceback):
+        ref = prepare_base(manifest or None, target)
+        print(f"BASE={ref}")
+
+
+@task(
+    iterable=["set_"],
+    help={
+        "target": "Target name (default: the manifest's default_target)",
+        "profile": "Profile name (default: the target's default_profile)",
+        "set_": "Override a value: KEY=VALUE (serving flag, env.NAME, run.port); repeatable",
+        "manifest": MANIFEST_HELP,
+        "verbose": "Show script and verification output live",
+        "json": "Print a JSON summary at the end",
+        "traceback": TRACEBACK_HELP,
+    },
+)
+def build(
+    c: Context,
+    target: str = "",
+    profile: str = "",
+    set_: list[str] | None = None,
+    manifest: str = "",
+    verbose: bool = False,
+    json: bool = False,
+    traceback: bool = False,
+) -> None:
+    """Build (or reuse from cache) every layer of TARGET:PROFILE, verify it, then move its tags."""
+    from imageforge.build import build_for_cli
+
+    with user_errors(traceback):
+        result = build_for_cli(manifest or None, target or None, profile or None, set_ or [], verbose=verbose,
+                               quiet=json)
+        if json:
+            _print(result.to_json(), True)
 
 
 def json_quote(text: str) -> str:
@@ -98,6 +141,6 @@ def _print(payload: object, as_json: bool) -> None:
         print(payload)
 
 
-ns = Collection(validate, plan, test)
+ns = Collection(validate, plan, base, build, test)
 ns.configure({"run": {"echo": True}})
 os.environ.setdefault("PYTHONUNBUFFERED", "1")

@@ -249,7 +249,8 @@ def format_plan(plan: Plan) -> str:
         profile_line = chain + (f"   ({r.profile.why})" if r.profile.why else "")
     out.append(f"profile   {profile_line}")
     if t.base.recipe is not None:
-        base = f"recipe {t.base.recipe.relative_to(r.manifest.root) if t.base.recipe.is_relative_to(r.manifest.root) else t.base.recipe}"
+        recipe = t.base.recipe
+        base = f"recipe {recipe.relative_to(r.manifest.root) if recipe.is_relative_to(r.manifest.root) else recipe}"
     else:
         base = plan.base_ref or f"${{{t.base.image_env}}} (unset)"
     out.append(f"base      {base}" + (f"  id {plan.base_id[:19]}" if plan.base_id else ""))
@@ -293,7 +294,8 @@ def format_plan(plan: Plan) -> str:
     out.append(f"steps ({len(plan.steps)})")
     for i, s in enumerate(plan.steps, 1):
         key = s.key[:12] if s.key else "-" * 12
-        out.append(f"  {i:>2}. [{s.cache:<7}] {key}  {s.kind:<8} {s.id}" + (f"  ({s.stage})" if s.stage == "profile-step" else ""))
+        stage = f"  ({s.stage})" if s.stage == "profile-step" else ""
+        out.append(f"  {i:>2}. [{s.cache:<7}] {key}  {s.kind:<8} {s.id}{stage}")
         if s.why:
             out.append(f"      why: {s.why}")
         for k, v in s.definition.items():
