@@ -24,8 +24,8 @@ ATTN_TOL = {
 }
 MOE_TOL = {
     torch.float32: (1e-4, 1e-4),
-    torch.float16: (1e-2, 1e-2),
-    torch.bfloat16: (6e-2, 4e-2),
+    torch.float16: (3e-3, 3e-3),
+    torch.bfloat16: (2.5e-2, 2e-2),
 }
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
