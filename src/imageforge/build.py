@@ -286,6 +286,17 @@ class PackageInfo:
     python_version: str
 
 
+def process_overrides(parent_config: Mapping[str, Any], argv: Sequence[str]) -> dict[str, Any]:
+    """create() arguments that run ``argv`` while letting commit restore the parent's config.
+
+    ``docker commit`` fills an empty ENTRYPOINT from the container, so the ENTRYPOINT is only
+    overridden when the parent has one (commit then restores it explicitly).
+    """
+    if parent_config.get("Entrypoint"):
+        return {"entrypoint": [argv[0]], "command": list(argv[1:])}
+    return {"command": list(argv)}
+
+
 def discovery_cache_dir() -> Path:
     root = Path(os.environ.get("IMAGEFORGE_CACHE", Path.home() / ".cache" / "imageforge"))
     return root / "discovery"
@@ -301,8 +312,8 @@ def discover_package(image_id: str, target: Target, scope: Containers, log: Log)
             data = json.loads(cache_file.read_text())
     if data is None:
         t0 = time.monotonic()
-        container = scope.create(image_id, entrypoint=["python3", "-c", DISCOVER, pkg.distribution, pkg.import_name],
-                                 command=[], labels={L_KIND: "discover"})
+        container = scope.create(image_id, entrypoint=["python3"], command=["-c", DISCOVER, pkg.distribution,
+                                 pkg.import_name], labels={L_KIND: "discover"})
         container.start()
         status = container.wait(timeout=120)
         output = container.logs(stdout=True, stderr=True).decode(errors="replace")
@@ -418,7 +429,8 @@ class DaemonProbe:
             return None
 
     def lookup(self, key: str) -> str | None:
-        images = self._client.images.list(filters={"label": f"{L_KEY}={key}"})
+        # all=True: intermediate layers are parents of later ones and hidden from a plain list.
+        images = self._client.images.list(all=True, filters={"label": f"{L_KEY}={key}"})
         return str(images[0].id) if images else None
 
 
@@ -503,6 +515,15 @@ class Builder:
         config.update(conf or {})
         with daemon_errors(f"committing step {planned.id}"):
             image = container.commit(message=f"imageforge {planned.kind} {planned.id}", author=TOOL, conf=config)
+            got = client().images.get(image.id).attrs["Config"] or {}
+        for key in ("Entrypoint", "Cmd", "WorkingDir", "User"):
+            if (got.get(key) or None) != (config.get(key) or None):
+                raise BuildError(
+                    f"committing step {planned.id} changed the image's {key}",
+                    expected=json.dumps(config.get(key)), found=json.dumps(got.get(key)),
+                    hint="a base image with neither ENTRYPOINT nor CMD cannot keep them empty through "
+                    "`docker commit`; give the base a CMD",
+                )
         return str(image.id)
 
     def site_path(self, path: str) -> str:
@@ -656,8 +677,8 @@ class Builder:
         data = step.source.read_bytes()
         with daemon_errors(f"script step {step.id}"):
             container = self.scope.create(
-                parent, entrypoint=["/bin/sh", "-c"], command=["trap 'exit 0' TERM; while :; do sleep 1; done"],
-                labels={L_KIND: "step-script"},
+                parent, labels={L_KIND: "step-script"},
+                **process_overrides(parent_config, ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]),
             )
             try:
                 container.start()
@@ -706,7 +727,7 @@ class Builder:
         parent_config = client().images.get(parent).attrs["Config"] or {}
         spec = verify_spec(self.plan, self.info.site)
         with daemon_errors("verifying"):
-            report = verify_image(self.scope, parent, self.target, self.info, spec, log=self.log,
+            report = verify_image(self.scope, parent, parent_config, self.target, self.info, spec, log=self.log,
                                   verbose=self.verbose)
         image_id = self.commit(report.container, planned, parent_config,
                                extra_labels={L_VERIFIED: canonical(report.summary())})

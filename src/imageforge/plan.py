@@ -24,7 +24,7 @@ import yaml
 from .manifest import Step
 from .resolve import Resolved
 
-KEY_VERSION = "imageforge-cache-v1"
+KEY_VERSION = "imageforge-cache-v2"  # bump when the engine makes different layers from the same inputs
 Stage = Literal["step", "profile-step", "verify", "config"]
 CacheState = Literal["HIT", "MISS", "UNKNOWN"]
 

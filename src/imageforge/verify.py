@@ -188,14 +188,16 @@ def failures_of(result: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def verify_image(scope: Containers, parent: str, target: Target, info: PackageInfo, spec: VerifySpec, *,
-                 log: Callable[[str], None], verbose: bool) -> VerifyReport:
+def verify_image(scope: Containers, parent: str, parent_config: Mapping[str, Any], target: Target, info: PackageInfo,
+                 spec: VerifySpec, *, log: Callable[[str], None], verbose: bool) -> VerifyReport:
     """Run the checks in a container from ``parent``; raise BuildError (no tag moves) on failure."""
     import time
 
+    from .build import process_overrides
+
     t0 = time.monotonic()
-    container = scope.create(parent, entrypoint=[info.python, "-c", IN_IMAGE, json.dumps(spec.to_json())],
-                             command=[], labels={"org.imageforge.kind": "verify"})
+    argv = [info.python, "-c", IN_IMAGE, json.dumps(spec.to_json())]
+    container = scope.create(parent, labels={"org.imageforge.kind": "verify"}, **process_overrides(parent_config, argv))
     container.start()
     status = container.wait(timeout=900)
     output = container.logs(stdout=True, stderr=True).decode(errors="replace")

