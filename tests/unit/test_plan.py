@@ -1,0 +1,80 @@
+"""Plan: chained cache keys, rendering, CMD fitting; a fake probe stands in for the daemon."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from imageforge.manifest import load_manifest
+from imageforge.plan import chain_key, fit_command, format_plan, make_plan
+from imageforge.resolve import resolve
+
+
+class FakeProbe:
+    def __init__(self, known: set[str]) -> None:
+        self.known = known
+
+    def base_image_id(self, reference: str) -> str | None:
+        return "sha256:" + "b" * 64
+
+    def lookup(self, key: str) -> str | None:
+        return "sha256:" + key if key in self.known else None
+
+
+def plan_for(path: Path, profile: str | None = None, probe: FakeProbe | None = None, sets: list[str] | None = None):  # type: ignore[no-untyped-def]
+    r = resolve(load_manifest(path), "t", profile, environ={}, sets=sets or [])
+    return make_plan(r, environ={}, probe=probe)
+
+
+def test_plan_without_daemon_is_unknown(write_manifest: Callable[..., Path]) -> None:
+    plan = plan_for(write_manifest())
+    assert [s.cache for s in plan.steps] == ["UNKNOWN"] * 4
+    assert [s.kind for s in plan.steps] == ["overlay", "patch", "verify", "config"]
+    data = plan.to_json()
+    assert data["target"] == "t" and data["profile"] == "small" and data["serving"]["max-num-seqs"] == 2
+    assert {"id", "kind", "cache"} <= set(data["steps"][0])
+    assert "cache: UNKNOWN" in format_plan(plan)
+
+
+def test_keys_chain_and_profile_change_touches_only_config(write_manifest: Callable[..., Path]) -> None:
+    path = write_manifest()
+    small = plan_for(path, "small", FakeProbe(set()))
+    big = plan_for(path, "big", FakeProbe(set()))
+    assert [s.key for s in small.steps[:3]] == [s.key for s in big.steps[:3]]
+    assert small.steps[3].key != big.steps[3].key
+    assert all(s.cache == "MISS" for s in small.steps)
+    known = {s.key for s in small.steps if s.key}
+    assert all(s.cache == "HIT" for s in plan_for(path, "small", FakeProbe(known)).steps)
+    assert [s.cache for s in plan_for(path, "big", FakeProbe(known)).steps] == ["HIT", "HIT", "HIT", "MISS"]
+
+
+def test_overlay_bytes_change_the_key_and_everything_after(write_manifest: Callable[..., Path]) -> None:
+    path = write_manifest()
+    before = plan_for(path, probe=FakeProbe(set()))
+    (path.parent / "overlays" / "x.py").write_text("X = 2\n")
+    after = plan_for(path, probe=FakeProbe(set()))
+    assert all(a.key != b.key for a, b in zip(before.steps, after.steps, strict=True))
+
+
+def test_set_changes_only_the_config_key(write_manifest: Callable[..., Path]) -> None:
+    path = write_manifest()
+    a = plan_for(path, probe=FakeProbe(set()))
+    b = plan_for(path, probe=FakeProbe(set()), sets=["max-num-seqs=5"])
+    assert [s.key for s in a.steps[:3]] == [s.key for s in b.steps[:3]] and a.final.key != b.final.key
+    assert yaml.safe_load(b.serving_config)["max-num-seqs"] == 5
+
+
+def test_chain_key_is_canonical() -> None:
+    assert chain_key("p", {"a": 1, "b": 2}, {}) == chain_key("p", {"b": 2, "a": 1}, {})
+    assert chain_key("p", {"a": 1}, {}) != chain_key("q", {"a": 1}, {})
+
+
+def test_fit_command() -> None:
+    cmd = ["vllm", "serve"]
+    assert fit_command(None, cmd, "/c.yaml") == ["vllm", "serve", "--config", "/c.yaml"]
+    assert fit_command(["vllm"], cmd, "/c.yaml") == ["serve", "--config", "/c.yaml"]
+    assert fit_command(["/usr/local/bin/vllm"], cmd, "/c.yaml") == ["serve", "--config", "/c.yaml"]
+    assert fit_command(["/bin/bash", "-c"], cmd, "/c.yaml") == ["vllm serve --config /c.yaml"]
+    assert fit_command(["/entrypoint.sh"], cmd, "/c.yaml") == ["vllm", "serve", "--config", "/c.yaml"]

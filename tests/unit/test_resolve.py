@@ -1,0 +1,103 @@
+"""The one precedence chain: manifest -> profile chain -> IMAGEFORGE_SET -> --set."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from imageforge.errors import ConfigError
+from imageforge.manifest import load_manifest
+from imageforge.resolve import parse_assignments, resolve, validate_all
+
+
+@pytest.fixture
+def manifest(write_manifest: Callable[..., Path]):  # type: ignore[no-untyped-def]
+    return load_manifest(write_manifest())
+
+
+def values(r):  # type: ignore[no-untyped-def]
+    return {v.key: (v.value, v.source) for v in r.serving}
+
+
+def test_default_profile_and_sources(manifest) -> None:  # type: ignore[no-untyped-def]
+    r = resolve(manifest, None, None, environ={})
+    assert r.profile_name == "small"
+    assert values(r)["max-num-seqs"] == (2, "profile:small")
+    assert values(r)["model"] == ("/m", "manifest")
+
+
+def test_extends_chain_applies_ancestors_first(manifest) -> None:  # type: ignore[no-untyped-def]
+    r = resolve(manifest, "t", "big", environ={})
+    assert values(r)["max-num-seqs"] == (64, "profile:big")
+    assert values(r)["gpu-memory-utilization"] == (0.95, "profile:big")
+
+
+def test_env_then_cli_precedence(manifest) -> None:  # type: ignore[no-untyped-def]
+    env = {"IMAGEFORGE_SET": "max-num-seqs=16 gpu-memory-utilization=0.8"}
+    r = resolve(manifest, "t", "big", environ=env, sets=["serving.max-num-seqs=32"])
+    assert values(r)["max-num-seqs"] == (32, "cli:--set")
+    assert values(r)["gpu-memory-utilization"] == (0.8, "env:IMAGEFORGE_SET")
+    serving = r.serving_args()
+    assert serving["max-num-seqs"] == 32
+
+
+def test_float_accepts_int_and_env_and_run_keys(manifest) -> None:  # type: ignore[no-untyped-def]
+    r = resolve(manifest, "t", None, environ={}, sets=["gpu-memory-utilization=1", "env.FOO=bar", "run.port=9000"])
+    assert values(r)["gpu-memory-utilization"] == (1.0, "cli:--set")
+    assert r.serving_env() == {"FOO": "bar"}
+    assert r.run.port == 9000
+
+
+def test_unknown_set_key_did_you_mean(manifest) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError) as info:
+        resolve(manifest, "t", None, environ={}, sets=["max-num-seq=4"])
+    assert info.value.message == "cli:--set: unknown key 'max-num-seq'"
+    assert info.value.hint == "did you mean 'max-num-seqs'?"
+    assert info.value.exit_code == 2
+
+
+def test_wrong_type_set(manifest) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError) as info:
+        resolve(manifest, "t", None, environ={}, sets=["max-num-seqs=lots"])
+    err = info.value
+    assert err.message == "cli:--set: wrong type for 'max-num-seqs'"
+    assert (err.expected, err.found) == ("integer", "string 'lots'")
+    with pytest.raises(ConfigError):
+        resolve(manifest, "t", None, environ={}, sets=["enforce-eager=3"])
+    with pytest.raises(ConfigError):
+        resolve(manifest, "t", None, environ={}, sets=["run.port=http"])
+
+
+def test_malformed_assignment(manifest) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError) as info:
+        resolve(manifest, "t", None, environ={"IMAGEFORGE_SET": "max-num-seqs"})
+    assert info.value.message == "env:IMAGEFORGE_SET: cannot read 'max-num-seqs'"
+
+
+def test_unknown_profile_and_target(manifest) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError) as info:
+        resolve(manifest, "t", "bgi", environ={})
+    assert info.value.message == "unknown profile 'bgi' for target 't'"
+    assert info.value.hint == "did you mean 'big'?"
+    with pytest.raises(ConfigError) as info:
+        resolve(manifest, "x", None, environ={})
+    assert info.value.message == "unknown target 'x'"
+
+
+def test_parse_assignments_types() -> None:
+    parsed = parse_assignments(["a=1", "b=0.5", "c=true", "d=text", "e=", "f=a=b"], "cli")
+    assert [(k, v) for k, v, _ in parsed] == [("a", 1), ("b", 0.5), ("c", True), ("d", "text"), ("e", ""),
+                                              ("f", "a=b")]
+
+
+def test_repo_manifest_profiles_match_the_notes() -> None:
+    summary = validate_all(str(Path(__file__).resolve().parents[2] / "build.yaml"))
+    m = summary.manifest
+    expect = {"baseline": (1, 8192, 0.9), "conservative": (8, 8192, 0.9), "aggressive": (256, 32768, 0.95)}
+    for profile, (seqs, tokens, util) in expect.items():
+        args = resolve(m, "bi100", profile, environ={}).serving_args()
+        assert (args["max-num-seqs"], args["max-num-batched-tokens"], args["gpu-memory-utilization"]) == (
+            seqs, tokens, util)
+    assert summary.to_json()["ok"] is True
