@@ -361,13 +361,12 @@ def base_reference(resolved: Resolved, environ: Mapping[str, str], log: Log, *, 
             made = base_mod.ensure_cpu_base(target.base.recipe, log=log)
             ensure_model(resolved, log)
             return made.ref, made.image_id
-        status = base_mod.base_image_status(target.base.recipe)
-        ref = getattr(status, "ref", None)
-        image_id = getattr(status, "image_id", None)
-        if not ref or not image_id:
+        ref = base_mod.base_image_status(target.base.recipe).ref
+        image_id = recipe_image_id(ref)
+        if image_id is None:
             raise InfraError(f"the base image of target {target.name!r} is not built yet",
-                             hint=f"run `invoke base --target {target.name}`")
-        return str(ref), str(image_id)
+                             found=f"no image {ref}", hint=f"run `invoke base --target {target.name}`")
+        return ref, image_id
     ref = target.base.reference(environ)
     if ref is None:
         raise InfraError(
@@ -395,6 +394,15 @@ def base_reference(resolved: Resolved, environ: Mapping[str, str], log: Log, *, 
     return ref, str(image.id)
 
 
+def recipe_image_id(ref: str) -> str | None:
+    import docker.errors
+
+    try:
+        return str(client().images.get(ref).id)
+    except docker.errors.ImageNotFound:
+        return None
+
+
 def ensure_model(resolved: Resolved, log: Log) -> None:
     """Recipe targets may ship a model directory that run options mount (cpu: the tiny model)."""
     recipe = resolved.target.base.recipe
@@ -420,9 +428,7 @@ class DaemonProbe:
         if reference.startswith("recipe:"):
             from . import base as base_mod
 
-            status = base_mod.base_image_status(Path(reference[len("recipe:"):]))
-            image_id = getattr(status, "image_id", None)
-            return str(image_id) if image_id else None
+            return recipe_image_id(base_mod.base_image_status(Path(reference[len("recipe:"):])).ref)
         try:
             return str(self._client.images.get(reference).id)
         except docker.errors.ImageNotFound:
