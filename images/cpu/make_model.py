@@ -18,6 +18,7 @@ Deterministic: the same script version (and `tokenizers` version) writes the sam
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from collections import Counter
@@ -196,7 +197,7 @@ def compute_merges(corpus: str, max_merges: int = MAX_MERGES) -> list[tuple[str,
     while len(merges) < max_merges:
         pairs: Counter[tuple[str, str]] = Counter()
         for word, count in words.items():
-            for a, b in zip(word, word[1:], strict=False):
+            for a, b in itertools.pairwise(word):
                 pairs[(a, b)] += count
         if not pairs:
             break

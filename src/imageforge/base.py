@@ -149,9 +149,7 @@ def parse_lock(text: str, *, source: str = "requirements.lock") -> list[LockEntr
                 )
             hashes.append(hm["hex"])
         if not hashes:
-            raise ConfigError(
-                f"{where}: {m['name']}=={m['version']} has no --hash", hint="every entry needs one"
-            )
+            raise ConfigError(f"{where}: {m['name']}=={m['version']} has no --hash", hint="every entry needs one")
         key = normalize_name(m["name"])
         if key in seen:
             raise ConfigError(f"{where}: {m['name']} is pinned twice (first at line {seen[key]})")
@@ -230,9 +228,7 @@ def load_recipe(recipe_dir: Path) -> Recipe:
     try:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(
-            f"no base image recipe at {path}", hint="the cpu target's recipe is images/cpu/"
-        ) from None
+        raise ConfigError(f"no base image recipe at {path}", hint="the cpu target's recipe is images/cpu/") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
@@ -327,9 +323,7 @@ def _host_sources_files(suite: str, tmp: Path, etc_apt: Path = Path("/etc/apt"))
     files: list[str] = []
     one_line = [etc_apt / "sources.list", *sorted((etc_apt / "sources.list.d").glob("*.list"))]
     text = "".join(
-        filter_apt_sources(f.read_text(errors="replace"), suite, deb822=False)
-        for f in one_line
-        if f.is_file()
+        filter_apt_sources(f.read_text(errors="replace"), suite, deb822=False) for f in one_line if f.is_file()
     )
     if text:
         p = tmp / "host.list"
@@ -429,21 +423,15 @@ def _candidates(entry: LockEntry, d: Path) -> list[Path]:
 
 
 def missing_wheels(entries: Sequence[LockEntry], d: Path, *, verify: bool = True) -> list[LockEntry]:
-    """Entries without a matching wheel in ``d``.  With ``verify`` the sha256 must match too
-    (mismatching files are removed: the wheelhouse is a cache, the lock is the truth)."""
+    """Entries without a matching wheel in ``d``.  With ``verify`` the sha256 must match too: a
+    file that does not match counts as missing (a fresh download replaces it only when the
+    download matches the lock, so a wrong lock never destroys a good cached wheel)."""
     if not d.is_dir():
         return list(entries)
     cache = _HashCache.load(d) if verify else None
     missing = []
     for e in entries:
-        ok = False
-        for p in _candidates(e, d):
-            if cache is None or cache.sha256(p) in e.hashes:
-                ok = True
-                break
-            with contextlib.suppress(OSError):
-                p.unlink()  # a corrupt or foreign file of that name
-        if not ok:
+        if not any(cache is None or cache.sha256(p) in e.hashes for p in _candidates(e, d)):
             missing.append(e)
     if cache is not None:
         cache.save()
@@ -559,9 +547,7 @@ def build_os_image(recipe: Recipe, key: str, *, log: Log = print) -> Any:
         labels = de.tool_labels(KIND_OS, key)
         api = de.client().api
         repo, tag = ref.rsplit(":", 1)
-        out = api.import_image_from_file(
-            str(tar), repository=repo, tag=tag, changes=import_changes(recipe.os, labels)
-        )
+        out = api.import_image_from_file(str(tar), repository=repo, tag=tag, changes=import_changes(recipe.os, labels))
         text = out if isinstance(out, str) else json.dumps(out)
         if '"error"' in text.lower() and not de.image_or_none(ref):
             raise BuildError("docker import of the OS root tarball failed", log_tail=de.tail_lines(text))
@@ -632,8 +618,7 @@ def build_vllm_image(
             tail = de.tail_lines(log_path.read_bytes()[-40000:], 30)
             mismatch = any("DO NOT MATCH THE HASHES" in ln or "Expected sha256" in ln for ln in tail)
             raise BuildError(
-                f"installing the lock into {v['venv']} failed (exit {status}): "
-                + " ".join(_install_command(v)),
+                f"installing the lock into {v['venv']} failed (exit {status}): " + " ".join(_install_command(v)),
                 hint=(
                     "a wheel's sha256 does not match requirements.lock: regenerate the lock or remove the "
                     "wheel from the wheelhouse"
@@ -751,11 +736,7 @@ class BaseStatus:
         wh = (
             "not needed"
             if self.vllm_present
-            else (
-                f"{self.wheels_missing} of {self.wheels} wheel(s) to download"
-                if self.wheels_missing
-                else "complete"
-            )
+            else (f"{self.wheels_missing} of {self.wheels} wheel(s) to download" if self.wheels_missing else "complete")
         )
         return [
             f"vLLM base image {self.ref}: {state(self.vllm_present)}",

@@ -106,8 +106,7 @@ def disk_shortfalls(needs: Sequence[DiskNeed], free_of: Callable[[Path], int]) -
         if free < total:
             parts = " + ".join(f"{human_bytes(n.need)} for {n.what}" for n in group)
             out.append(
-                f"{_existing_ancestor(group[0].path)}: {human_bytes(free)} free, "
-                f"{human_bytes(total)} needed ({parts})"
+                f"{_existing_ancestor(group[0].path)}: {human_bytes(free)} free, {human_bytes(total)} needed ({parts})"
             )
     return out
 
