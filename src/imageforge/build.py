@@ -361,12 +361,12 @@ def base_reference(resolved: Resolved, environ: Mapping[str, str], log: Log, *, 
             made = base_mod.ensure_cpu_base(target.base.recipe, log=log)
             ensure_model(resolved, log)
             return made.ref, made.image_id
-        ref = base_mod.base_image_status(target.base.recipe).ref
-        image_id = recipe_image_id(ref)
-        if image_id is None:
+        recipe_ref = base_mod.base_image_status(target.base.recipe).ref
+        recipe_id = recipe_image_id(recipe_ref)
+        if recipe_id is None:
             raise InfraError(f"the base image of target {target.name!r} is not built yet",
-                             found=f"no image {ref}", hint=f"run `invoke base --target {target.name}`")
-        return ref, image_id
+                             found=f"no image {recipe_ref}", hint=f"run `invoke base --target {target.name}`")
+        return recipe_ref, recipe_id
     ref = target.base.reference(environ)
     if ref is None:
         raise InfraError(
@@ -593,7 +593,7 @@ class Builder:
         existing = path_stat(container, dest)
         if existing is not None and is_dir(existing):
             raise BuildError(f"overlay destination {dest} is a directory in the image",
-                             location=step.location, key_path=f"{step.key_path}.dest")
+                             location=step.where("dest"), key_path=f"{step.key_path}.dest")
         entries.append(file_entry(dest, data, mode=mode, uid=uid, gid=gid))
         payloads[entries[-1].name] = data
         return f"{'replaced' if existing else 'added'} {dest} ({len(data)} bytes, mode {mode:o})"
@@ -605,7 +605,7 @@ class Builder:
         if found is None:
             raise BuildError(
                 f"patch target {path} does not exist in the image",
-                location=step.location, key_path=f"{step.key_path}.file",
+                location=step.where("file"), key_path=f"{step.key_path}.file",
                 hint="check the path with `invoke check-patches`",
             )
         data, member = found
@@ -616,7 +616,7 @@ class Builder:
         if outcome.result is None:
             raise BuildError(
                 f"patch {step.id!r} does not apply to {path}: {describe(outcome)}",
-                location=step.location, key_path=f"{step.key_path}.old",
+                location=step.where("old"), key_path=f"{step.key_path}.old",
                 expected=f"the anchor exactly {outcome.expected} time(s)",
                 found=f"{outcome.found} time(s)",
                 hint="`invoke check-patches --diff` shows every patch; `invoke patch-from` writes new anchors",

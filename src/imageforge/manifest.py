@@ -96,6 +96,11 @@ class Step:
     profile: str | None
     spec: Mapping[str, Any]
     source_path: Path | None = None  # absolute host path of an overlay/script source
+    field_locations: Mapping[str, Location] = field(default_factory=lambda: frozen_map({}))
+
+    def where(self, key: str) -> Location:
+        """Location of one of the step's keys (the step itself when unknown)."""
+        return self.field_locations.get(key, self.location)
 
     @property
     def source(self) -> Path:
@@ -346,6 +351,7 @@ class _Builder:
             profile=profile,
             spec=frozen_map(spec),
             source_path=source_path,
+            field_locations=frozen_map({k: self.doc.location((*kp, k)) for k in raw}),
         )
 
     # -- target ---------------------------------------------------------------

@@ -1,0 +1,298 @@
+"""The build engine on a real daemon.
+
+Most tests build on a small probe base (the project's own OS image plus a fake installed
+distribution `probepkg`), so layers are cheap to save and grep; one test builds the real
+`cpu` target from build.yaml on real vLLM files.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import tarfile
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imageforge.build import L_KEY, L_TOOL, L_VERIFIED, build
+from imageforge.errors import BuildError, InfraError
+from imageforge.manifest import load_manifest
+from imageforge.plan import make_plan
+from imageforge.resolve import resolve
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+PROBE_TAG = "imageforge-test/probe-base:1"
+SECRET = "s3cr3t-planted-by-test-9f1c7a"
+
+
+def docker_client() -> Any:
+    from imageforge.docker_engine import client, ensure_daemon
+
+    ensure_daemon()
+    return client()
+
+
+@pytest.fixture(scope="session")
+def probe_base() -> str:
+    """OS image + /usr/lib/python3/dist-packages/probepkg (a distribution importlib.metadata finds)."""
+    from imageforge import base
+
+    c = docker_client()
+    os_ref = base.base_image_status(REPO / "images" / "cpu").os_ref
+    c.images.get(os_ref)  # made by `invoke test` before pytest (prepare_base)
+    files = {
+        "usr/lib/python3/dist-packages/probepkg/__init__.py": b"VALUE = 1\n",
+        "usr/lib/python3/dist-packages/probepkg/mod.py": b"NAME = 'a'\n",
+        "usr/lib/python3/dist-packages/probepkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: probepkg\n"
+        b"Version: 1.0\n",
+    }
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    container = c.containers.create(os_ref, command=["/bin/bash"], labels={L_TOOL: "imageforge"})
+    try:
+        container.put_archive("/", buf.getvalue())
+        container.commit(repository=PROBE_TAG.split(":")[0], tag="1",
+                         conf={"Entrypoint": None, "Cmd": ["/bin/bash"], "WorkingDir": "/srv",
+                               "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                                       "BASE_MARKER=kept"], "Labels": {L_TOOL: "imageforge"}})
+    finally:
+        container.remove(force=True)
+    return PROBE_TAG
+
+
+MANIFEST = """\
+version: 1
+default_target: probe
+targets:
+  probe:
+    base: {{image: "{base}"}}
+    package: {{import: probepkg, distribution: probepkg, version: "1.0"}}
+    image: imageforge-test/{name}
+    steps:
+      - id: add-module
+        kind: overlay
+        source: overlays/extra.py
+        dest: probepkg/extra.py
+      - id: value
+        kind: patch
+        file: probepkg/__init__.py
+        old: "VALUE = 1"
+        new: "VALUE = 2"
+      - id: secret-script
+        kind: script
+        source: overlays/step.sh
+        env: {{API_TOKEN: "{secret}"}}
+    verify:
+      imports: [probepkg, probepkg.extra]
+    serving:
+      config_path: /etc/probe/serve.yaml
+      args: {{model: /m, max-num-seqs: 1}}
+      env: {{SERVE_MARKER: "yes"}}
+    default_profile: one
+    profiles:
+      one: {{args: {{max-num-seqs: 1}}}}
+      two: {{args: {{max-num-seqs: 2}}}}
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path, probe_base: str) -> Iterator[Path]:
+    (tmp_path / "overlays").mkdir()
+    (tmp_path / "overlays" / "extra.py").write_text("EXTRA = 'overlay'\n")
+    script = tmp_path / "overlays" / "step.sh"
+    script.write_text('#!/bin/sh\nset -eu\n[ -n "$API_TOKEN" ]\necho "script ran with a token of ${#API_TOKEN} chars"\n'
+                      "mkdir -p /opt/probe && echo done > /opt/probe/marker\n")
+    script.chmod(0o755)
+    name = tmp_path.name.lower().replace("_", "-")[:40]
+    (tmp_path / "build.yaml").write_text(MANIFEST.format(base=probe_base, name=name, secret=SECRET))
+    yield tmp_path
+    c = docker_client()
+    for image in c.images.list(name=f"imageforge-test/{name}"):
+        for tag in image.tags:
+            c.images.remove(tag, force=True)
+
+
+def do_build(path: Path, profile: str | None = None, sets: list[str] | None = None) -> Any:
+    r = resolve(load_manifest(path / "build.yaml"), None, profile, environ={}, sets=sets or [])
+    return build(r, environ={}, echo=lambda _line: None)
+
+
+def run_in(image: str, *argv: str) -> str:
+    c = docker_client()
+    out = c.containers.run(image, entrypoint=list(argv[:1]), command=list(argv[1:]), remove=True,
+                           labels={L_TOOL: "imageforge"})
+    return bytes(out).decode().strip()
+
+
+def states(result: Any) -> list[str]:
+    return [s.cache for s in result.steps]
+
+
+def test_first_build_then_all_hit_and_plan_agrees(project: Path) -> None:
+    first = do_build(project)
+    assert states(first) == ["BUILT"] * 5
+    again = do_build(project)
+    assert states(again) == ["HIT"] * 5
+    assert again.image_id == first.image_id
+    r = resolve(load_manifest(project / "build.yaml"), None, None, environ={})
+    from imageforge.build import DaemonProbe
+
+    plan = make_plan(r, environ={}, probe=DaemonProbe())
+    assert [s["cache"] for s in plan.to_json()["steps"]] == ["HIT"] * 5
+    assert (first.run_dir / "summary.json").exists() and (first.run_dir / "plan.json").exists()
+
+
+def test_changed_overlay_rebuilds_from_that_step(project: Path) -> None:
+    do_build(project)
+    (project / "overlays" / "extra.py").write_text("EXTRA = 'changed'\n")
+    result = do_build(project)
+    assert states(result) == ["BUILT"] * 5
+    # Changing the patch only: the overlay layer is reused.
+    text = (project / "build.yaml").read_text().replace('new: "VALUE = 2"', 'new: "VALUE = 3"')
+    (project / "build.yaml").write_text(text)
+    result = do_build(project)
+    assert states(result) == ["HIT", "BUILT", "BUILT", "BUILT", "BUILT"]
+    code = "import probepkg.extra as e, probepkg; print(e.EXTRA, probepkg.VALUE)"
+    assert run_in(result.tags[0], "python3", "-c", code) == "changed 3"
+
+
+def test_profile_switch_reuses_shared_layers(project: Path) -> None:
+    one = do_build(project, "one")
+    two = do_build(project, "two")
+    assert states(two) == ["HIT", "HIT", "HIT", "HIT", "BUILT"]
+    assert [s.image_id for s in one.steps[:4]] == [s.image_id for s in two.steps[:4]]
+    c = docker_client()
+    size_delta = c.images.get(two.image_id).attrs["Size"] - c.images.get(one.steps[3].image_id).attrs["Size"]
+    assert size_delta < 64 * 1024
+    assert "max-num-seqs: 2" in run_in(two.tags[0], "cat", "/etc/probe/serve.yaml")
+
+
+def test_base_config_kept_cmd_from_serving(project: Path) -> None:
+    result = do_build(project)
+    cfg = docker_client().images.get(result.image_id).attrs["Config"]
+    assert cfg["Entrypoint"] is None
+    assert cfg["Cmd"] == ["vllm", "serve", "--config", "/etc/probe/serve.yaml"]
+    assert cfg["WorkingDir"] == "/srv"
+    assert "BASE_MARKER=kept" in cfg["Env"] and "SERVE_MARKER=yes" in cfg["Env"]
+    labels = cfg["Labels"]
+    assert labels[L_TOOL] == "imageforge" and labels[L_KEY] == result.steps[-1].key
+    assert labels["org.imageforge.step.add-module.sha256.overlays/extra.py"]
+    assert json.loads(labels[L_VERIFIED])["ok"] is True
+    assert {"org.imageforge.manifest-digest", "org.imageforge.run-id", "org.imageforge.revision",
+            "org.imageforge.created", "org.imageforge.base-id"} <= set(labels)
+    for step in result.steps[:3]:
+        mid = docker_client().images.get(step.image_id).attrs["Config"]
+        assert mid["Entrypoint"] is None and mid["Cmd"] == ["/bin/bash"]
+
+
+def test_planted_secret_is_nowhere(project: Path) -> None:
+    result = do_build(project)
+    c = docker_client()
+    image = c.images.get(result.image_id)
+    assert SECRET not in json.dumps(image.attrs)
+    history = subprocess.run(["docker", "history", "--no-trunc", result.image_id], capture_output=True,
+                             text=True, check=True).stdout
+    assert SECRET not in history and "API_TOKEN" not in history
+    raw = b"".join(image.save(named=False))
+    with tarfile.open(fileobj=io.BytesIO(raw)) as outer:
+        layers = [m for m in outer.getmembers() if m.name.endswith("layer.tar")]
+        assert layers
+        for member in layers:
+            data = outer.extractfile(member)
+            assert data is not None
+            blob = data.read()
+            assert SECRET.encode() not in blob, member.name
+            with tarfile.open(fileobj=io.BytesIO(blob)) as layer:
+                assert not any("imageforge-step" in n for n in layer.getnames())
+    assert run_in(result.tags[0], "cat", "/opt/probe/marker") == "done"
+
+
+def test_same_size_patch_defeats_stale_bytecode(project: Path) -> None:
+    """A .pyc compiled before a same-size patch that kept the mtime would shadow the patch."""
+    script = project / "overlays" / "compile.sh"
+    script.write_text("#!/bin/sh\nset -eu\npython3 -m py_compile /usr/lib/python3/dist-packages/probepkg/mod.py\n")
+    script.chmod(0o755)
+    text = (project / "build.yaml").read_text().replace(
+        "      - id: secret-script",
+        textwrap.indent(textwrap.dedent("""\
+            - id: compile-first
+              kind: script
+              source: overlays/compile.sh
+            - id: same-size
+              kind: patch
+              file: probepkg/mod.py
+              old: "NAME = 'a'"
+              new: "NAME = 'b'"
+            """), "      ") + "      - id: secret-script",
+    )
+    (project / "build.yaml").write_text(text)
+    result = do_build(project)
+    by_id = {s.id: s for s in result.steps}
+    read = ["python3", "-c", "import probepkg.mod as m; print(m.NAME)"]
+    # The hazard is real: right after the patch layer, Python still runs the old bytecode.
+    assert run_in(by_id["same-size"].image_id, *read) == "a"
+    assert run_in(result.tags[0], *read) == "b"
+
+
+def test_verify_catches_syntax_error_and_no_tag_moves(project: Path) -> None:
+    good = do_build(project)
+    (project / "overlays" / "extra.py").write_text("def broken(:\n")
+    with pytest.raises(BuildError) as info:
+        do_build(project)
+    err = info.value
+    assert err.exit_code == 3 and "verification" in err.message
+    assert any("extra.py does not compile" in line for line in err.log_tail)
+    c = docker_client()
+    assert c.images.get(good.tags[0]).id == good.image_id
+    leaked = c.containers.list(all=True, filters={"label": f"{L_TOOL}=imageforge", "status": "exited"})
+    assert not [x for x in leaked if x.labels.get("org.imageforge.kind") == "verify"]
+
+
+def test_missing_anchor_names_step_and_near_match(project: Path) -> None:
+    text = (project / "build.yaml").read_text().replace('old: "VALUE = 1"', 'old: "VALUE  = 1"')
+    (project / "build.yaml").write_text(text)
+    with pytest.raises(BuildError) as info:
+        do_build(project)
+    err = info.value
+    assert "patch 'value' does not apply to /usr/lib/python3/dist-packages/probepkg/__init__.py" in err.message
+    assert "closest: line 1: 'VALUE = 1'" in err.message
+    assert err.location is not None and err.location.line == 16  # the `old:` key
+
+
+def test_version_mismatch_is_clear(project: Path) -> None:
+    text = (project / "build.yaml").read_text().replace('version: "1.0"', 'version: "2.0"')
+    (project / "build.yaml").write_text(text)
+    with pytest.raises(BuildError) as info:
+        do_build(project)
+    assert info.value.expected == "2.0" and info.value.found == "1.0"
+
+
+def test_missing_base_image_is_infra_error(project: Path) -> None:
+    text = (project / "build.yaml").read_text().replace(PROBE_TAG, "imageforge-test/absent:0")
+    (project / "build.yaml").write_text(text)
+    with pytest.raises(InfraError) as info:
+        do_build(project)
+    assert info.value.exit_code == 5 and "not on the Docker daemon" in info.value.message
+
+
+def test_real_cpu_target_patches_vllm() -> None:
+    r = resolve(load_manifest(REPO / "build.yaml"), "cpu", "conservative", environ=os.environ)
+    result = build(r, environ=os.environ, echo=lambda _line: None)
+    code = ("import vllm.v1.attention.ops.prefix_prefill as p, inspect; src = inspect.getsource(p); "
+            "print(p.__file__); print('BASE_BLOCK = 64' in src, 'NUM_WARPS = 4  #' in src)")
+    out = run_in(result.tags[0], "python3", "-c", code).splitlines()
+    assert out[-1] == "True True"
+    cfg = docker_client().images.get(result.image_id).attrs["Config"]
+    assert cfg["Cmd"] == ["vllm", "serve", "--config", "/etc/imageforge/serving.yaml"]
+    assert "VLLM_CPU_KVCACHE_SPACE=1" in cfg["Env"] and any(e.startswith("VIRTUAL_ENV=") for e in cfg["Env"])
