@@ -205,13 +205,14 @@ def apt_install(packages: Sequence[str], *, log: Callable[[str], None] = print) 
             f"{', '.join(packages)} missing and there is no apt-get to install it",
             hint="install the Debian packages " + " ".join(packages) + " (or their equivalents) by hand",
         )
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    # Recommends included: that is the set measured to work here (cgroupfs-mount, apparmor, ...).
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive", NEEDRESTART_MODE="a", NEEDRESTART_SUSPEND="1")
     hint = "check that Debian's package repositories are reachable (apt-get update)"
     t0 = time.monotonic()
     log(f"installing Debian packages: {' '.join(packages)} (apt-get)")
     run_logged(["apt-get", "update", "-q"], what="apt-get update", env=env, error=InfraError, hint=hint)
     run_logged(
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages],
+        ["apt-get", "install", "-y", "-q", "-o", "Dpkg::Options::=--force-confold", *packages],
         what="apt-get install",
         env=env,
         error=InfraError,
