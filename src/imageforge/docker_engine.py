@@ -246,17 +246,23 @@ def _which_sbin(executable: str) -> str | None:
 # --------------------------------------------------------------------------------------------
 
 
+_ANSWERED: set[str | None] = set()
+
+
 def _ping(timeout: float = 5) -> str | None:
-    """None when a daemon answers, else a short reason."""
+    """None when a daemon answers, else a short reason (a daemon that answered once is trusted)."""
     import docker  # lazy
     from docker.errors import DockerException
 
+    if docker_host() in _ANSWERED:
+        return None
     try:
         c = docker.from_env(timeout=max(1, int(timeout)))
     except DockerException as exc:
         return str(exc)
     try:
         c.ping()
+        _ANSWERED.add(docker_host())
         return None
     except Exception as exc:  # requests' connection errors and DockerException alike
         return str(exc)
