@@ -1,0 +1,91 @@
+"""PermanentFallback: errors and hangs disable the fast path for good; success keeps it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import triton_fallback
+from triton_fallback import PermanentFallback
+
+
+def test_success_keeps_fast_path() -> None:
+    guard = PermanentFallback("k", first_call_timeout=5)
+    calls: list[str] = []
+    for i in range(3):
+        assert guard.run(lambda x: calls.append("fast") or x * 2, lambda x: calls.append("slow") or -1, i) == i * 2
+    assert calls == ["fast"] * 3 and guard.enabled
+
+
+def test_error_on_first_call_falls_back_forever() -> None:
+    guard = PermanentFallback("k", first_call_timeout=5)
+    fast_calls = 0
+
+    def fast(x: int) -> int:
+        nonlocal fast_calls
+        fast_calls += 1
+        raise RuntimeError("SMEM overflow")
+
+    assert guard.run(fast, lambda x: x + 100, 1) == 101
+    assert guard.run(fast, lambda x: x + 100, 2) == 102
+    assert fast_calls == 1
+    assert guard.disabled_reason == "RuntimeError: SMEM overflow"
+
+
+def test_error_after_proven_also_disables() -> None:
+    guard = PermanentFallback("k", first_call_timeout=5)
+    state = {"fail": False}
+
+    def fast() -> str:
+        if state["fail"]:
+            raise ValueError("late")
+        return "fast"
+
+    assert guard.run(fast, lambda: "slow") == "fast"
+    state["fail"] = True
+    assert guard.run(fast, lambda: "slow") == "slow"
+    state["fail"] = False
+    assert guard.run(fast, lambda: "slow") == "slow"
+    assert not guard.enabled
+
+
+def test_hang_on_first_call_falls_back_within_timeout() -> None:
+    guard = PermanentFallback("k", first_call_timeout=0.3)
+    release = threading.Event()
+    started = time.monotonic()
+    assert guard.run(lambda: release.wait(30) and "fast", lambda: "slow") == "slow"
+    assert time.monotonic() - started < 5
+    assert guard.disabled_reason is not None and "hang" in guard.disabled_reason
+    release.set()
+    assert guard.run(lambda: "fast", lambda: "slow") == "slow"
+
+
+def test_concurrent_first_calls_run_fast_path_once() -> None:
+    guard = PermanentFallback("k", first_call_timeout=5)
+    count = 0
+    lock = threading.Lock()
+
+    def fast() -> str:
+        nonlocal count
+        with lock:
+            count += 1
+        time.sleep(0.05)
+        return "fast"
+
+    results: list[str] = []
+    threads = [threading.Thread(target=lambda: results.append(guard.run(fast, lambda: "slow"))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == ["fast"] * 8 and count == 8
+
+
+def test_timeout_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IMAGEFORGE_TRITON_FIRST_CALL_TIMEOUT", "7.5")
+    assert PermanentFallback("k").first_call_timeout == 7.5
+
+
+def test_has_triton_reflects_import() -> None:
+    assert triton_fallback.triton_available() == triton_fallback.HAS_TRITON
