@@ -833,6 +833,14 @@ def build(resolved: Resolved, *, environ: Mapping[str, str], echo: Log = print, 
     from .docker_engine import ensure_daemon
 
     t_start = time.monotonic()
+    target = resolved.target
+    if target.base.recipe is None and target.base.reference(environ) is None:
+        # Fail before touching Docker: the vendor image reference is missing.
+        raise InfraError(
+            f"the base image of target {target.name!r} comes from ${target.base.image_env}, which is not set",
+            key_path=f"targets.{target.name}.base.image",
+            hint=target.base.load_hint or f"export {target.base.image_env}=<image reference>",
+        )
     run_id = new_run_id()
     root = resolved.manifest.root
     runlog = RunLog(root, run_id, echo)
