@@ -296,3 +296,14 @@ def test_real_cpu_target_patches_vllm() -> None:
     cfg = docker_client().images.get(result.image_id).attrs["Config"]
     assert cfg["Cmd"] == ["vllm", "serve", "--config", "/etc/imageforge/serving.yaml"]
     assert "VLLM_CPU_KVCACHE_SPACE=1" in cfg["Env"] and any(e.startswith("VIRTUAL_ENV=") for e in cfg["Env"])
+
+
+def test_concurrent_builds_leave_consistent_tags(project: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _i: do_build(project), range(2)))
+    assert results[0].image_id == results[1].image_id
+    assert sorted(states(results[0]) + states(results[1])).count("HIT") >= 5  # the second reused the first
+    c = docker_client()
+    assert {c.images.get(tag).id for tag in results[0].tags} == {results[0].image_id}
