@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import BuildError, ConfigError, InfraError
+from .errors import BuildError, ConfigError, ImageforgeError, InfraError
 from .manifest import Step, Target, resolve_image_path
 from .patching import apply_patch, describe
 from .plan import CacheProbe, Plan, PlannedStep, canonical, fit_command, make_plan
@@ -895,6 +895,14 @@ def build(resolved: Resolved, *, environ: Mapping[str, str], echo: Log = print, 
                    f"({result.built} of {n} steps built, {result.seconds:.1f}s)")
             runlog.write_json("summary.json", result.to_json())
             return result
+    except ImageforgeError as exc:
+        runlog.write_json("summary.json", {"run_id": run_id, "target": resolved.target.name,
+                                           "profile": resolved.profile_name, "ok": False, "exit_code": exc.exit_code,
+                                           "error": exc.render()})
+        raise
+    except KeyboardInterrupt:
+        runlog.write_json("summary.json", {"run_id": run_id, "ok": False, "exit_code": 130, "error": "interrupted"})
+        raise
     finally:
         runlog.close()
 
