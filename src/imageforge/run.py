@@ -1,0 +1,621 @@
+"""Start a target's serving container, wait until it is ready, stop it again.
+
+* :func:`container_spec` turns a resolved target/profile into the keyword arguments of the
+  docker SDK's ``containers.create`` (pure: unit-tested without a daemon).  The image is the
+  built ``<image>:<profile>`` (its CMD already serves the rendered config), or with
+  ``base=True`` the base image with the serving arguments as ``vllm serve MODEL --flag value``.
+* The container port is published on 127.0.0.1 only, on ``port`` or on a free port.
+* :func:`wait_ready` polls ``GET /health`` with a progress line; a container that exits or a
+  timeout raises with the state, the exit code, the last 50 log lines and a hint.
+* :func:`serving` is the context manager the smoke runner and the tests use: the container is
+  always stopped and removed (errors and Ctrl-C included), its log kept in the run directory.
+* :func:`stop_servers` removes what ``invoke run`` left running, found by label.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .build import L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL, TOOL, new_run_id
+from .errors import ConfigError, InfraError, SmokeError
+from .resolve import Resolved
+
+Log = Callable[[str], None]
+
+KIND_SERVER = "server"
+HOST = "127.0.0.1"
+LOG_TAIL = 50
+STOP_TIMEOUT = 10
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def cli_args(args: Mapping[str, Any]) -> list[str]:
+    """Serving arguments as ``vllm serve`` flags: ``model`` positional first, then ``--key value``.
+
+    ``True`` -> ``--key``; ``False`` -> ``--no-key``; lists -> ``--key a b``; mappings -> JSON.
+    """
+    out: list[str] = []
+    if "model" in args and args["model"] is not None:
+        out.append(str(args["model"]))
+    for key, value in args.items():
+        if key == "model" or value is None:
+            continue
+        flag = f"--{key}"
+        if isinstance(value, bool):
+            out.append(flag if value else f"--no-{key}")
+        elif isinstance(value, list | tuple):
+            out.append(flag)
+            out.extend(_scalar(v) for v in value)
+        else:
+            out.extend([flag, _scalar(value)])
+    return out
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return json.dumps(dict(value), separators=(",", ":"))
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def expand_vars(text: str, environ: Mapping[str, str], *, what: str) -> str:
+    """Replace ``${VAR}`` from ``environ``; InfraError naming the variable when it is unset."""
+
+    def sub(match: re.Match[str]) -> str:
+        name = match.group(1)
+        value = environ.get(name, "")
+        if not value:
+            raise InfraError(
+                f"{what} uses ${{{name}}}, which is not set",
+                found=text,
+                hint=f"export {name}=<path> before running",
+            )
+        return value
+
+    return _ENV_REF.sub(sub, text)
+
+
+def volume_binds(resolved: Resolved, environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """``{host_path: {"bind": target, "mode": ro|rw}}``; relative sources are under the manifest root."""
+    binds: dict[str, dict[str, str]] = {}
+    for i, volume in enumerate(resolved.run.volumes):
+        where = f"targets.{resolved.target.name}.run.volumes[{i}].source"
+        source = Path(expand_vars(volume.source, environ, what=where))
+        if not source.is_absolute():
+            source = resolved.manifest.root / source
+        if not source.exists():
+            hint = "export the variable with an existing path" if "${" in volume.source else (
+                f"run `invoke base --target {resolved.target.name}` (it writes the model directory)"
+                if resolved.target.base.recipe is not None else "create it, or fix the manifest"
+            )
+            raise InfraError(
+                f"volume source {source} does not exist",
+                key_path=where,
+                expected=f"a file or directory to mount at {volume.target}",
+                found="nothing there",
+                hint=hint,
+            )
+        binds[str(source.resolve())] = {"bind": volume.target, "mode": "ro" if volume.read_only else "rw"}
+    return binds
+
+
+def device_requests(gpus: str | int | None) -> list[Any]:
+    """``docker run --gpus`` as DeviceRequests: ``all``, a count, or ``device=0,1`` / ``0,1``."""
+    if gpus is None or gpus == "":
+        return []
+    from docker.types import DeviceRequest
+
+    caps = [["gpu"]]
+    if isinstance(gpus, int) and not isinstance(gpus, bool):
+        return [DeviceRequest(count=gpus, capabilities=caps)]
+    text = str(gpus).strip()
+    if text == "all":
+        return [DeviceRequest(count=-1, capabilities=caps)]
+    if text.isdigit():
+        return [DeviceRequest(count=int(text), capabilities=caps)]
+    ids = text.split("=", 1)[1] if text.startswith("device=") else text
+    return [DeviceRequest(device_ids=[d.strip() for d in ids.split(",") if d.strip()], capabilities=caps)]
+
+
+def ulimits(resolved: Resolved) -> list[Any]:
+    from docker.types import Ulimit
+
+    return [Ulimit(name=name, soft=int(soft), hard=int(hard)) for name, (soft, hard) in resolved.run.ulimits.items()]
+
+
+def container_port(resolved: Resolved) -> int:
+    """The port vLLM listens on inside the container (serving ``port``, else ``run.port``)."""
+    port = resolved.serving_args().get("port")
+    if isinstance(port, int) and not isinstance(port, bool):
+        return port
+    return resolved.run.port
+
+
+def server_labels(resolved: Resolved, run_id: str, *, base: bool) -> dict[str, str]:
+    return {
+        L_TOOL: TOOL,
+        L_KIND: KIND_SERVER,
+        L_RUN: run_id,
+        L_TARGET: resolved.target.name,
+        L_PROFILE: "base" if base else resolved.profile_name,
+    }
+
+
+def base_command(resolved: Resolved, entrypoint: Sequence[str] | None) -> list[str]:
+    """``vllm serve MODEL --flag value ...`` for a base image (fitted to its ENTRYPOINT)."""
+    argv = [*resolved.target.serving.command, *cli_args(resolved.serving_args())]
+    ep = list(entrypoint or [])
+    if ep and ep[-1].rsplit("/", 1)[-1] == argv[0].rsplit("/", 1)[-1]:
+        return argv[1:]
+    return argv
+
+
+def container_spec(
+    resolved: Resolved,
+    image: str,
+    *,
+    host_port: int,
+    run_id: str,
+    environ: Mapping[str, str],
+    base: bool = False,
+    entrypoint: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments for ``client.containers.create`` (pure apart from the volume checks)."""
+    run = resolved.run
+    env: dict[str, str] = {}
+    if base:
+        env.update(resolved.serving_env())  # a built image carries them in its config already
+    env.update({k: str(v) for k, v in run.env.items()})
+    cport = container_port(resolved)
+    kwargs: dict[str, Any] = {
+        "image": image,
+        "name": f"imageforge-{resolved.target.name}-{run_id}",
+        "labels": server_labels(resolved, run_id, base=base),
+        "environment": env,
+        "ports": {f"{cport}/tcp": (HOST, host_port)},
+        "volumes": volume_binds(resolved, environ),
+        "privileged": bool(run.privileged),
+        "detach": True,
+    }
+    if base:
+        kwargs["command"] = base_command(resolved, entrypoint)
+    if run.shm_size:
+        kwargs["shm_size"] = run.shm_size
+    if run.ipc:
+        kwargs["ipc_mode"] = run.ipc
+    if run.devices:
+        kwargs["devices"] = list(run.devices)
+    requests = device_requests(run.gpus)
+    if requests:
+        kwargs["device_requests"] = requests
+    limits = ulimits(resolved)
+    if limits:
+        kwargs["ulimits"] = limits
+    return kwargs
+
+
+def port_in_use(port: int, host: str = HOST) -> bool:
+    """True when something already listens on ``host:port`` (or the port cannot be bound)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # as a listening server would: connections in TIME_WAIT do not make the port taken
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            sock.listen(1)
+        except OSError:
+            return True
+    return False
+
+
+def free_port(host: str = HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_taken_error(port: int) -> InfraError:
+    return InfraError(
+        f"port {port} on {HOST} is already in use",
+        found=f"something listens on {HOST}:{port}",
+        hint=f"pass another --port, or leave --port out to pick a free one; `invoke stop` removes servers "
+        f"that `invoke run` left running (`ss -ltnp 'sport = :{port}'` shows who holds it)",
+    )
+
+
+def exit_hint(lines: Sequence[str], resolved: Resolved | None = None) -> str:
+    """A hint for a server that stopped during start-up, from the last log lines."""
+    text = "\n".join(lines)
+    rules: list[tuple[str, str]] = [
+        (r"No module named|ModuleNotFoundError|ImportError", "an import failed: check the overlays and patches "
+         "of this image (`invoke plan` lists them) and rebuild"),
+        (r"SyntaxError|IndentationError", "a patched or overlaid Python file does not compile: check the patch"),
+        (r"Unsupported CPU attention", "the model's head_dim is not supported by the CPU attention backend"),
+        (r"shm|/dev/shm|Bus error", "the container's /dev/shm is too small: raise run.shm_size in the manifest"),
+        (r"out of memory|OOM|Cannot allocate memory", "the server ran out of memory: lower the KV cache "
+         "(VLLM_CPU_KVCACHE_SPACE / gpu-memory-utilization) or max-num-seqs"),
+        (r"unrecognized arguments|invalid choice|error: argument", "vllm serve rejected an argument: check "
+         "the target's serving args (`invoke plan` shows them)"),
+        (r"Address already in use", "the port inside the container is taken: check serving.args.port"),
+        (r"No such file or directory|does not exist|not a valid model|Can't load", "the model directory is "
+         "missing or incomplete: check run.volumes and serving.args.model"),
+    ]
+    for pattern, hint in rules:
+        if re.search(pattern, text):
+            return hint
+    if resolved is not None:
+        return f"read the log above; `invoke run --target {resolved.target.name} --base` runs the unpatched base"
+    return "read the log above"
+
+
+# --------------------------------------------------------------------------- the server
+
+
+@dataclass
+class Server:
+    """A started serving container."""
+
+    container: Any
+    run_id: str
+    url: str
+    host_port: int
+    target: str
+    profile: str
+    image: str
+    run_dir: Path
+    started: float = field(default_factory=time.monotonic)
+    ready_at: float | None = None
+    startup_seconds: float | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.container.name)
+
+    def state(self) -> dict[str, Any]:
+        """The container's State (empty when it is gone)."""
+        try:
+            self.container.reload()
+        except Exception:
+            return {}
+        state: dict[str, Any] = self.container.attrs.get("State") or {}
+        return state
+
+    def running(self) -> bool:
+        return bool(self.state().get("Running"))
+
+    def logs(self, tail: int | str = LOG_TAIL) -> list[str]:
+        try:
+            raw = self.container.logs(stdout=True, stderr=True, tail=tail)
+        except Exception:
+            return []
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        return [line.rstrip() for line in text.replace("\r", "\n").splitlines() if line.strip()]
+
+    def save_log(self) -> Path | None:
+        """Write the whole container log to ``<run dir>/server.log``."""
+        try:
+            raw = self.container.logs(stdout=True, stderr=True)
+        except Exception:
+            return None
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.run_dir / "server.log"
+        path.write_bytes(raw if isinstance(raw, bytes) else str(raw).encode())
+        return path
+
+    def describe_state(self) -> str:
+        state = self.state()
+        if not state:
+            return "container is gone"
+        parts = [f"status {state.get('Status')}"]
+        if not state.get("Running"):
+            parts.append(f"exit code {state.get('ExitCode')}")
+        if state.get("OOMKilled"):
+            parts.append("killed for memory (OOMKilled)")
+        if state.get("Error"):
+            parts.append(f"error {state.get('Error')}")
+        return ", ".join(parts)
+
+
+def runs_dir(root: Path) -> Path:
+    return root / ".imageforge" / "runs"
+
+
+def _api_errors() -> tuple[type[BaseException], ...]:
+    import docker.errors
+    import requests.exceptions
+
+    return (docker.errors.APIError, requests.exceptions.ConnectionError)
+
+
+def image_for(resolved: Resolved, environ: Mapping[str, str], log: Log, *, base: bool, build_image: bool) -> str:
+    """The image to run: the base image, or ``<image>:<profile>`` (built or reused first)."""
+    from .build import base_reference, build, daemon_errors
+
+    if base:
+        with daemon_errors("finding the base image"):
+            ref, _ = base_reference(resolved, environ, log, make=True)
+        return ref
+    if build_image:
+        result = build(resolved, environ=environ, echo=log)
+        return str(result.tags[0])
+    tag = f"{resolved.target.image}:{resolved.profile_name}"
+    from .docker_engine import image_or_none
+
+    if image_or_none(tag) is None:
+        raise InfraError(f"image {tag} does not exist",
+                         hint=f"build it: invoke build --target {resolved.target.name} "
+                         f"--profile {resolved.profile_name}")
+    return tag
+
+
+def start_server(
+    resolved: Resolved,
+    *,
+    environ: Mapping[str, str] | None = None,
+    base: bool = False,
+    port: int | None = None,
+    build_image: bool = True,
+    image: str | None = None,
+    run_id: str | None = None,
+    log: Log = print,
+) -> Server:
+    """Create and start the serving container (no waiting). Raises InfraError for port/daemon trouble."""
+    from .docker_engine import client, ensure_daemon
+
+    environ = os.environ if environ is None else environ
+    ensure_daemon(log=log)
+    run_id = run_id or new_run_id()
+    if port is not None:
+        if not 0 < port < 65536:
+            raise ConfigError("--port must be 1-65535", found=str(port))
+        if port_in_use(port):
+            raise port_taken_error(port)
+    ref = image or image_for(resolved, environ, log, base=base, build_image=build_image)
+    cli = client()
+    import docker.errors
+
+    try:
+        config = cli.images.get(ref).attrs.get("Config") or {}
+    except docker.errors.ImageNotFound:
+        raise InfraError(f"image {ref} does not exist", hint=f"invoke build --target {resolved.target.name}") from None
+    host_port = port if port is not None else free_port()
+    kwargs = container_spec(resolved, ref, host_port=host_port, run_id=run_id, environ=environ, base=base,
+                            entrypoint=config.get("Entrypoint"))
+    image_name = kwargs.pop("image")
+    kwargs.pop("detach")
+    try:
+        container = cli.containers.create(image_name, **kwargs)
+    except docker.errors.APIError as exc:
+        raise InfraError("Docker refused to create the serving container",
+                         found=str(getattr(exc, "explanation", None) or exc)[:500]) from None
+    try:
+        container.start()
+    except docker.errors.APIError as exc:
+        explanation = str(getattr(exc, "explanation", None) or exc)
+        with contextlib.suppress(Exception):
+            container.remove(force=True, v=True)
+        if "port is already allocated" in explanation or "address already in use" in explanation.lower():
+            raise port_taken_error(host_port) from None
+        raise InfraError("Docker refused to start the serving container", found=explanation[:500],
+                         hint="check run options (devices, gpus, shm_size) in the manifest") from None
+    server = Server(
+        container=container,
+        run_id=run_id,
+        url=f"http://{HOST}:{host_port}",
+        host_port=host_port,
+        target=resolved.target.name,
+        profile="base" if base else resolved.profile_name,
+        image=ref,
+        run_dir=runs_dir(resolved.manifest.root) / run_id,
+    )
+    log(f"started {server.name} from {ref} on {server.url} (container port {container_port(resolved)})")
+    return server
+
+
+class Progress:
+    """One progress line: rewritten in place on a terminal, a line every ``every`` s otherwise."""
+
+    def __init__(self, what: str, log: Log, *, every: float = 10.0, stream: Any = None) -> None:
+        self.what = what
+        self.log = log
+        self.every = every
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._last = -every
+
+    def update(self, elapsed: float) -> None:
+        if self.tty:
+            self.stream.write(f"\r{self.what}: {elapsed:5.0f}s")
+            self.stream.flush()
+        elif elapsed - self._last >= self.every:
+            self._last = elapsed
+            self.log(f"{self.what}: {elapsed:.0f}s")
+
+    def done(self, message: str) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+        self.log(message)
+
+
+def wait_ready(
+    server: Server,
+    *,
+    timeout: float,
+    log: Log = print,
+    interval: float = 0.5,
+    resolved: Resolved | None = None,
+    progress_stream: Any = None,
+) -> float:
+    """Poll ``GET /health`` until 200; return the seconds it took.
+
+    The container exiting raises SmokeError (or InfraError when it was killed for memory);
+    a timeout raises SmokeError. Both carry the state, the last 50 log lines and a hint.
+    """
+    import httpx
+
+    progress = Progress(f"waiting for {server.url}/health", log, stream=progress_stream)
+    t0 = server.started
+    last_error = "no answer yet"
+    with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0)) as http:
+        while True:
+            elapsed = time.monotonic() - t0
+            try:
+                response = http.get(f"{server.url}/health")
+                if response.status_code == 200:
+                    server.ready_at = time.monotonic()
+                    server.startup_seconds = server.ready_at - t0
+                    progress.done(f"ready: {server.url}/health OK after {server.startup_seconds:.1f}s")
+                    return server.startup_seconds
+                last_error = f"HTTP {response.status_code}"
+            except httpx.HTTPError as exc:
+                last_error = type(exc).__name__
+            state = server.state()
+            if not state.get("Running"):
+                progress.done("")
+                tail = server.logs(LOG_TAIL)
+                saved = server.save_log()
+                error_cls = InfraError if state.get("OOMKilled") else SmokeError
+                raise error_cls(
+                    f"the server of {server.target}:{server.profile} stopped before it was ready "
+                    f"({elapsed:.0f}s after start)",
+                    found=server.describe_state(),
+                    expected=f"GET {server.url}/health -> 200",
+                    hint=exit_hint(tail, resolved) + (f"; full log: {saved}" if saved else ""),
+                    log_tail=tail,
+                )
+            if elapsed >= timeout:
+                progress.done("")
+                tail = server.logs(LOG_TAIL)
+                saved = server.save_log()
+                raise SmokeError(
+                    f"the server of {server.target}:{server.profile} was not ready within {timeout:.0f}s",
+                    expected=f"GET {server.url}/health -> 200",
+                    found=f"{last_error}; container {server.describe_state()}",
+                    hint="raise targets.<target>.smoke.startup_timeout if start-up is just slow"
+                    + (f"; full log: {saved}" if saved else ""),
+                    log_tail=tail,
+                )
+            progress.update(elapsed)
+            time.sleep(interval)
+
+
+def remove_server(server: Server, *, log: Log | None = None, keep_log: bool = True) -> None:
+    """Stop and remove the container (and its anonymous volumes); keep its log in the run dir."""
+    if keep_log:
+        with contextlib.suppress(Exception):
+            server.save_log()
+    with contextlib.suppress(Exception):
+        server.container.stop(timeout=STOP_TIMEOUT)
+    with contextlib.suppress(Exception):
+        server.container.remove(force=True, v=True)
+    if log is not None:
+        log(f"removed {server.name}")
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """In the main thread, turn SIGTERM into KeyboardInterrupt so cleanup code runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def serving(
+    resolved: Resolved,
+    *,
+    environ: Mapping[str, str] | None = None,
+    base: bool = False,
+    port: int | None = None,
+    build_image: bool = True,
+    image: str | None = None,
+    run_id: str | None = None,
+    startup_timeout: float | None = None,
+    log: Log = print,
+    wait: bool = True,
+) -> Iterator[Server]:
+    """Start the target's server, wait until ``/health`` answers, yield it; always stop + remove it."""
+    server = start_server(resolved, environ=environ, base=base, port=port, build_image=build_image, image=image,
+                          run_id=run_id, log=log)
+    try:
+        with sigterm_as_interrupt():
+            if wait:
+                wait_ready(server, timeout=startup_timeout or resolved.target.smoke.startup_timeout, log=log,
+                           resolved=resolved)
+            yield server
+    finally:
+        remove_server(server, log=log)
+
+
+def run_for_cli(manifest: str | None, target: str | None, profile: str | None, sets: Sequence[str], *,
+                base: bool, port: int | None, timeout: float | None, log: Log = print) -> Server:
+    """``invoke run``: start, wait until ready, leave running. A failed start is removed again."""
+    from .manifest import load_manifest, manifest_path
+    from .resolve import resolve
+
+    m = load_manifest(manifest_path(manifest))
+    resolved = resolve(m, target, profile, environ=os.environ, sets=sets)
+    if port is None:
+        configured = resolved.run.port
+        port = None if port_in_use(configured) else configured
+        if port is None:
+            log(f"port {configured} is taken: picking a free one")
+    server = start_server(resolved, base=base, port=port, log=log)
+    try:
+        wait_ready(server, timeout=timeout or resolved.target.smoke.startup_timeout, log=log, resolved=resolved)
+    except BaseException:
+        remove_server(server, log=log)
+        raise
+    return server
+
+
+def list_servers(target: str | None = None) -> list[Any]:
+    from .docker_engine import client
+
+    filters = [f"{L_TOOL}={TOOL}", f"{L_KIND}={KIND_SERVER}"]
+    if target:
+        filters.append(f"{L_TARGET}={target}")
+    return list(client().containers.list(all=True, filters={"label": filters}))
+
+
+def stop_servers(target: str | None = None, *, log: Log = print) -> list[str]:
+    """Stop and remove every imageforge server container (of ``target``); return their names."""
+    from .docker_engine import ensure_daemon
+
+    ensure_daemon(log=log)
+    names: list[str] = []
+    for container in list_servers(target):
+        with contextlib.suppress(Exception):
+            container.stop(timeout=STOP_TIMEOUT)
+        with contextlib.suppress(Exception):
+            container.remove(force=True, v=True)
+        names.append(str(container.name))
+        log(f"removed {container.name}")
+    if not names:
+        log("no imageforge server containers" + (f" of target {target}" if target else ""))
+    return names
