@@ -105,6 +105,7 @@ def base(c: Context, target: str = "cpu", manifest: str = "", traceback: bool = 
         "manifest": MANIFEST_HELP,
         "verbose": "Show script and verification output live",
         "json": "Print a JSON summary at the end",
+        "locked": "Fail (exit 2, nothing built) when anything differs from build.lock (see `invoke lock`)",
         "traceback": TRACEBACK_HELP,
     },
 )
@@ -116,6 +117,7 @@ def build(
     manifest: str = "",
     verbose: bool = False,
     json: bool = False,
+    locked: bool = False,
     traceback: bool = False,
 ) -> None:
     """Build (or reuse from cache) every layer of TARGET:PROFILE, verify it, then move its tags."""
@@ -123,9 +125,113 @@ def build(
 
     with user_errors(traceback):
         result = build_for_cli(manifest or None, target or None, profile or None, set_ or [], verbose=verbose,
-                               quiet=json)
+                               quiet=json, locked=locked)
         if json:
             _print(result.to_json(), True)
+
+
+# --------------------------------------------------------------------------- issue 5: tools around the engine
+
+
+@task(
+    help={
+        "target": "Target name (default: the manifest's default_target)",
+        "profile": "Only this profile's steps (default: the shared steps and every profile's)",
+        "diff": "Print the unified diff each step would make",
+        "manifest": MANIFEST_HELP,
+        "json": "Print one JSON object",
+        "traceback": TRACEBACK_HELP,
+    },
+)
+def check_patches(c: Context, target: str = "", profile: str = "", diff: bool = False, manifest: str = "",
+                  json: bool = False, traceback: bool = False) -> None:
+    """Dry-run every patch/overlay/symlink step against the real base image (nothing built). Exit 3 if any fails."""
+    from imageforge.checkpatches import check_patches_for_cli, fail_if_broken
+
+    with user_errors(traceback):
+        report = check_patches_for_cli(manifest or None, target or None, profile or None, diff=diff)
+        _print(report.to_json() if json else report.text(), json)
+        fail_if_broken(report)
+
+
+@task(
+    help={
+        "target": "Target name (default: the manifest's default_target)",
+        "file": "The file in the image: relative to the package's site directory (vllm/...) or absolute",
+        "edited": "Your edited copy of that file (local path)",
+        "base_only": "Diff against the base image's file, not the file after the target's existing steps",
+        "id_prefix": "Step id prefix (default: the file's name)",
+        "manifest": MANIFEST_HELP,
+        "traceback": TRACEBACK_HELP,
+    },
+)
+def patch_from(c: Context, file: str, edited: str, target: str = "", base_only: bool = False, id_prefix: str = "",
+               manifest: str = "", traceback: bool = False) -> None:
+    """Print the fewest anchored `patch` steps (YAML to paste) that turn an image file into EDITED."""
+    from imageforge.checkpatches import patch_from_for_cli
+
+    with user_errors(traceback):
+        result = patch_from_for_cli(manifest or None, target or None, file, edited, against_base=base_only,
+                                    id_prefix=id_prefix)
+        print(result.yaml, end="")
+
+
+@task(help={"target": "Target name (default: the manifest's default_target)", "manifest": MANIFEST_HELP,
+            "traceback": TRACEBACK_HELP})
+def lock(c: Context, target: str = "", manifest: str = "", traceback: bool = False) -> None:
+    """Write build.lock: base image ID, package version, overlay/script sha256, manifest digest."""
+    from imageforge.housekeeping import write_lock
+
+    with user_errors(traceback):
+        path, entry = write_lock(manifest or None, target or None)
+        print(f"locked {path}: base {entry['base']['reference']} ({entry['base']['image_id']}), "
+              f"{entry['package']['distribution']} {entry['package']['version']}, "
+              f"{len(entry['inputs'])} input(s), manifest {entry['manifest_digest'][:12]}")
+
+
+@task(
+    help={
+        "target": "Target name (default: the manifest's default_target)",
+        "profile": "Profile name (default: the target's default_profile)",
+        "out": "Output directory (default: <manifest dir>/dist)",
+        "gzip": "Compress the tarball (gzip -1)",
+        "push": "Also push to this repository (e.g. 127.0.0.1:5000/imageforge/cpu); credentials from Docker's config",
+        "no_save": "Do not write the tarball (with --push: push only)",
+        "manifest": MANIFEST_HELP,
+        "json": "Print one JSON object",
+        "traceback": TRACEBACK_HELP,
+    },
+)
+def export(c: Context, target: str = "", profile: str = "", out: str = "", gzip: bool = False, push: str = "",
+           no_save: bool = False, manifest: str = "", json: bool = False, traceback: bool = False) -> None:
+    """The deliverable: `docker save` tarball + .sha256 + .json description of TARGET:PROFILE; --push REPO."""
+    from imageforge.export import export as do_export
+
+    with user_errors(traceback):
+        result = do_export(manifest or None, target or None, profile or None, out=out or None, push=push or None,
+                           gzip_=gzip, save=not no_save, log=(lambda _l: None) if json else print)
+        _print(result.to_json() if json else result.text(), json)
+
+
+@task(
+    help={
+        "keep": "Final images kept per target/profile, newest first (default 3)",
+        "dry_run": "Only print what would be removed",
+        "target": "Only this target (default: every target of the manifest)",
+        "min_age": "Never remove images or stopped containers younger than this many seconds (default 600)",
+        "manifest": MANIFEST_HELP,
+        "json": "Print one JSON object",
+        "traceback": TRACEBACK_HELP,
+    },
+)
+def clean(c: Context, keep: int = 3, dry_run: bool = False, target: str = "", min_age: float = 600.0,
+          manifest: str = "", json: bool = False, traceback: bool = False) -> None:
+    """Remove labelled build images and containers that no retention rule keeps; print what was freed."""
+    from imageforge.housekeeping import clean as do_clean
+
+    with user_errors(traceback):
+        result = do_clean(manifest or None, keep=keep, dry_run=dry_run, target=target or None, min_age=min_age)
+        _print(result.to_json() if json else result.text(), json)
 
 
 def json_quote(text: str) -> str:
@@ -141,6 +247,6 @@ def _print(payload: object, as_json: bool) -> None:
         print(payload)
 
 
-ns = Collection(validate, plan, base, build, test)
+ns = Collection(validate, plan, base, build, test, check_patches, patch_from, lock, export, clean)
 ns.configure({"run": {"echo": True}})
 os.environ.setdefault("PYTHONUNBUFFERED", "1")

@@ -828,8 +828,11 @@ class RunLog:
 
 
 def build(resolved: Resolved, *, environ: Mapping[str, str], echo: Log = print, verbose: bool = False,
-          make_base: bool = True) -> BuildResult:
-    """Build (or reuse) every layer of the resolved target/profile and move its tags."""
+          make_base: bool = True, locked: bool = False) -> BuildResult:
+    """Build (or reuse) every layer of the resolved target/profile and move its tags.
+
+    ``locked``: first compare the inputs with build.lock (ConfigError, exit 2, on any drift).
+    """
     from .docker_engine import ensure_daemon
 
     t_start = time.monotonic()
@@ -846,6 +849,10 @@ def build(resolved: Resolved, *, environ: Mapping[str, str], echo: Log = print, 
     runlog = RunLog(root, run_id, echo)
     try:
         ensure_daemon(log=runlog)
+        if locked:
+            from .housekeeping import check_lock
+
+            check_lock(resolved, environ, runlog)
         with daemon_errors("preparing the build"):
             base_ref, base_id = base_reference(resolved, environ, runlog, make=make_base)
         probe = DaemonProbe()
@@ -936,10 +943,11 @@ def prepare_base(manifest: str | None, target: str | None) -> str:
 
 
 def build_for_cli(manifest: str | None, target: str | None, profile: str | None, sets: Sequence[str], *,
-                  verbose: bool, quiet: bool) -> BuildResult:
+                  verbose: bool, quiet: bool, locked: bool = False) -> BuildResult:
     from .manifest import load_manifest, manifest_path
     from .resolve import resolve
 
     m = load_manifest(manifest_path(manifest))
     resolved = resolve(m, target, profile, environ=os.environ, sets=sets)
-    return build(resolved, environ=os.environ, echo=(lambda _line: None) if quiet else print, verbose=verbose)
+    return build(resolved, environ=os.environ, echo=(lambda _line: None) if quiet else print, verbose=verbose,
+                 locked=locked)

@@ -1,0 +1,759 @@
+"""`check-patches` and `patch-from`: patches that cannot rot.
+
+* :func:`check_steps` dry-runs a target's file steps (patch, overlay, symlink) against an
+  :class:`ImageFS` -- the real base image through a created, never started container, or a
+  dict in unit tests.  Steps that touch the same file see each other's result, in manifest
+  order, on an in-memory copy; nothing is written, nothing is built.
+* :func:`derive_patch_steps` turns an original and an edited text into the fewest anchored
+  ``patch`` steps (one per changed region; neighbours merge when their context would
+  overlap) whose anchors are grown, line by line, until each occurs exactly once.
+  :func:`render_steps_yaml` prints them as manifest YAML.
+
+The pure parts (everything but :func:`check_patches_for_cli` / :func:`patch_from_for_cli`
+and :class:`ContainerFS`) need no daemon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import posixpath
+import re
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import yaml
+
+from .errors import BuildError, ConfigError, Location
+from .manifest import Step, Target, resolve_image_path
+from .patching import NearMatch, apply_patch, unified_diff
+
+Log = Callable[[str], None]
+
+RowStatus = Literal[
+    "applies", "already applied", "anchor missing", "ambiguous", "destination missing", "conflict", "not checked"
+]
+OK_STATUSES: frozenset[str] = frozenset({"applies", "already applied", "not checked"})
+#: Lines of context an anchor may grow beyond the smallest unique one to make the step idempotent.
+SOFT_CONTEXT = 6
+STEP_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+
+
+# --------------------------------------------------------------------------- the image's file system
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What is at a path: a regular file, a directory or a symbolic link (with its target)."""
+
+    kind: Literal["file", "dir", "link"]
+    link_target: str | None = None
+
+
+class ImageFS(Protocol):
+    """Read-only view of an image's files (what the checks need)."""
+
+    def stat(self, path: str) -> Entry | None: ...
+
+    def read(self, path: str) -> bytes | None:
+        """Bytes of a regular file; None when absent.  May raise BuildError (a link, a directory)."""
+        ...
+
+    def list_dir(self, directory: str) -> list[tuple[str, Entry]]: ...
+
+
+@dataclass
+class DictFS:
+    """An in-memory ImageFS: ``files`` path -> bytes, ``links`` path -> target; directories implied."""
+
+    files: dict[str, bytes] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
+    dirs: set[str] = field(default_factory=set)
+
+    def _dirs(self) -> set[str]:
+        out = set(self.dirs) | {"/"}
+        for path in [*self.files, *self.links, *self.dirs]:
+            parent = posixpath.dirname(path)
+            while parent not in out:
+                out.add(parent)
+                parent = posixpath.dirname(parent)
+        return out
+
+    def stat(self, path: str) -> Entry | None:
+        path = posixpath.normpath(path)
+        if path in self.links:
+            return Entry("link", self.links[path])
+        if path in self.files:
+            return Entry("file")
+        if path in self._dirs():
+            return Entry("dir")
+        return None
+
+    def read(self, path: str) -> bytes | None:
+        path = posixpath.normpath(path)
+        if path in self.links:
+            raise BuildError(f"{path} is a symbolic link in the image (to {self.links[path]})",
+                             hint="patch or overlay the file it points to")
+        if path in self._dirs():
+            raise BuildError(f"{path} is not a regular file in the image")
+        return self.files.get(path)
+
+    def list_dir(self, directory: str) -> list[tuple[str, Entry]]:
+        directory = posixpath.normpath(directory)
+        out: list[tuple[str, Entry]] = []
+        for path in sorted({*self.files, *self.links, *self._dirs()}):
+            if path != directory and posixpath.dirname(path) == directory:
+                entry = self.stat(path)
+                assert entry is not None
+                out.append((posixpath.basename(path), entry))
+        return out
+
+
+# --------------------------------------------------------------------------- checking steps
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    step: str
+    kind: str
+    profile: str | None
+    path: str
+    status: RowStatus
+    detail: str
+    near: tuple[NearMatch, ...] = ()
+    diff: str = ""
+    location: Location | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status in OK_STATUSES
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "kind": self.kind, "profile": self.profile, "path": self.path,
+                "status": self.status, "ok": self.ok, "detail": self.detail,
+                "near": [{"line": m.line, "text": m.text, "ratio": m.ratio} for m in self.near],
+                "diff": self.diff, "location": str(self.location) if self.location else None}
+
+
+@dataclass
+class Overlay:
+    """The in-memory result of the steps checked so far, on top of an ImageFS."""
+
+    fs: ImageFS
+    files: dict[str, bytes] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
+
+    def copy(self) -> Overlay:
+        return Overlay(self.fs, dict(self.files), dict(self.links))
+
+    def stat(self, path: str) -> Entry | None:
+        if path in self.links:
+            return Entry("link", self.links[path])
+        if path in self.files:
+            return Entry("file")
+        entry = self.fs.stat(path)
+        if entry is None and any(p.startswith(path.rstrip("/") + "/") for p in [*self.files, *self.links]):
+            return Entry("dir")
+        return entry
+
+    def read(self, path: str) -> bytes | None:
+        if path in self.files:
+            return self.files[path]
+        return self.fs.read(path)
+
+
+def _row(step: Step, path: str, status: RowStatus, detail: str, *, near: tuple[NearMatch, ...] = (),
+         diff: str = "") -> CheckRow:
+    return CheckRow(step.id, step.kind, step.profile, path, status, detail, near, diff, step.location)
+
+
+def _text(data: bytes) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _short(path: str, site: str) -> str:
+    site = site.rstrip("/")
+    return path[len(site) + 1:] if path.startswith(site + "/") else path
+
+
+def _through_link(state: Overlay, path: str, site: str) -> str | None:
+    """A symbolic link inside the site directory on the way to ``path`` (what the build refuses)."""
+    site = site.rstrip("/")
+    if not path.startswith(site + "/"):
+        return None
+    current = site
+    for part in path[len(site) + 1:].split("/")[:-1]:
+        current = f"{current}/{part}"
+        entry = state.stat(current)
+        if entry is None:
+            return None
+        if entry.kind == "link":
+            return f"{current} -> {entry.link_target}"
+    return None
+
+
+def check_patch(step: Step, state: Overlay, site: str, *, with_diff: bool) -> CheckRow:
+    path = resolve_image_path(step.spec["file"], site)
+    link = _through_link(state, path, site)
+    if link is not None:
+        return _row(step, path, "conflict", f"path goes through a symbolic link ({link})")
+    try:
+        data = state.read(path)
+    except BuildError as exc:
+        return _row(step, path, "conflict", exc.message)
+    if data is None:
+        parent = posixpath.dirname(path)
+        where = "its directory exists" if state.stat(parent) is not None else f"{parent} is missing too"
+        return _row(step, path, "destination missing", f"file not in the image ({where})")
+    text = _text(data)
+    if text is None:
+        return _row(step, path, "conflict", "file is not UTF-8 text")
+    outcome = apply_patch(text, step.spec["old"], step.spec["new"], int(step.spec.get("count", 1)))
+    if outcome.status == "applies":
+        assert outcome.result is not None
+        state.files[path] = outcome.result.encode("utf-8")
+        lines = ", ".join(map(str, outcome.lines))
+        return _row(step, path, "applies", f"anchor at line {lines}",
+                        diff=unified_diff(path, text, outcome.result) if with_diff else "")
+    if outcome.status == "already-applied":
+        return _row(step, path, "already applied",
+                        f"new text at line {', '.join(map(str, outcome.lines))}, anchor absent")
+    if outcome.status == "ambiguous":
+        return _row(step, path, "ambiguous",
+                        f"anchor found {outcome.found} times (lines {', '.join(map(str, outcome.lines))}), "
+                        f"expected {outcome.expected}")
+    detail = "anchor not found" + ("" if outcome.near else "; no similar line")
+    return _row(step, path, "anchor missing", detail, near=outcome.near)
+
+
+def check_overlay(step: Step, state: Overlay, site: str, *, with_diff: bool) -> CheckRow:
+    dest = resolve_image_path(step.spec["dest"], site)
+    path = dest
+    try:
+        data = step.source.read_bytes()
+    except OSError as exc:
+        return _row(step, path, "conflict", f"cannot read the source: {exc}")
+    link = _through_link(state, dest, site)
+    if link is not None:
+        return _row(step, path, "conflict", f"destination goes through a symbolic link ({link})")
+    parent = posixpath.dirname(dest)
+    parent_entry = state.stat(parent)
+    if parent_entry is None:
+        return _row(step, path, "destination missing",
+                        f"directory {parent} is not in the image (moved in this package version?)")
+    existing = state.stat(dest)
+    if existing is not None and existing.kind == "dir":
+        return _row(step, path, "conflict", "destination is a directory in the image")
+    old: bytes | None = None
+    if existing is not None and existing.kind == "file":
+        with contextlib.suppress(BuildError):
+            old = state.read(dest)
+    state.files[dest] = data
+    state.links.pop(dest, None)
+    digest = hashlib.sha256(data).hexdigest()[:12]
+    if old is not None and old == data:
+        return _row(step, path, "already applied", f"image file has the same sha256 ({digest})")
+    diff = ""
+    if with_diff:
+        before, after = _text(old or b""), _text(data)
+        if before is not None and after is not None:
+            diff = unified_diff(dest, before, after)
+    what = f"replaces a {len(old)}-byte file" if old is not None else "adds a new file"
+    if existing is not None and existing.kind == "link":
+        what = f"replaces a link to {existing.link_target}"
+    return _row(step, path, "applies", f"{what} ({len(data)} bytes, sha256 {digest})", diff=diff)
+
+
+def check_symlink(step: Step, state: Overlay) -> CheckRow:
+    import fnmatch
+
+    spec = step.spec
+    if "glob" in spec:
+        pattern = posixpath.normpath(spec["glob"])
+        directory, name_glob = posixpath.split(pattern)
+        if state.stat(directory) is None:
+            return _row(step, pattern, "destination missing",
+                            f"directory {directory} is not in the image")
+        names = sorted(n for n, e in state.fs.list_dir(directory)
+                       if fnmatch.fnmatchcase(n, name_glob) and e.kind != "dir")
+        if not names:
+            return _row(step, pattern, "destination missing", "the glob matches nothing")
+        into = posixpath.normpath(spec["into"])
+        pairs = [(f"{into}/{n}", f"{directory}/{n}") for n in names]
+        shown = pattern + " -> " + into
+    else:
+        link, target = posixpath.normpath(spec["link"]), spec["target"]
+        resolved = target if target.startswith("/") else posixpath.normpath(posixpath.join(posixpath.dirname(link),
+                                                                                        target))
+        if state.stat(resolved) is None:
+            return _row(step, link, "destination missing",
+                            f"link target {target} is not in the image (verification would fail)")
+        pairs = [(link, target)]
+        shown = link
+    made = skipped = 0
+    for link, target in pairs:
+        entry = state.stat(link)
+        if entry is not None:
+            if entry.kind == "link" and entry.link_target == target:
+                skipped += 1
+                continue
+            if entry.kind == "dir":
+                if state.fs.list_dir(link) and not spec.get("replace_directory"):
+                    return _row(step, shown, "conflict",
+                                    f"{link} is a non-empty directory (replace_directory: true forces it)")
+            elif entry.kind != "link" and not spec.get("replace"):
+                return _row(step, shown, "conflict",
+                                f"{link} already exists (replace: true replaces it)")
+        state.links[link] = target
+        made += 1
+    if made == 0:
+        return _row(step, shown, "already applied", f"{skipped} link(s) already in place")
+    return _row(step, shown, "applies", f"{made} link(s) to make, {skipped} in place")
+
+
+def check_step(step: Step, state: Overlay, site: str, *, with_diff: bool) -> CheckRow:
+    if step.kind == "patch":
+        return check_patch(step, state, site, with_diff=with_diff)
+    if step.kind == "overlay":
+        return check_overlay(step, state, site, with_diff=with_diff)
+    if step.kind == "symlink":
+        return check_symlink(step, state)
+    return CheckRow(step.id, step.kind, step.profile, str(step.spec.get("source", "")), "not checked",
+                    "script: runs only at build time (later checks do not see its changes)",
+                    location=step.location)
+
+
+def check_steps(shared: Sequence[Step], profiles: Mapping[str, Sequence[Step]], fs: ImageFS, site: str, *,
+                with_diff: bool = False) -> tuple[list[CheckRow], Overlay]:
+    """Rows for the shared steps, then for each profile's steps (on a copy of the shared result).
+
+    A profile step inherited by several profiles is reported once.  Returns the rows and the
+    state after the shared steps.
+    """
+    state = Overlay(fs)
+    rows = [check_step(step, state, site, with_diff=with_diff) for step in shared]
+    seen: set[str] = {r.step for r in rows}
+    for _name, steps in profiles.items():
+        pstate = state.copy()
+        for step in steps:
+            row = check_step(step, pstate, site, with_diff=with_diff)
+            if step.id not in seen:
+                rows.append(row)
+                seen.add(step.id)
+    return rows, state
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    target: str
+    base_ref: str
+    base_id: str
+    site: str
+    package_version: str
+    version_problem: str | None
+    rows: tuple[CheckRow, ...]
+    with_diff: bool
+
+    @property
+    def failed(self) -> tuple[CheckRow, ...]:
+        return tuple(r for r in self.rows if not r.ok)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and self.version_problem is None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target, "base": {"reference": self.base_ref, "image_id": self.base_id},
+                "site": self.site, "package_version": self.package_version,
+                "version_problem": self.version_problem, "ok": self.ok, "rows": [r.to_json() for r in self.rows]}
+
+    def text(self) -> str:
+        out = [f"check-patches {self.target}: base {self.base_ref} ({self.base_id.split(':')[-1][:12]}), "
+               f"package {self.package_version} in {self.site}"]
+        if self.version_problem:
+            out.append(f"  ! {self.version_problem}")
+        headers = ("#", "step", "kind", "file", "status", "detail")
+        body = [(str(i), r.step + (f" ({r.profile})" if r.profile else ""), r.kind, _short(r.path, self.site),
+                 r.status, r.detail) for i, r in enumerate(self.rows, 1)]
+        widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(headers)]
+        widths[3] = min(widths[3], 60)
+        fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
+        out.append(fmt.format(*headers))
+        out.append(fmt.format(*("-" * w for w in widths[:-1]), "-" * 6))
+        for row, cells in zip(self.rows, body, strict=True):
+            out.append(fmt.format(*cells).rstrip())
+            for m in row.near:
+                out.append(f"{'':>{widths[0]}}  near line {m.line} ({m.ratio:.0%}): {m.text.strip()}")
+            if row.location is not None and not row.ok:
+                out.append(f"{'':>{widths[0]}}  at {row.location}")
+        if self.with_diff:
+            for row in self.rows:
+                if row.diff:
+                    out.append("")
+                    out.append(f"# {row.step}")
+                    out.append(row.diff.rstrip("\n"))
+        failed = len(self.failed)
+        out.append("")
+        out.append(f"{len(self.rows) - failed} of {len(self.rows)} step(s) ok" + (f", {failed} would fail" if failed
+                                                                                 else ""))
+        return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- deriving patch steps
+
+
+def _lines(text: str) -> list[str]:
+    """Lines with their "\\n" kept (only "\\n" splits; joining gives ``text`` back)."""
+    parts = text.split("\n")
+    out = [p + "\n" for p in parts[:-1]]
+    if parts[-1]:
+        out.append(parts[-1])
+    return out
+
+
+def occurrences(text: str, needle: str) -> int:
+    """Occurrences of ``needle`` in ``text``, overlapping ones included."""
+    if not needle:
+        return len(text) + 1
+    count, start = 0, 0
+    while True:
+        idx = text.find(needle, start)
+        if idx < 0:
+            return count
+        count += 1
+        start = idx + 1
+
+
+@dataclass
+class _Hunk:
+    a1: int  # original lines [a1, a2) become edited lines [b1, b2)
+    a2: int
+    b1: int
+    b2: int
+
+
+def _hunks(a: Sequence[str], b: Sequence[str]) -> list[_Hunk]:
+    import difflib
+
+    sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    return [_Hunk(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in sm.get_opcodes() if tag != "equal"]
+
+
+def derive_patch_steps(original: str, edited: str, *, file: str, id_prefix: str = "edit",
+                       why: str | None = None, taken: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The fewest anchored ``patch`` steps that turn ``original`` into ``edited``, in order.
+
+    One step per changed region of lines.  Each anchor starts as the changed lines (plus one
+    line of context for a pure insertion) and grows a line at a time, alternately above and
+    below, until it occurs exactly once in the text it will be applied to (earlier steps
+    already applied).  It keeps growing, up to SOFT_CONTEXT more lines, until the step is
+    also idempotent: in the edited text ``old`` no longer occurs and ``new`` occurs once (a
+    rebuild on a patched file then reports "already applied"); where that is out of reach
+    (an append at the end of the file) the smallest unique anchor is used.  When a region's
+    context would reach the next region the two merge.
+    Applying the steps with :func:`imageforge.patching.apply_patch` yields ``edited`` exactly.
+    """
+    if not original and edited:
+        raise BuildError("the original file is empty: a patch needs an anchor", hint="use an overlay step")
+    a, b = _lines(original), _lines(edited)
+    hunks = _hunks(a, b)
+    steps: list[dict[str, Any]] = []
+    current_b: list[str] = []  # edited lines before the aligned point
+    done_a = 0  # original lines [0, done_a) are already replaced by current_b
+    k = 0
+    while k < len(hunks):
+        h = _Hunk(hunks[k].a1, hunks[k].a2, hunks[k].b1, hunks[k].b2)
+        k += 1
+        # context above comes from the text as it is now (edited lines up to the aligned point, then original)
+        up = 0  # lines of context above
+        down = 0  # lines of context below (original == edited there)
+        first_ok: tuple[_Hunk, int, int, int, str, str] | None = None  # the smallest unique anchor
+        grown = 0  # lines added since first_ok, looking for an idempotent anchor
+        while True:
+            head = current_b + a[done_a:h.a1]  # the current text before the hunk
+            next_a1 = hunks[k].a1 if k < len(hunks) else len(a)
+            room_down = next_a1 - h.a2
+            above = head[len(head) - up:] if up else []
+            below = a[h.a2:h.a2 + down]
+            old = "".join(above + a[h.a1:h.a2] + below)
+            new = "".join(above + b[h.b1:h.b2] + below)
+            current = "".join(head + a[h.a1:])
+            hard_ok = bool(old) and occurrences(current, old) == 1
+            if hard_ok and first_ok is None:
+                first_ok = (h, k, up, down, old, new)
+            if hard_ok and bool(new) and occurrences(edited, new) == 1 and occurrences(edited, old) == 0:
+                break
+            can_up = up < len(head)
+            can_down = down < room_down or k < len(hunks)
+            if first_ok is not None and (grown >= SOFT_CONTEXT or not (can_up or can_down)):
+                h, k, up, down, old, new = first_ok  # idempotence out of reach: the smallest unique anchor
+                break
+            if not (can_up or can_down):  # pragma: no cover - the whole text is always a unique anchor
+                raise AssertionError("no unique anchor")
+            if first_ok is not None:
+                grown += 1
+            if can_up and (up <= down or not can_down):
+                up += 1
+            elif down < room_down:
+                down += 1
+            else:  # the context reaches the next changed region: merge it
+                nxt = hunks[k]
+                k += 1
+                h = _Hunk(h.a1, nxt.a2, h.b1, nxt.b2)
+                down = 0
+        steps.append({"old": old, "new": new})
+        # the aligned point moves past the hunk and its context below
+        current_b = current_b + a[done_a:h.a1] + b[h.b1:h.b2] + a[h.a2:h.a2 + down]
+        done_a = h.a2 + down
+    out: list[dict[str, Any]] = []
+    used = set(taken)
+    for i, s in enumerate(steps, 1):
+        ident = _unique_id(f"{id_prefix}-{i}" if len(steps) > 1 else id_prefix, used)
+        used.add(ident)
+        step: dict[str, Any] = {"id": ident, "kind": "patch"}
+        step["why"] = why or f"patch-from: change {i} of {len(steps)} in {posixpath.basename(file)}"
+        step["file"] = file
+        step["old"] = s["old"]
+        step["new"] = s["new"]
+        out.append(step)
+    return out
+
+
+def _unique_id(base: str, used: set[str]) -> str:
+    base = re.sub(r"[^a-z0-9_.-]+", "-", base.lower()).strip("-._") or "edit"
+    base = base[:56]
+    if not base[0].isalnum():  # pragma: no cover - strip above leaves an alnum first
+        base = "p" + base
+    ident, n = base, 2
+    while ident in used:
+        ident = f"{base}-{n}"
+        n += 1
+    assert STEP_ID.match(ident), ident
+    return ident
+
+
+def apply_steps(text: str, steps: Sequence[Mapping[str, Any]]) -> str:
+    """Apply patch steps in order; raise BuildError when one does not apply (for tests and checks)."""
+    for step in steps:
+        outcome = apply_patch(text, step["old"], step["new"], int(step.get("count", 1)))
+        if outcome.status != "applies" or outcome.result is None:
+            raise BuildError(f"patch {step.get('id')} does not apply: {outcome.status}")
+        text = outcome.result
+    return text
+
+
+class _BlockDumper(yaml.SafeDumper):
+    pass
+
+
+def _str_presenter(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    # "|" / "|-" only: a "|+" scalar would swallow the blank lines that follow it once pasted.
+    if "\n" in value and not value.endswith("\n\n") and value.strip("\n"):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value)
+
+
+_BlockDumper.add_representer(str, _str_presenter)
+
+
+def render_steps_yaml(steps: Sequence[Mapping[str, Any]], *, header: Sequence[str] = (), indent: int = 6) -> str:
+    """Steps as a YAML list, indented to paste under ``targets.<T>.steps`` (block scalars for code)."""
+    body = yaml.dump([dict(s) for s in steps], Dumper=_BlockDumper, sort_keys=False, allow_unicode=True,
+                     default_flow_style=False, width=1 << 16)
+    body = body.removesuffix("...\n")
+    pad = " " * indent
+    lines = [f"{pad}# {h}" if h else f"{pad}#" for h in header]
+    lines += [(pad + ln) if ln else ln for ln in body.splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- against the daemon
+
+
+class ContainerFS:
+    """ImageFS over a created (never started) container: get_archive/HEAD archive only."""
+
+    def __init__(self, container: Any) -> None:
+        self.container = container
+
+    def stat(self, path: str) -> Entry | None:
+        from .build import is_dir, is_symlink, path_stat
+
+        st = path_stat(self.container, path)
+        if st is None:
+            return None
+        if is_symlink(st):
+            return Entry("link", str(st.get("linkTarget", "")))
+        return Entry("dir" if is_dir(st) else "file")
+
+    def read(self, path: str) -> bytes | None:
+        from .build import read_file
+
+        found = read_file(self.container, path)
+        return None if found is None else found[0]
+
+    def list_dir(self, directory: str) -> list[tuple[str, Entry]]:
+        from .build import list_dir
+
+        out: list[tuple[str, Entry]] = []
+        for name, info in list_dir(self.container, directory):
+            if info.issym():
+                out.append((name, Entry("link", info.linkname)))
+            else:
+                out.append((name, Entry("dir" if info.isdir() else "file")))
+        return out
+
+
+@dataclass(frozen=True)
+class _Session:
+    target: Target
+    base_ref: str
+    base_id: str
+    site: str
+    version: str
+    version_problem: str | None
+    fs: ImageFS
+    shared: tuple[Step, ...]
+    profiles: Mapping[str, tuple[Step, ...]]
+
+
+@contextlib.contextmanager
+def image_session(manifest: str | None, target_name: str | None, profile: str | None,
+                  log: Log) -> Iterator[_Session]:
+    """Open the target's base image for reading: resolve, discover the package, create one container."""
+    from . import build as b
+    from .docker_engine import ensure_daemon
+    from .manifest import load_manifest, manifest_path
+    from .resolve import resolve
+
+    m = load_manifest(manifest_path(manifest))
+    target = m.target(target_name)
+    names: list[str | None] = [profile] if profile else [*sorted(target.profiles)] or [None]
+    resolved_all = [resolve(m, target.name, name, environ=os.environ) for name in names]
+    resolved = resolved_all[0]
+    with b.daemon_errors("reading the base image"):
+        if target.base.recipe is None and target.base.reference(os.environ) is None:
+            b.base_reference(resolved, os.environ, log, make=False)  # the clean "variable unset" error
+        ensure_daemon(log=log)
+        base_ref, base_id = b.base_reference(resolved, os.environ, log, make=False)
+        labels = {b.L_TOOL: b.TOOL, b.L_TARGET: target.name, b.L_KIND: "check-patches"}
+        with b.containers(labels) as scope:
+            loose = dataclasses.replace(target, package=dataclasses.replace(target.package, version="*"))
+            info = b.discover_package(base_id, loose, scope, log)
+            problem = None
+            if target.package.version != "*" and info.version != target.package.version:
+                problem = (f"{target.package.distribution} in the base image is {info.version}, the manifest says "
+                           f"{target.package.version} (targets.{target.name}.package.version)")
+            container = scope.create(base_id, entrypoint=["/bin/true"], command=[])
+            profiles = {r.profile_name: r.profile_steps for r in resolved_all if r.profile_steps}
+            yield _Session(target, base_ref, base_id, info.site, info.version, problem, ContainerFS(container),
+                           resolved.shared_steps, profiles)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def check_patches_for_cli(manifest: str | None, target: str | None, profile: str | None, *,
+                          diff: bool) -> CheckReport:
+    """`invoke check-patches`: the report (the caller prints it, then fails when it is not ok)."""
+    from .build import daemon_errors
+
+    with image_session(manifest, target, profile, _stderr) as s, daemon_errors("reading files of the base image"):
+        rows, _ = check_steps(s.shared, s.profiles, s.fs, s.site, with_diff=diff)
+        return CheckReport(s.target.name, s.base_ref, s.base_id, s.site, s.version, s.version_problem,
+                           tuple(rows), diff)
+
+
+def fail_if_broken(report: CheckReport) -> None:
+    if report.ok:
+        return
+    bad = report.failed
+    parts = [f"{r.step}: {r.status}" for r in bad]
+    if report.version_problem:
+        parts.append(report.version_problem)
+    raise BuildError(f"{len(bad)} step(s) would fail on the base image of target {report.target!r}"
+                     if bad else "the package version differs from the manifest",
+                     found="; ".join(parts),
+                     hint="`invoke check-patches --diff` shows each change; `invoke patch-from` writes new anchors")
+
+
+@dataclass(frozen=True)
+class PatchFromResult:
+    file: str
+    path: str
+    steps: tuple[dict[str, Any], ...]
+    yaml: str
+    against: str
+
+
+def package_file(path: str, site: str) -> str:
+    """The manifest's spelling of an image path: relative to the site directory when inside it."""
+    if path.startswith("/"):
+        norm = posixpath.normpath(path)
+        site = site.rstrip("/")
+        return norm[len(site) + 1:] if norm.startswith(site + "/") else norm
+    return posixpath.normpath(path)
+
+
+def patch_from_for_cli(manifest: str | None, target: str | None, file: str, edited: str, *,
+                       against_base: bool = False, id_prefix: str = "") -> PatchFromResult:
+    """`invoke patch-from`: steps that turn the image's file into ``edited``.
+
+    The original is the file as the target's existing steps leave it (they are applied in
+    memory first), so the printed steps go at the end of ``targets.<T>.steps``; with
+    ``against_base`` it is the file in the base image as is.
+    """
+    from .build import daemon_errors
+
+    edited_path = Path(edited)
+    try:
+        edited_text = edited_path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read the edited file {edited}", found=str(exc)) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{edited} is not UTF-8 text; patch steps hold text") from None
+    with image_session(manifest, target, None, _stderr) as s, daemon_errors("reading files of the base image"):
+        rel = package_file(file, s.site)
+        path = resolve_image_path(rel, s.site)
+        state = Overlay(s.fs)
+        against = "the base image"
+        if not against_base:
+            rows, state = check_steps(s.shared, {}, s.fs, s.site)
+            touching = [r for r in rows if r.path == path]
+            for r in touching:
+                if not r.ok:
+                    _stderr(f"warning: existing step {r.step} does not apply ({r.status}); ignored")
+            if touching:
+                against = "the base image after step(s) " + ", ".join(r.step for r in touching)
+        try:
+            data = state.read(path)
+        except BuildError as exc:
+            raise BuildError(f"cannot read {path} from the base image: {exc.message}") from None
+        if data is None:
+            raise BuildError(f"{path} is not in the base image of target {s.target.name!r}",
+                             hint="give a path relative to the site directory (vllm/...) or an absolute one")
+        original = _text(data)
+        if original is None:
+            raise BuildError(f"{path} is not UTF-8 text in the image; use an overlay step instead")
+        taken = [st.id for st in s.shared] + [st.id for p in s.target.profiles.values() for st in p.steps]
+        prefix = id_prefix or posixpath.splitext(posixpath.basename(path))[0].replace("_", "-")
+        steps = derive_patch_steps(original, edited_text, file=rel, id_prefix=prefix, taken=taken)
+        check = apply_steps(original, steps)
+        if check != edited_text:  # pragma: no cover - derive_patch_steps guarantees this
+            raise BuildError("internal error: the derived steps do not reproduce the edited file")
+        if steps:
+            header = [f"patch-from: {len(steps)} step(s) turning {path}", f"({against}) into {edited}.",
+                      f"Paste at the end of targets.{s.target.name}.steps."]
+            text = render_steps_yaml(steps, header=header)
+        else:
+            text = f"# patch-from: {edited} equals {path} ({against}): nothing to patch\n"
+        return PatchFromResult(rel, path, tuple(steps), text, against)
