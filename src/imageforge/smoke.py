@@ -1158,6 +1158,14 @@ def summary_line(passed: int, failed: int, skipped: int = 0) -> str:
     return line
 
 
+_ACCESS_LOG = re.compile(r'^(?:\(APIServer pid=\d+\) )?INFO:\s+\S+:\d+ - "')
+
+
+def interesting_lines(lines: Sequence[str], n: int = LOG_TAIL) -> list[str]:
+    """The last ``n`` log lines without uvicorn's access lines (they bury the traceback)."""
+    return [line for line in lines if not _ACCESS_LOG.match(line)][-n:]
+
+
 def failure_text(result: CheckResult, log_tail: Sequence[str] = ()) -> str:
     """Request, response and the server's last log lines of a failed check."""
     lines = [f"{result.check.id} ({result.check.location})"]
@@ -1233,7 +1241,8 @@ class ServerHooks:
 
 class Runner:
     def __init__(self, suite: Suite, url: str, *, tags: Sequence[str], vars: Mapping[str, Any] | None = None,
-                 hooks: ServerHooks | None = None, echo: Log = print, concurrency: int | None = None) -> None:
+                 hooks: ServerHooks | None = None, echo: Log = print, concurrency: int | None = None,
+                 transport: Any = None) -> None:
         import httpx
 
         self.suite = suite
@@ -1243,8 +1252,8 @@ class Runner:
         self.hooks = hooks or ServerHooks()
         self.echo = echo
         self.concurrency = concurrency or suite.concurrency
-        self.http = httpx.Client(base_url=self.url, limits=httpx.Limits(max_connections=128,
-                                                                        max_keepalive_connections=32))
+        self.http = httpx.Client(base_url=self.url, transport=transport,
+                                 limits=httpx.Limits(max_connections=128, max_keepalive_connections=32))
         self.names: dict[str, Any] = {}
         self.setup_problems: list[str] = []
         self.server_down: str | None = None
@@ -1380,6 +1389,8 @@ class Runner:
             ex = self.send("GET", "/health", timeout=5)
             if ex.error:
                 reason = f"GET /health: {ex.error}"
+            elif ex.status != 200:
+                reason = f"GET /health -> HTTP {ex.status}"
         if reason:
             with self._lock:
                 self.server_down = self.server_down or reason
@@ -1480,6 +1491,11 @@ class Runner:
             if result.failures and len(exchanges) > 1:
                 break
 
+        if any(e.status is not None and e.status >= 500 for e in result.exchanges):
+            down = self.check_server()
+            if down:
+                result.fail(f"the server is down: {down}")
+                return
         if before is not None:
             self.check_metrics(check, result, before, body, bodies, exchanges)
         if expect.healthy_after:
@@ -1869,8 +1885,11 @@ def run_suite(
     target: str | None = None,
     profile: str | None = None,
     startup_seconds: float | None = None,
+    transport: Any = None,
 ) -> SmokeReport:
     """Run the checks of ``suite`` selected by ``tags`` against ``url``; write the reports.
+
+    ``transport`` (an httpx transport) replaces the network, for tests.
 
     Returns the report (``report.ok`` says whether everything passed); raises SmokeError only
     when no server answers at all.
@@ -1881,7 +1900,7 @@ def run_suite(
     t0 = time.monotonic()
     checks = suite.select(tags)
     hooks = hooks or ServerHooks()
-    runner = Runner(suite, url, tags=tags, vars=vars, hooks=hooks, echo=echo)
+    runner = Runner(suite, url, tags=tags, vars=vars, hooks=hooks, echo=echo, transport=transport)
     try:
         first = runner.send("GET", "/health", timeout=10)
         if first.error is not None and "Connect" in first.error:
@@ -2038,7 +2057,7 @@ def smoke_target(resolved: Any, *, environ: Mapping[str, str] | None = None, sui
         def alive() -> str | None:
             return None if server.running() else f"container {server.name}: {server.describe_state()}"
 
-        hooks = ServerHooks(alive=alive, log_tail=lambda n: server.logs(n))
+        hooks = ServerHooks(alive=alive, log_tail=lambda n: interesting_lines(server.logs(n * 20), n))
         return run_suite(suite, server.url, tags=selected_tags, run_id=run_id, run_dir=server.run_dir,
                          vars=target_vars(resolved), hooks=hooks, echo=echo, live=live,
                          target=resolved.target.name, profile=server.profile,

@@ -1,0 +1,257 @@
+"""run.py without a daemon: container options, ports, readiness failures."""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imageforge.errors import InfraError, SmokeError
+from imageforge.manifest import Volume, frozen_map, load_manifest
+from imageforge.resolve import Resolved, resolve
+from imageforge.run import (
+    HOST,
+    Progress,
+    Server,
+    base_command,
+    cli_args,
+    container_port,
+    container_spec,
+    device_requests,
+    exit_hint,
+    expand_vars,
+    free_port,
+    port_in_use,
+    port_taken_error,
+    wait_ready,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cpu() -> Resolved:
+    return resolve(load_manifest(REPO / "build.yaml"), "cpu", None, environ={})
+
+
+@pytest.fixture(scope="module")
+def bi100() -> Resolved:
+    return resolve(load_manifest(REPO / "build.yaml"), "bi100", None, environ={})
+
+
+def rooted(resolved: Resolved, root: Path) -> Resolved:
+    return replace(resolved, manifest=replace(resolved.manifest, root=root))
+
+
+def test_cli_args_model_first_then_flags() -> None:
+    args = {"max-num-seqs": 8, "model": "/models/m", "enforce-eager": True, "enable-log": False,
+            "structured-outputs-config": {"backend": "xgrammar"}, "served-model-name": ["a", "b"], "skip": None}
+    assert cli_args(args) == ["/models/m", "--max-num-seqs", "8", "--enforce-eager", "--no-enable-log",
+                              "--structured-outputs-config", '{"backend":"xgrammar"}',
+                              "--served-model-name", "a", "b"]
+
+
+def test_base_command_fits_the_entrypoint(cpu: Resolved) -> None:
+    argv = base_command(cpu, None)
+    assert argv[:3] == ["vllm", "serve", "/models/tiny-qwen3-moe"]
+    assert "--max-num-seqs" in argv and argv[argv.index("--max-num-seqs") + 1] == "8"
+    assert base_command(cpu, ["/opt/venv/bin/vllm"])[:2] == ["serve", "/models/tiny-qwen3-moe"]
+
+
+def test_spec_for_built_image_publishes_on_localhost_only(cpu: Resolved, tmp_path: Path) -> None:
+    (tmp_path / ".imageforge" / "models" / "tiny-qwen3-moe").mkdir(parents=True)
+    spec = container_spec(rooted(cpu, tmp_path), "imageforge/cpu:conservative", host_port=18123, run_id="r1",
+                          environ={})
+    assert spec["ports"] == {"8000/tcp": (HOST, 18123)}
+    assert HOST == "127.0.0.1"
+    assert spec["labels"] == {"org.imageforge.tool": "imageforge", "org.imageforge.kind": "server",
+                              "org.imageforge.run-id": "r1", "org.imageforge.target": "cpu",
+                              "org.imageforge.profile": "conservative"}
+    assert spec["shm_size"] == "1g"
+    assert "command" not in spec  # the image's CMD serves the rendered config
+    assert spec["environment"] == {}  # serving env is in the image already
+    source = str((tmp_path / ".imageforge" / "models" / "tiny-qwen3-moe").resolve())
+    assert spec["volumes"] == {source: {"bind": "/models/tiny-qwen3-moe", "mode": "ro"}}
+    assert spec["name"] == "imageforge-cpu-r1"
+
+
+def test_spec_for_base_image_carries_args_and_env(cpu: Resolved, tmp_path: Path) -> None:
+    (tmp_path / ".imageforge" / "models" / "tiny-qwen3-moe").mkdir(parents=True)
+    spec = container_spec(rooted(cpu, tmp_path), "base:1", host_port=1, run_id="r2", environ={}, base=True)
+    assert spec["command"][:3] == ["vllm", "serve", "/models/tiny-qwen3-moe"]
+    assert spec["environment"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert spec["labels"]["org.imageforge.profile"] == "base"
+
+
+def test_spec_run_options_of_the_competition_target(bi100: Resolved, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    run = replace(bi100.run, gpus="all", devices=("/dev/iluvatar0:/dev/iluvatar0:rwm",),
+                  ulimits=frozen_map({"memlock": (-1, -1)}), env=frozen_map({"A": "1"}))
+    spec = container_spec(replace(bi100, run=run), "img", host_port=8001, run_id="r3",
+                          environ={"IMAGEFORGE_MODEL_DIR": str(model)})
+    assert spec["privileged"] is True and spec["ipc_mode"] == "host" and spec["shm_size"] == "16g"
+    assert spec["devices"] == ["/dev/iluvatar0:/dev/iluvatar0:rwm"]
+    assert spec["environment"] == {"A": "1"}
+    assert spec["volumes"] == {str(model.resolve()): {"bind": "/model", "mode": "ro"}}
+    (request,) = spec["device_requests"]
+    assert request["Count"] == -1 and request["Capabilities"] == [["gpu"]]
+    (limit,) = spec["ulimits"]
+    assert limit["Name"] == "memlock" and limit["Soft"] == -1
+
+
+def test_unset_volume_variable_and_missing_source(bi100: Resolved, cpu: Resolved, tmp_path: Path) -> None:
+    with pytest.raises(InfraError) as info:
+        container_spec(bi100, "img", host_port=1, run_id="r", environ={})
+    assert "${IMAGEFORGE_MODEL_DIR}" in info.value.message and "export IMAGEFORGE_MODEL_DIR" in (info.value.hint or "")
+    with pytest.raises(InfraError) as info:
+        container_spec(rooted(cpu, tmp_path), "img", host_port=1, run_id="r", environ={})
+    err = info.value
+    assert "does not exist" in err.message and err.key_path == "targets.cpu.run.volumes[0].source"
+    assert "invoke base --target cpu" in (err.hint or "")
+    run = replace(cpu.run, volumes=(Volume("${NOPE}/x", "/x", False),))
+    with pytest.raises(InfraError, match="NOPE"):
+        container_spec(replace(cpu, run=run), "img", host_port=1, run_id="r", environ={})
+
+
+def test_expand_vars() -> None:
+    assert expand_vars("${A}/b/${B}", {"A": "/a", "B": "c"}, what="x") == "/a/b/c"
+    with pytest.raises(InfraError):
+        expand_vars("${A}", {"A": ""}, what="x")
+
+
+@pytest.mark.parametrize("gpus, expected", [
+    (None, []),
+    ("all", [{"Count": -1}]),
+    (2, [{"Count": 2}]),
+    ("3", [{"Count": 3}]),
+    ("device=0,2", [{"DeviceIDs": ["0", "2"]}]),
+    ("1,3", [{"DeviceIDs": ["1", "3"]}]),
+])
+def test_device_requests(gpus: Any, expected: list[dict[str, Any]]) -> None:
+    got = device_requests(gpus)
+    assert len(got) == len(expected)
+    for request, want in zip(got, expected, strict=True):
+        for key, value in want.items():
+            assert request[key] == value
+        assert request["Capabilities"] == [["gpu"]]
+
+
+def test_container_port_prefers_the_serving_port(cpu: Resolved) -> None:
+    assert container_port(cpu) == 8000
+    args = tuple(v for v in cpu.serving if v.key != "port")
+    assert container_port(replace(cpu, serving=args, run=replace(cpu.run, port=9000))) == 9000
+
+
+def test_port_in_use_and_free_port() -> None:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        assert port_in_use(port)
+        assert "already in use" in port_taken_error(port).message
+    port = free_port()
+    assert not port_in_use(port)
+
+
+def test_exit_hints() -> None:
+    assert "import failed" in exit_hint(["ModuleNotFoundError: No module named 'vllm.x'"])
+    assert "does not compile" in exit_hint(["  File x", "SyntaxError: invalid syntax"])
+    assert "rejected an argument" in exit_hint(["vllm serve: error: unrecognized arguments: --bogus"])
+    assert exit_hint(["something else"]) == "read the log above"
+
+
+def test_progress_line_on_a_pipe() -> None:
+    lines: list[str] = []
+    progress = Progress("waiting", lines.append, every=10, stream=io.StringIO())
+    for t in (0.0, 4.0, 10.5, 12.0, 21.0):
+        progress.update(t)
+    progress.done("ready")
+    assert lines == ["waiting: 0s", "waiting: 10s", "waiting: 21s", "ready"]
+
+
+# --------------------------------------------------------------------------- readiness without Docker
+
+
+class FakeContainer:
+    def __init__(self, running: bool, exit_code: int = 0, oom: bool = False, logs: bytes = b"") -> None:
+        self.name = "imageforge-test"
+        self.attrs: dict[str, Any] = {"State": {"Running": running, "Status": "running" if running else "exited",
+                                                "ExitCode": exit_code, "OOMKilled": oom, "Error": ""}}
+        self._logs = logs
+
+    def reload(self) -> None:
+        pass
+
+    def logs(self, stdout: bool = True, stderr: bool = True, tail: Any = "all") -> bytes:
+        lines = self._logs.splitlines(keepends=True)
+        return b"".join(lines[-tail:] if isinstance(tail, int) else lines)
+
+
+def fake_server(container: FakeContainer, port: int, tmp_path: Path) -> Server:
+    return Server(container=container, run_id="r", url=f"http://{HOST}:{port}", host_port=port, target="cpu",
+                  profile="conservative", image="img", run_dir=tmp_path / "run")
+
+
+@pytest.fixture
+def health_server() -> Iterator[int]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = HTTPServer((HOST, 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield int(httpd.server_address[1])
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_ready_when_health_answers(health_server: int, tmp_path: Path) -> None:
+    server = fake_server(FakeContainer(running=True), health_server, tmp_path)
+    lines: list[str] = []
+    seconds = wait_ready(server, timeout=10, log=lines.append, progress_stream=io.StringIO())
+    assert seconds >= 0 and server.startup_seconds == seconds
+    assert lines[-1].startswith(f"ready: http://{HOST}:{health_server}/health OK after")
+
+
+def test_exited_container_reports_code_log_tail_and_hint(tmp_path: Path) -> None:
+    logs = b"".join(f"line {i}\n".encode() for i in range(80)) + b"ModuleNotFoundError: No module named 'x'\n"
+    server = fake_server(FakeContainer(running=False, exit_code=1, logs=logs), free_port(), tmp_path)
+    with pytest.raises(SmokeError) as info:
+        wait_ready(server, timeout=30, log=lambda _l: None, progress_stream=io.StringIO())
+    err = info.value
+    assert "stopped before it was ready" in err.message
+    assert "exit code 1" in (err.found or "")
+    assert len(err.log_tail) == 50 and err.log_tail[-1] == "ModuleNotFoundError: No module named 'x'"
+    assert "import failed" in (err.hint or "") and "server.log" in (err.hint or "")
+    assert (tmp_path / "run" / "server.log").read_bytes() == logs
+
+
+def test_oom_killed_is_infrastructure(tmp_path: Path) -> None:
+    server = fake_server(FakeContainer(running=False, exit_code=137, oom=True), free_port(), tmp_path)
+    with pytest.raises(InfraError) as info:
+        wait_ready(server, timeout=30, log=lambda _l: None, progress_stream=io.StringIO())
+    assert "OOMKilled" in (info.value.found or "")
+
+
+def test_timeout_reports_state_and_hint(tmp_path: Path) -> None:
+    server = fake_server(FakeContainer(running=True, logs=b"still loading\n"), free_port(), tmp_path)
+    with pytest.raises(SmokeError) as info:
+        wait_ready(server, timeout=0.6, interval=0.1, log=lambda _l: None, progress_stream=io.StringIO())
+    err = info.value
+    assert "not ready within 1s" in err.message
+    assert "status running" in (err.found or "") and "ConnectError" in (err.found or "")
+    assert err.log_tail == ("still loading",)
+    assert "startup_timeout" in (err.hint or "")
