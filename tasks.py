@@ -234,6 +234,79 @@ def clean(c: Context, keep: int = 3, dry_run: bool = False, target: str = "", mi
         _print(result.to_json() if json else result.text(), json)
 
 
+# --------------------------------------------------------------------------- issues 6-7: run, stop, smoke, demo
+
+
+@task(
+    iterable=["set_"],
+    help={
+        "target": "Target name (default: the manifest's default_target)",
+        "profile": "Profile name (default: the target's default_profile); built first if needed",
+        "base": "Run the base image with the serving args as `vllm serve` flags (no build)",
+        "port": "Host port on 127.0.0.1 (default: run.port when free, else a free one)",
+        "set_": "Override a value: KEY=VALUE (serving flag, env.NAME, run.port); repeatable",
+        "timeout": "Seconds to wait for /health (default: the target's smoke.startup_timeout)",
+        "manifest": MANIFEST_HELP,
+        "traceback": TRACEBACK_HELP,
+    },
+)
+def run(c: Context, target: str = "", profile: str = "", base: bool = False, port: int = 0,
+        set_: list[str] | None = None, timeout: float = 0.0, manifest: str = "", traceback: bool = False) -> None:
+    """Start TARGET's server on 127.0.0.1, wait until /health answers, leave it running; prints URL=..."""
+    from imageforge.run import run_for_cli
+
+    with user_errors(traceback):
+        server = run_for_cli(manifest or None, target or None, profile or None, set_ or [], base=base,
+                             port=port or None, timeout=timeout or None)
+        print(f"container {server.name} ({server.image}) is serving; `invoke stop` removes it")
+        print(f"URL={server.url}")
+
+
+@task(help={"target": "Only this target's servers (default: all)", "traceback": TRACEBACK_HELP})
+def stop(c: Context, target: str = "", traceback: bool = False) -> None:
+    """Stop and remove the server containers `invoke run` started (found by label)."""
+    from imageforge.run import stop_servers
+
+    with user_errors(traceback):
+        stop_servers(target or None)
+
+
+@task(
+    iterable=["set_"],
+    help={
+        "url": "Test a server that is already running, e.g. http://127.0.0.1:8000",
+        "target": "Target name (default: the manifest's default_target); names the suite and tags",
+        "profile": "Profile to build, start, test and remove (default: the target's default_profile)",
+        "suite": "Suite file (default: the target's smoke.suite)",
+        "tags": "Comma-separated tags to run (default: the target's smoke.tags, else dummy-ok)",
+        "base": "Test the base image with the serving args as flags (no build)",
+        "port": "Host port for the server started here (default: a free one)",
+        "wait": "With --url: seconds to wait for /health first (default 0)",
+        "set_": "Override a value: KEY=VALUE (serving flag, env.NAME, run.port); repeatable",
+        "manifest": MANIFEST_HELP,
+        "traceback": TRACEBACK_HELP,
+    },
+)
+def smoke(c: Context, url: str = "", target: str = "", profile: str = "", suite: str = "", tags: str = "",
+          base: bool = False, port: int = 0, wait: float = 0.0, set_: list[str] | None = None, manifest: str = "",
+          traceback: bool = False) -> None:
+    """Run the smoke suite: against --url, or build + start + test + remove TARGET:PROFILE. Exit 4 on a failure."""
+    from imageforge.smoke import smoke_for_cli
+
+    with user_errors(traceback):
+        smoke_for_cli(manifest or None, target or None, profile or None, set_ or [], url=url or None,
+                      suite=suite or None, tags=tags or None, base=base, port=port or None, wait=wait)
+
+
+@task(help={"manifest": MANIFEST_HELP, "traceback": TRACEBACK_HELP})
+def demo(c: Context, manifest: str = "", traceback: bool = False) -> None:
+    """README command 1: from nothing, make the Docker engine, the cpu base, the cpu image, then smoke it."""
+    from imageforge.smoke import demo_for_cli
+
+    with user_errors(traceback):
+        demo_for_cli(manifest or None)
+
+
 def json_quote(text: str) -> str:
     import shlex
 
@@ -247,6 +320,7 @@ def _print(payload: object, as_json: bool) -> None:
         print(payload)
 
 
-ns = Collection(validate, plan, base, build, test, check_patches, patch_from, lock, export, clean)
+ns = Collection(validate, plan, base, build, test, check_patches, patch_from, lock, export, clean, run, stop,
+                smoke, demo)
 ns.configure({"run": {"echo": True}})
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
