@@ -37,6 +37,8 @@ Imports only torch and the standard library: the build copies this file into the
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import torch
 
 __all__ = [
@@ -50,8 +52,10 @@ __all__ = [
 
 # Must equal PARTITION_SIZE of vLLM's paged_attention_v2 launcher and paged_attn.py's _PARTITION_SIZE.
 _PARTITION_SIZE = 512
-# Upper bound on the fp32 K/V (plus logits) gathered for one chunk of partitions.
-DEFAULT_MAX_CHUNK_BYTES = 256 * 1024 * 1024
+# Upper bound, per device type, on the fp32 K/V (plus logits) gathered for one chunk of partitions. On a
+# GPU, big chunks mean few launches; on a CPU, chunks that stay in cache beat big ones (measured in
+# bench/overlays_cpu.py).
+DEFAULT_MAX_CHUNK_BYTES: dict[str, int] = {"cpu": 8 * 1024 * 1024, "cuda": 256 * 1024 * 1024}
 
 
 def _validate(
@@ -90,6 +94,23 @@ def _validate(
     return num_seqs, num_heads, head_size, num_kv_heads, block_size, x
 
 
+def _gather_f32(cache: torch.Tensor, blocks: torch.Tensor, perm: tuple[int, ...],
+                fused_cast: bool | None = None) -> torch.Tensor:
+    """``cache[blocks].permute(perm)`` as a contiguous fp32 tensor.
+
+    ``fused_cast`` (default: on for every device but the CPU) does the permute and the cast in one copy;
+    the CPU's copy kernel is slow when it must do both, so there the permute runs in the cache dtype first.
+    """
+    gathered = cache[blocks].permute(perm)
+    if fused_cast is None:
+        fused_cast = cache.device.type != "cpu"
+    if not fused_cast:
+        return gathered.contiguous().to(torch.float32)
+    out = torch.empty(gathered.shape, dtype=torch.float32, device=cache.device)
+    out.copy_(gathered)
+    return out
+
+
 def paged_attention_v2_partitions(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -100,7 +121,7 @@ def paged_attention_v2_partitions(
     alibi_slopes: torch.Tensor | None = None,
     max_seq_len: int | None = None,
     partition_size: int = _PARTITION_SIZE,
-    max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+    max_chunk_bytes: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Phase 1: per-partition statistics and partial outputs, all in fp32.
 
@@ -109,24 +130,23 @@ def paged_attention_v2_partitions(
     past its sequence's end: ``exp_sums = 0``, ``max_logits = -inf``, ``tmp_out = 0``.
     ``tmp_out[s, h, p]`` is the partition's softmax-weighted V (already divided by ``exp_sums``).
     """
-    num_seqs, num_heads, head_size, num_kv_heads, block_size, x = _validate(
+    num_seqs, num_heads, head_size, num_kv_heads, block_size, _x = _validate(
         query, key_cache, value_cache, block_tables, seq_lens, partition_size, alibi_slopes)
     device = query.device
     group = num_heads // num_kv_heads
     blocks_per_part = partition_size // block_size
     max_blocks = block_tables.shape[1]
 
-    lens = seq_lens.to(device=device, dtype=torch.int64)
-    parts = (lens + partition_size - 1) // partition_size
-    if num_seqs == 0:
-        total_pairs, longest_parts, longest = 0, 0, 0
-    else:
-        stats = torch.stack([parts.sum(), parts.max(), lens.max()]).tolist()  # the one host sync
-        total_pairs, longest_parts, longest = (int(v) for v in stats)
+    lens_host = [int(v) for v in seq_lens.tolist()]  # the one host sync: S integers
+    if any(n < 0 for n in lens_host):
+        raise ValueError("seq_lens must be >= 0")
+    parts_host = [(n + partition_size - 1) // partition_size for n in lens_host]
+    total_pairs = sum(parts_host)
+    longest = max(lens_host, default=0)
     if max_seq_len is None:
         max_seq_len = longest
     num_parts = (max_seq_len + partition_size - 1) // partition_size
-    if longest_parts > num_parts:
+    if longest > num_parts * partition_size:
         raise ValueError(f"a sequence of {longest} tokens is longer than max_seq_len={max_seq_len}")
     blocks_needed = (longest + block_size - 1) // block_size
     if blocks_needed > max_blocks:
@@ -139,20 +159,32 @@ def paged_attention_v2_partitions(
     if total_pairs == 0:
         return exp_sums, max_logits, tmp_out
 
-    # Enumerate the (sequence, partition) pairs that hold at least one token.
+    # Enumerate the (sequence, partition) pairs that hold at least one token, sequence-major.
+    lens = seq_lens.to(device=device, dtype=torch.int64)
+    parts = torch.tensor(parts_host, dtype=torch.int64, device=device)
     pair_seq = torch.repeat_interleave(torch.arange(num_seqs, device=device), parts, output_size=total_pairs)
     first_pair = torch.cumsum(parts, 0) - parts
     pair_part = torch.arange(total_pairs, device=device) - first_pair[pair_seq]
+    # Pairs whose partition ends past the sequence (its last, partial partition): only their tail slots
+    # need masking, at most one pair per sequence.
+    partial_pairs: list[int] = []
+    start = 0
+    for n, p in zip(lens_host, parts_host, strict=True):
+        if p and n % partition_size:
+            partial_pairs.append(start + p - 1)
+        start += p
 
-    q = (query.to(f32) * scale).view(num_seqs, num_kv_heads, group, head_size // x, x)
+    q = (query.to(f32) * scale).view(num_seqs, num_kv_heads, group, head_size).transpose(0, 1)  # [Hkv,S,G,D]
     slopes = None
     if alibi_slopes is not None:
-        slopes = alibi_slopes.to(device=device, dtype=f32).view(num_kv_heads, group)
+        slopes = alibi_slopes.to(device=device, dtype=f32).view(num_kv_heads, 1, group, 1)
     block_offsets = torch.arange(blocks_per_part, device=device)
     token_offsets = torch.arange(partition_size, device=device)
 
     kv_bytes = partition_size * num_kv_heads * head_size * (8 + 2 * key_cache.element_size())
     logit_bytes = 3 * num_heads * partition_size * 4
+    if max_chunk_bytes is None:
+        max_chunk_bytes = DEFAULT_MAX_CHUNK_BYTES.get(device.type, DEFAULT_MAX_CHUNK_BYTES["cuda"])
     pairs_per_chunk = max(1, max_chunk_bytes // (kv_bytes + logit_bytes))
 
     for c0 in range(0, total_pairs, pairs_per_chunk):
@@ -165,32 +197,32 @@ def paged_attention_v2_partitions(
         cols = part_idx[:, None] * blocks_per_part + block_offsets[None, :]  # [n, bpp]
         block_used = cols * block_size < seq_len[:, None]
         blocks = block_tables[seq_idx[:, None], cols.clamp(max=max_blocks - 1)].to(torch.int64)
-        blocks = torch.where(block_used, blocks, torch.zeros_like(blocks))
-
+        blocks = torch.where(block_used, blocks, torch.zeros_like(blocks)).reshape(-1)
         pos = part_idx[:, None] * partition_size + token_offsets[None, :]  # [n, T]
         valid = pos < seq_len[:, None]
 
-        k = key_cache[blocks].to(f32)  # [n, bpp, Hkv, d/x, bs, x]
-        v = value_cache[blocks].to(f32)  # [n, bpp, Hkv, d, bs]
-        v = v.masked_fill(~valid.view(n, blocks_per_part, 1, 1, block_size), 0.0)
+        k = _gather_f32(key_cache, blocks, (1, 0, 3, 2, 4)).view(num_kv_heads, n, partition_size, head_size)
+        v = _gather_f32(value_cache, blocks, (1, 0, 3, 2)).view(num_kv_heads, n, partition_size, head_size)
+        tail = [j - c0 for j in partial_pairs[bisect_left(partial_pairs, c0):bisect_left(partial_pairs, c1)]]
+        if tail:
+            # Zero V past the sequence end (stale or NaN slots would poison probs @ V even at prob 0).
+            t_idx = torch.tensor(tail, device=device)
+            v[:, t_idx] = v[:, t_idx].masked_fill(~valid[t_idx][None, :, :, None], 0.0)
 
-        logits = torch.einsum("nkgcx,nbkctx->nkgbt", q[seq_idx], k)
-        logits = logits.reshape(n, num_kv_heads, group, partition_size)
+        logits = torch.matmul(q[:, seq_idx], k.transpose(-1, -2))  # [Hkv, n, G, T]
         if slopes is not None:
             rel = (pos - seq_len[:, None] + 1).to(f32)  # [n, T]
-            logits = logits + slopes[None, :, :, None] * rel[:, None, None, :]
-        logits = logits.masked_fill(~valid[:, None, None, :], float("-inf"))
+            logits = logits + slopes * rel[None, :, None, :]
+        logits.masked_fill_(~valid[None, :, None, :], float("-inf"))
 
-        part_max = logits.amax(dim=-1)  # finite: every pair holds >= 1 token
+        part_max = logits.amax(dim=-1)  # [Hkv, n, G], finite: every pair holds >= 1 token
         probs = torch.exp(logits - part_max[..., None])
         part_sum = probs.sum(dim=-1)
-        acc = torch.einsum(
-            "nkgbt,nbkdt->nkgd", probs.view(n, num_kv_heads, group, blocks_per_part, block_size), v)
-        acc = acc / part_sum[..., None]
+        acc = torch.matmul(probs, v) / part_sum[..., None]  # [Hkv, n, G, D]
 
-        exp_sums[seq_idx, :, part_idx] = part_sum.reshape(n, num_heads)
-        max_logits[seq_idx, :, part_idx] = part_max.reshape(n, num_heads)
-        tmp_out[seq_idx, :, part_idx] = acc.reshape(n, num_heads, head_size)
+        exp_sums[seq_idx, :, part_idx] = part_sum.permute(1, 0, 2).reshape(n, num_heads)
+        max_logits[seq_idx, :, part_idx] = part_max.permute(1, 0, 2).reshape(n, num_heads)
+        tmp_out[seq_idx, :, part_idx] = acc.permute(1, 0, 2, 3).reshape(n, num_heads, head_size)
     return exp_sums, max_logits, tmp_out
 
 
@@ -235,7 +267,7 @@ def paged_attention_v2_forward(
     alibi_slopes: torch.Tensor | None = None,
     max_seq_len: int | None = None,
     partition_size: int = _PARTITION_SIZE,
-    max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+    max_chunk_bytes: int | None = None,
 ) -> torch.Tensor:
     """Functional API: decode attention over the paged cache, ``[S, H, D]`` in ``query.dtype``."""
     exp_sums, max_logits, tmp_out = paged_attention_v2_partitions(

@@ -205,3 +205,23 @@ def test_property_random_shapes(lens: list[int], block_size: int, parts_in_block
                                 group: int, head_size: int, seed: int) -> None:
     _run(lens, num_kv_heads, group, head_size, torch.float32, block_size=block_size, seed=seed,
          partition_size=block_size * parts_in_blocks)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_both_gather_paths_agree(dtype: torch.dtype) -> None:
+    # The fused permute+cast copy is what CUDA runs; check it here against the CPU's two-step path.
+    gen = torch.Generator().manual_seed(7)
+    cache = build_paged_cache([100, 40], 2, 128, 16, dtype, gen, poison=False)
+    blocks = cache.block_tables[:, :7].reshape(-1).long()
+    for c, perm in ((cache.key_cache, (1, 0, 3, 2, 4)), (cache.value_cache, (1, 0, 3, 2))):
+        fused = pa._gather_f32(c, blocks, perm, fused_cast=True)
+        split = pa._gather_f32(c, blocks, perm, fused_cast=False)
+        assert fused.dtype == split.dtype == torch.float32 and fused.is_contiguous()
+        assert torch.equal(fused, split)
+        assert torch.equal(split, c[blocks].float().permute(perm))
+
+
+def test_forward_through_the_fused_gather_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = pa._gather_f32
+    monkeypatch.setattr(pa, "_gather_f32", lambda c, b, p, fused_cast=None: original(c, b, p, True))
+    _run([1, 513, 2000], num_kv_heads=2, group=4, head_size=128, dtype=torch.bfloat16)
