@@ -96,9 +96,14 @@ def daemon_errors(what: str) -> Iterator[None]:
 
     try:
         yield
-    except (requests.exceptions.ConnectionError, ConnectionError) as exc:
-        raise InfraError(f"lost the Docker daemon while {what}", found=str(exc).splitlines()[0][:200],
+    except (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError, ConnectionError) as exc:
+        raise InfraError(f"lost the Docker daemon while {what}", found=(str(exc).splitlines() or [""])[0][:200],
                          hint="is dockerd still running? `docker info` tells") from None
+    except docker.errors.ImageNotFound as exc:
+        raise InfraError(f"an image disappeared from the Docker daemon while {what}",
+                         found=str(getattr(exc, "explanation", None) or exc)[:300],
+                         hint="was it removed meanwhile (docker rmi, invoke clean)? Run the build again; a removed "
+                         "base image must be made or loaded again") from None
     except docker.errors.APIError as exc:
         explanation = getattr(exc, "explanation", None) or str(exc)
         if "no space left" in str(explanation).lower():
@@ -710,8 +715,11 @@ class Builder:
                         self.log(f"    | {pending}")
                 code = api.exec_inspect(exec_id).get("ExitCode")
                 if code != 0:
-                    raise BuildError(
-                        f"script step {step.id!r} exited with code {code}",
+                    # ENOSPC inside the step is the host's disk, not the script: infrastructure (exit 5)
+                    full = any("no space left on device" in line.lower() for line in lines[-30:])
+                    raise (InfraError if full else BuildError)(
+                        f"script step {step.id!r} exited with code {code}"
+                        + (": out of disk space (free some: invoke clean)" if full else ""),
                         location=step.location, key_path=step.key_path,
                         hint=f"run it by hand: docker run --rm -it {parent[:19]} sh",
                         log_tail=lines[-30:],
@@ -949,5 +957,6 @@ def build_for_cli(manifest: str | None, target: str | None, profile: str | None,
 
     m = load_manifest(manifest_path(manifest))
     resolved = resolve(m, target, profile, environ=os.environ, sets=sets)
-    return build(resolved, environ=os.environ, echo=(lambda _line: None) if quiet else print, verbose=verbose,
-                 locked=locked)
+    with daemon_errors("building"):  # any SDK call outside a narrower scope: still no traceback
+        return build(resolved, environ=os.environ, echo=(lambda _line: None) if quiet else print, verbose=verbose,
+                     locked=locked)

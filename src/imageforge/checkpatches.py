@@ -167,9 +167,17 @@ class Overlay:
         return self.fs.read(path)
 
 
+#: The manifest key a failure points at, per kind and status (the step itself otherwise).
+_BLAME = {("patch", "anchor missing"): "old", ("patch", "ambiguous"): "old", ("patch", "destination missing"): "file",
+          ("overlay", "destination missing"): "dest", ("overlay", "conflict"): "dest",
+          ("symlink", "destination missing"): "glob"}
+
+
 def _row(step: Step, path: str, status: RowStatus, detail: str, *, near: tuple[NearMatch, ...] = (),
          diff: str = "") -> CheckRow:
-    return CheckRow(step.id, step.kind, step.profile, path, status, detail, near, diff, step.location)
+    key = _BLAME.get((step.kind, status))
+    location = step.where(key) if key else step.location
+    return CheckRow(step.id, step.kind, step.profile, path, status, detail, near, diff, location)
 
 
 def _text(data: bytes) -> str | None:
