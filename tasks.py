@@ -262,13 +262,14 @@ def run(c: Context, target: str = "", profile: str = "", base: bool = False, por
         print(f"URL={server.url}")
 
 
-@task(help={"target": "Only this target's servers (default: all)", "traceback": TRACEBACK_HELP})
-def stop(c: Context, target: str = "", traceback: bool = False) -> None:
+@task(help={"target": "Only this target's servers (default: all)",
+            "all": "Also servers left by interrupted smoke runs or tests", "traceback": TRACEBACK_HELP})
+def stop(c: Context, target: str = "", all: bool = False, traceback: bool = False) -> None:
     """Stop and remove the server containers `invoke run` started (found by label)."""
     from imageforge.run import stop_servers
 
     with user_errors(traceback):
-        stop_servers(target or None)
+        stop_servers(target or None, every=all)
 
 
 @task(

@@ -35,6 +35,9 @@ from .resolve import Resolved
 Log = Callable[[str], None]
 
 KIND_SERVER = "server"
+#: Label on containers ``invoke run`` leaves running (``invoke stop`` removes only those by default).
+L_STARTED_BY = "org.imageforge.started-by"
+STARTED_BY_RUN = "invoke-run"
 HOST = "127.0.0.1"
 LOG_TAIL = 50
 STOP_TIMEOUT = 10
@@ -238,8 +241,27 @@ def port_taken_error(port: int) -> InfraError:
     )
 
 
+def steps_in_log(lines: Sequence[str], resolved: Resolved) -> list[str]:
+    """``step 'id' (kind, file:line)`` for each build step whose file shows up in the log lines."""
+    text = "\n".join(lines)
+    found: list[str] = []
+    for step in resolved.steps:
+        path = step.spec.get("dest") or step.spec.get("file")
+        if not isinstance(path, str) or not path.endswith(".py"):
+            continue
+        rel = path.lstrip("/")
+        if rel and (f"/{rel}" in text or f'"{rel}' in text):
+            found.append(f"step {step.id!r} ({step.kind}, {step.location})")
+    return found
+
+
 def exit_hint(lines: Sequence[str], resolved: Resolved | None = None) -> str:
     """A hint for a server that stopped during start-up, from the last log lines."""
+    if resolved is not None:
+        steps = steps_in_log(lines, resolved)
+        if steps:
+            return ("the log goes through a file that " + ", ".join(steps) + " changes: check that step "
+                    f"(`invoke run --target {resolved.target.name} --base` runs the image without the steps)")
     text = "\n".join(lines)
     rules: list[tuple[str, str]] = [
         (r"No module named|ModuleNotFoundError|ImportError", "an import failed: check the overlays and patches "
@@ -259,8 +281,9 @@ def exit_hint(lines: Sequence[str], resolved: Resolved | None = None) -> str:
         if re.search(pattern, text):
             return hint
     if resolved is not None:
-        return f"read the log above; `invoke run --target {resolved.target.name} --base` runs the unpatched base"
-    return "read the log above"
+        return f"the last log lines below say why; `invoke run --target {resolved.target.name} --base` runs " \
+            "the image without the steps"
+    return "the last log lines below say why"
 
 
 # --------------------------------------------------------------------------- the server
@@ -373,6 +396,7 @@ def start_server(
     image: str | None = None,
     run_id: str | None = None,
     log: Log = print,
+    labels: Mapping[str, str] | None = None,
 ) -> Server:
     """Create and start the serving container (no waiting). Raises InfraError for port/daemon trouble."""
     from .docker_engine import client, ensure_daemon
@@ -398,6 +422,7 @@ def start_server(
                             entrypoint=config.get("Entrypoint"))
     image_name = kwargs.pop("image")
     kwargs.pop("detach")
+    kwargs["labels"] = {**kwargs["labels"], **(labels or {})}
     try:
         container = cli.containers.create(image_name, **kwargs)
     except docker.errors.APIError as exc:
@@ -585,7 +610,7 @@ def run_for_cli(manifest: str | None, target: str | None, profile: str | None, s
         port = None if port_in_use(configured) else configured
         if port is None:
             log(f"port {configured} is taken: picking a free one")
-    server = start_server(resolved, base=base, port=port, log=log)
+    server = start_server(resolved, base=base, port=port, log=log, labels={L_STARTED_BY: STARTED_BY_RUN})
     try:
         wait_ready(server, timeout=timeout or resolved.target.smoke.startup_timeout, log=log, resolved=resolved)
     except BaseException:
@@ -594,22 +619,28 @@ def run_for_cli(manifest: str | None, target: str | None, profile: str | None, s
     return server
 
 
-def list_servers(target: str | None = None) -> list[Any]:
+def list_servers(target: str | None = None, *, every: bool = False) -> list[Any]:
+    """Server containers ``invoke run`` started (``every``: also those of smoke runs and tests)."""
     from .docker_engine import client
 
     filters = [f"{L_TOOL}={TOOL}", f"{L_KIND}={KIND_SERVER}"]
+    if not every:
+        filters.append(f"{L_STARTED_BY}={STARTED_BY_RUN}")
     if target:
         filters.append(f"{L_TARGET}={target}")
     return list(client().containers.list(all=True, filters={"label": filters}))
 
 
-def stop_servers(target: str | None = None, *, log: Log = print) -> list[str]:
-    """Stop and remove every imageforge server container (of ``target``); return their names."""
+def stop_servers(target: str | None = None, *, every: bool = False, log: Log = print) -> list[str]:
+    """Stop and remove the server containers ``invoke run`` started (of ``target``); return their names.
+
+    ``every`` also removes servers of smoke runs and tests (normally removed by their own run).
+    """
     from .docker_engine import ensure_daemon
 
     ensure_daemon(log=log)
     names: list[str] = []
-    for container in list_servers(target):
+    for container in list_servers(target, every=every):
         with contextlib.suppress(Exception):
             container.stop(timeout=STOP_TIMEOUT)
         with contextlib.suppress(Exception):

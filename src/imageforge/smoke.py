@@ -1391,6 +1391,9 @@ class Runner:
                 reason = f"GET /health: {ex.error}"
             elif ex.status != 200:
                 reason = f"GET /health -> HTTP {ex.status}"
+            if reason and self.hooks.alive is not None:
+                time.sleep(0.5)  # a container that just died may still read as running
+                reason = self.hooks.alive() or reason
         if reason:
             with self._lock:
                 self.server_down = self.server_down or reason

@@ -165,7 +165,17 @@ def test_exit_hints() -> None:
     assert "import failed" in exit_hint(["ModuleNotFoundError: No module named 'vllm.x'"])
     assert "does not compile" in exit_hint(["  File x", "SyntaxError: invalid syntax"])
     assert "rejected an argument" in exit_hint(["vllm serve: error: unrecognized arguments: --bogus"])
-    assert exit_hint(["something else"]) == "read the log above"
+    assert exit_hint(["something else"]) == "the last log lines below say why"
+
+
+def test_exit_hint_names_the_step_whose_file_is_in_the_traceback(cpu: Resolved) -> None:
+    step = next(s for s in cpu.steps if s.kind == "patch")
+    site = "/opt/venv/lib/python3.11/site-packages/"
+    lines = ["Traceback (most recent call last):", f'  File "{site}{step.spec["file"]}", line 3, in <module>',
+             "RuntimeError: boom"]
+    hint = exit_hint(lines, cpu)
+    assert f"step {step.id!r} (patch, " in hint and "build.yaml:" in hint
+    assert "steps" not in exit_hint(["RuntimeError: boom"], cpu).split(";")[0]
 
 
 def test_progress_line_on_a_pipe() -> None:

@@ -1,0 +1,140 @@
+"""Shared fixtures for integration tests on the real Docker daemon.
+
+* ``cpu_server`` -- ONE vLLM server of the ``cpu`` target (profile conservative), built and
+  started once per test session and always removed at the end. Each vLLM start costs 30-50 s
+  on 2 cores, so every test that only needs *a* working server shares this one.
+* ``cpu_variant`` -- writes a manifest into a tmp dir whose ``cpu`` target is the repository's
+  plus extra steps (a broken overlay, a bad patch ...), under its own image name; the shared
+  steps reuse the cached layers of the real target.
+* ``invoke_cli`` -- runs ``invoke`` in a subprocess and returns (exit code, output).
+
+Other test modules may add fixtures here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+INVOKE = REPO / ".venv" / "bin" / "invoke"
+
+
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+@pytest.fixture(scope="session")
+def docker_ready() -> None:
+    from imageforge.docker_engine import ensure_daemon
+
+    ensure_daemon(log=_log)
+
+
+@pytest.fixture(scope="session")
+def cpu_resolved(docker_ready: None) -> Any:
+    from imageforge.manifest import load_manifest
+    from imageforge.resolve import resolve
+
+    return resolve(load_manifest(REPO / "build.yaml"), "cpu", "conservative", environ=os.environ)
+
+
+@pytest.fixture(scope="session")
+def cpu_server(cpu_resolved: Any) -> Iterator[Any]:
+    """The session's one running cpu server (imageforge.run.Server); removed when the session ends."""
+    from imageforge.run import serving
+
+    with serving(cpu_resolved, environ=os.environ, log=_log) as server:
+        yield server
+
+
+@dataclass(frozen=True)
+class Cli:
+    code: int
+    output: str
+
+
+@pytest.fixture(scope="session")
+def invoke_cli() -> Callable[..., Cli]:
+    def run(*args: str, timeout: float = 900, env: dict[str, str] | None = None, cwd: Path = REPO) -> Cli:
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        proc = subprocess.run([str(INVOKE), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                              env=full_env)
+        output = proc.stdout + proc.stderr
+        print(output[-6000:])
+        return Cli(proc.returncode, output)
+
+    return run
+
+
+def _copy_sources(target: dict[str, Any], root: Path) -> None:
+    """Copy every file a step or the smoke section reads into ``root`` (same relative path)."""
+    paths: list[str] = [str(step["source"]) for step in target.get("steps", []) if "source" in step]
+    for profile in target.get("profiles", {}).values():
+        paths += [str(step["source"]) for step in profile.get("steps", []) if "source" in step]
+    if "suite" in target.get("smoke", {}):
+        paths.append(str(target["smoke"]["suite"]))
+    for rel in paths:
+        src = REPO / rel
+        dest = root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if not dest.exists():
+            shutil.copy2(src, dest)
+
+
+@pytest.fixture
+def cpu_variant(tmp_path: Path) -> Callable[..., Path]:
+    """``write(image, steps=[...], files={rel: text})`` -> a manifest whose cpu target has extra steps."""
+
+    def write(image: str, steps: Sequence[dict[str, Any]] = (), files: dict[str, str] | None = None) -> Path:
+        data = yaml.safe_load((REPO / "build.yaml").read_text())
+        target = data["targets"]["cpu"]
+        target["image"] = image
+        target["base"]["recipe"] = str((REPO / target["base"]["recipe"]).resolve())
+        target["steps"] = [*target.get("steps", []), *steps]
+        for rel, text in (files or {}).items():
+            (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / rel).write_text(text)
+        _copy_sources(target, tmp_path)  # what `files` did not provide comes from the repository
+        manifest = {"version": 1, "default_target": "cpu", "targets": {"cpu": target}}
+        path = tmp_path / "build.yaml"
+        path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def remove_images() -> Iterator[list[str]]:
+    """Repositories a test tagged images into; every tag of them is removed afterwards."""
+    repos: list[str] = []
+    yield repos
+    from imageforge.docker_engine import client
+
+    for repo in repos:
+        for image in client().images.list(name=repo):
+            for tag in image.tags:
+                if tag.rsplit(":", 1)[0] == repo:
+                    with contextlib.suppress(Exception):
+                        client().images.remove(tag)
+
+
+@pytest.fixture(scope="session")
+def containers_labelled(docker_ready: None) -> Callable[..., list[Any]]:
+    """``containers_labelled(**{label: value})`` -> containers carrying all those labels (running or not)."""
+    from imageforge.docker_engine import client
+
+    def find(**labels: str) -> list[Any]:
+        filters = [f"{k}={v}" for k, v in labels.items()]
+        return list(client().containers.list(all=True, filters={"label": filters}))
+
+    return find

@@ -1,0 +1,109 @@
+"""`invoke run` / `invoke stop` and the serving() lifecycle on the real daemon.
+
+One vLLM start here (``invoke run --base``); the other tests never wait for vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from imageforge.build import L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL
+
+pytestmark = pytest.mark.integration
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        yield int(sock.getsockname()[1])
+
+
+def test_run_base_prints_url_then_stop_removes_it(invoke_cli: Callable[..., Any],
+                                                   containers_labelled: Callable[..., list[Any]]) -> None:
+    from imageforge.run import L_STARTED_BY, STARTED_BY_RUN
+
+    port = free_port()
+    run_id: str | None = None
+    try:
+        cli = invoke_cli("run", "--target", "cpu", "--base", "--port", str(port))
+        assert cli.code == 0, cli.output
+        assert f"URL=http://127.0.0.1:{port}" in cli.output.splitlines()
+        assert re.search(rf"waiting for http://127\.0\.0\.1:{port}/health: \d+s", cli.output)
+        match = re.search(r"started imageforge-cpu-(\S+) from imageforge/vllm-cpu-base:", cli.output)
+        assert match, cli.output
+        run_id = match.group(1)
+        (container,) = containers_labelled(**{L_RUN: run_id})
+        labels = container.labels
+        assert labels[L_TOOL] == "imageforge" and labels[L_KIND] == "server"
+        assert labels[L_TARGET] == "cpu" and labels[L_PROFILE] == "base"
+        assert labels[L_STARTED_BY] == STARTED_BY_RUN
+        bindings = container.attrs["HostConfig"]["PortBindings"]
+        assert bindings == {"8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(port)}]}
+        assert container.attrs["HostConfig"]["ShmSize"] == 1024**3
+        cmd = container.attrs["Config"]["Cmd"]
+        assert cmd[:3] == ["vllm", "serve", "/models/tiny-qwen3-moe"] and "--max-num-seqs" in cmd
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
+        assert models["data"][0]["id"] == "tiny-qwen3-moe"
+        # still running after the task returned: a second run on the same port is refused
+        again = invoke_cli("run", "--target", "cpu", "--base", "--port", str(port))
+        assert again.code == 5 and f"port {port} on 127.0.0.1 is already in use" in again.output
+    finally:
+        stop = invoke_cli("stop", "--target", "cpu")
+    assert stop.code == 0, stop.output
+    assert run_id is not None and f"removed imageforge-cpu-{run_id}" in stop.output
+    assert containers_labelled(**{L_RUN: run_id}) == []
+
+
+def test_port_taken_is_refused_before_anything_starts(invoke_cli: Callable[..., Any], taken_port: int) -> None:
+    for task in ("run", "smoke"):
+        cli = invoke_cli(task, "--target", "cpu", "--port", str(taken_port), timeout=300)
+        assert cli.code == 5, cli.output
+        assert f"port {taken_port} on 127.0.0.1 is already in use" in cli.output
+        assert "hint:" in cli.output and "Traceback" not in cli.output
+        assert "started imageforge-cpu" not in cli.output
+
+
+def test_stop_leaves_servers_it_did_not_start(cpu_server: Any, invoke_cli: Callable[..., Any]) -> None:
+    cli = invoke_cli("stop", "--target", "cpu")
+    assert cli.code == 0
+    assert cpu_server.running()
+    assert httpx.get(f"{cpu_server.url}/health", timeout=10).status_code == 200
+
+
+def test_serving_removes_the_container_on_interrupt(cpu_resolved: Any,
+                                                    containers_labelled: Callable[..., list[Any]]) -> None:
+    from imageforge.run import serving
+
+    lines: list[str] = []
+    with pytest.raises(KeyboardInterrupt), serving(cpu_resolved, environ=os.environ, wait=False,
+                                                   log=lines.append) as server:
+        assert server.running()
+        assert containers_labelled(**{L_RUN: server.run_id})
+        raise KeyboardInterrupt
+    assert containers_labelled(**{L_RUN: server.run_id}) == []
+    assert f"removed {server.name}" in lines
+    assert (server.run_dir / "server.log").is_file()
+
+
+def test_missing_image_is_an_infra_error(cpu_resolved: Any) -> None:
+    from imageforge.errors import InfraError
+    from imageforge.run import start_server
+
+    with pytest.raises(InfraError) as info:
+        start_server(cpu_resolved, environ=os.environ, image="imageforge-test/does-not-exist:1", log=lambda _l: None)
+    assert "does not exist" in info.value.message and "invoke build" in (info.value.hint or "")

@@ -1,0 +1,301 @@
+"""The smoke runner against real vLLM servers of the cpu target (and the faults of issues 6-7).
+
+vLLM starts (30-50 s each on 2 cores): the session's shared server (conftest ``cpu_server``),
+one for the server killed mid-suite, one for ``invoke smoke --target cpu`` end to end, one
+for the patch that breaks tool-call parsing, and a short one for the overlay that stops
+``vllm serve`` from starting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from imageforge.build import L_RUN
+from imageforge.smoke import ServerHooks, load_suite, run_suite, target_vars
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed(?:, (\d+) skipped)?$", re.M)
+
+
+def summary(output: str) -> tuple[int, int, int]:
+    found = SUMMARY.findall(output)
+    assert found, "no closing line `N passed, N failed` in the output"
+    passed, failed, skipped = found[-1]
+    return int(passed), int(failed), int(skipped or 0)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def hooks_for(server: Any) -> ServerHooks:
+    return ServerHooks(alive=lambda: None if server.running() else server.describe_state(),
+                       log_tail=lambda n: server.logs(n))
+
+
+# ----------------------------------------------------------------------------- the shared server
+
+
+def test_dummy_suite_passes_on_the_cpu_image(cpu_server: Any, cpu_resolved: Any, tmp_path: Path) -> None:
+    from junitparser import JUnitXml
+
+    suite = load_suite(REPO / "smoke" / "dummy.yaml")
+    lines: list[str] = []
+    report = run_suite(suite, cpu_server.url, tags=("dummy-ok",), run_dir=tmp_path / "run",
+                       vars=target_vars(cpu_resolved), hooks=hooks_for(cpu_server), echo=lines.append, live=False)
+    failures = [f"{r.check.id}: {r.failures}" for r in report.results if r.status != "passed"]
+    assert report.ok, failures
+    assert report.passed >= 30 and report.failed == 0 and report.skipped == 0
+    assert f"{report.passed} passed, 0 failed" in lines
+    assert report.seconds <= 60, f"health OK to verdict took {report.seconds:.1f}s"
+    data = json.loads((tmp_path / "run" / "smoke.json").read_text())
+    assert data["summary"] == f"{report.passed} passed, 0 failed"
+    xml = next(iter(JUnitXml.fromfile(str(tmp_path / "run" / "smoke-junit.xml"))))
+    assert xml.tests == report.passed and xml.failures == 0 and xml.errors == 0
+
+
+def test_invoke_smoke_url_against_a_running_server(cpu_server: Any, invoke_cli: Callable[..., Any]) -> None:
+    cli = invoke_cli("smoke", "--url", cpu_server.url, "--target", "cpu")
+    assert cli.code == 0, cli.output
+    passed, failed, _ = summary(cli.output)
+    assert passed >= 30 and failed == 0
+    match = re.search(r"report: (\S+/smoke\.json)\s+junit: (\S+\.xml)", cli.output)
+    assert match and Path(match.group(1)).is_file() and Path(match.group(2)).is_file()
+
+
+def test_check_exceeding_its_timeout(cpu_server: Any, tmp_path: Path) -> None:
+    suite_path = tmp_path / "slow.yaml"
+    suite_path.write_text(textwrap.dedent("""\
+        version: 1
+        setup:
+          - {id: models, request: {endpoint: /v1/models}, bind: {model: "$.data[0].id"}}
+        checks:
+          - id: too-slow
+            request:
+              endpoint: /v1/completions
+              body: {model: "${model}", prompt: "long", max_tokens: 1500, ignore_eos: true}
+              timeout: 0.5
+            expect: {status: 200}
+          - id: still-fine
+            request: {endpoint: /health}
+            expect: {status: 200}
+        """))
+    lines: list[str] = []
+    t0 = time.monotonic()
+    report = run_suite(load_suite(suite_path), cpu_server.url, run_dir=tmp_path / "run", echo=lines.append,
+                       live=False)
+    assert time.monotonic() - t0 < 30
+    by_id = {r.check.id: r for r in report.results}
+    assert by_id["too-slow"].status == "failed" and by_id["still-fine"].status == "passed"
+    assert "timed out after" in by_id["too-slow"].failures[0]
+    assert "timeout is 0.5s" in by_id["too-slow"].failures[0]
+    assert "1 passed, 1 failed" in lines
+    assert httpx.get(f"{cpu_server.url}/health", timeout=10).status_code == 200
+
+
+# ----------------------------------------------------------------------------- no vLLM needed
+
+
+def test_unreachable_url(invoke_cli: Callable[..., Any]) -> None:
+    port = free_port()
+    cli = invoke_cli("smoke", "--url", f"http://127.0.0.1:{port}", "--suite", "smoke/dummy.yaml")
+    assert cli.code == 4
+    assert f"no server answers at http://127.0.0.1:{port}" in cli.output
+    assert "Connection refused" in cli.output and "invoke run" in cli.output
+    assert "Traceback" not in cli.output
+
+
+@pytest.fixture
+def stub_500() -> Iterator[str]:
+    """A local stub that answers every request with HTTP 500 (for the 500 test only)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def _fail(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            if length:
+                self.rfile.read(length)
+            payload = b'{"error": {"message": "stub: internal error", "code": 500}}'
+            self.send_response(500)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        do_GET = do_POST = _fail
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_server_answering_500s(stub_500: str, invoke_cli: Callable[..., Any]) -> None:
+    cli = invoke_cli("smoke", "--url", stub_500, "--suite", "smoke/dummy.yaml", timeout=120)
+    assert cli.code == 4
+    passed, failed, _ = summary(cli.output)
+    assert passed == 0 and failed >= 30
+    assert "warning: setup models (GET /v1/models) failed: HTTP 500" in cli.output
+    assert "status 500, expected 200" in cli.output
+    assert "the server is down: GET /health -> HTTP 500" in cli.output
+    assert "response: HTTP 500" in cli.output and "stub: internal error" in cli.output
+    report = Path(re.findall(r"report: (\S+/smoke\.json)", cli.output)[-1])
+    data = json.loads(report.read_text())
+    assert data["ok"] is False and data["failed"] == failed
+    assert "Traceback" not in cli.output
+
+
+@pytest.mark.parametrize("text, line, fragment", [
+    ("version: 1\nchecks:\n  - id: x\n    request: {endpoint: /health}\n    expect: {staus: 200}\n",
+     5, "did you mean"),
+    ("version: 1\nchecks:\n  - id: x\n    request: {endpoint: /health\n", 5, "invalid YAML"),
+    ("version: 1\nchecks:\n  - id: x\n    request: {endpoint: /health}\n    expect:\n"
+     "      relations: ['status ==']\n", 6, "invalid expression"),
+])
+def test_bad_suite_file(invoke_cli: Callable[..., Any], tmp_path: Path, text: str, line: int, fragment: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    cli = invoke_cli("smoke", "--url", "http://127.0.0.1:9", "--suite", str(path))
+    assert cli.code == 2, cli.output
+    assert re.search(rf"{re.escape(str(path))}:{line}(:\d+)?:", cli.output), cli.output
+    assert fragment in cli.output
+    assert "Traceback" not in cli.output
+
+
+# ----------------------------------------------------------------------------- servers of their own
+
+
+def test_server_killed_mid_suite(cpu_resolved: Any, tmp_path: Path,
+                                 containers_labelled: Callable[..., list[Any]]) -> None:
+    from imageforge.run import serving
+
+    suite_path = tmp_path / "kill.yaml"
+    suite_path.write_text(textwrap.dedent("""\
+        version: 1
+        setup:
+          - {id: models, request: {endpoint: /v1/models}, bind: {model: "$.data[0].id"}}
+        checks:
+          - id: long-generation
+            serial: true
+            request:
+              endpoint: /v1/completions
+              body: {model: "${model}", prompt: "long", max_tokens: 1900, ignore_eos: true}
+              timeout: 120
+            expect: {status: 200}
+          - {id: after-1, request: {endpoint: /health}, expect: {status: 200}}
+          - {id: after-2, request: {endpoint: /v1/models}, expect: {status: 200}}
+          - {id: after-3, request: {endpoint: /version}, expect: {status: 200}}
+        """))
+    lines: list[str] = []
+    with serving(cpu_resolved, environ=os.environ, log=lines.append) as server:
+        run_id = server.run_id
+
+        def kill_when_generating() -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                metrics = httpx.get(f"{server.url}/metrics", timeout=5).text
+                if re.search(r"^vllm:num_requests_running\{[^}]*\} [1-9]", metrics, re.M):
+                    break
+                time.sleep(0.1)
+            server.container.kill()
+
+        killer = threading.Thread(target=kill_when_generating, daemon=True)
+        killer.start()
+        report = run_suite(load_suite(suite_path), server.url, run_dir=server.run_dir, hooks=hooks_for(server),
+                           echo=lines.append, live=False)
+        killer.join(timeout=60)
+    assert not report.ok and report.passed == 0 and report.failed == 4
+    assert report.server_problem is not None and "exited" in report.server_problem
+    by_id = {r.check.id: r for r in report.results}
+    assert any("the server is down" in f for f in by_id["long-generation"].failures)
+    for check_id in ("after-1", "after-2", "after-3"):
+        assert by_id[check_id].failures[0].startswith("not run: the server is down")
+    text = "\n".join(lines)
+    assert "the server went away during the suite" in text and "0 passed, 4 failed" in text
+    assert containers_labelled(**{L_RUN: run_id}) == []  # always removed
+    assert (server.run_dir / "server.log").is_file() and (server.run_dir / "smoke-junit.xml").is_file()
+
+
+def test_invoke_smoke_target_end_to_end(invoke_cli: Callable[..., Any],
+                                        containers_labelled: Callable[..., list[Any]]) -> None:
+    cli = invoke_cli("smoke", "--target", "cpu", "--profile", "conservative")
+    assert cli.code == 0, cli.output
+    passed, failed, _ = summary(cli.output)
+    assert passed >= 30 and failed == 0
+    assert re.search(r"ready: http://127\.0\.0\.1:\d+/health OK after [\d.]+s", cli.output)
+    name = re.search(r"started (imageforge-cpu-(\S+)) from imageforge/cpu:conservative", cli.output)
+    assert name, cli.output
+    assert f"removed {name.group(1)}" in cli.output
+    assert containers_labelled(**{L_RUN: name.group(2)}) == []
+
+
+def test_overlay_that_stops_vllm_serve_from_starting(cpu_variant: Callable[..., Path], invoke_cli: Callable[..., Any],
+                                                     remove_images: list[str],
+                                                     containers_labelled: Callable[..., list[Any]]) -> None:
+    image = "imageforge-test/cpu-no-serve"
+    remove_images.append(image)
+    manifest = cpu_variant(image, steps=[{
+        "id": "break-serve",
+        "kind": "overlay",
+        "why": "fault test: the API server module raises when imported",
+        "source": "faults/entry.py",
+        "dest": "vllm/entrypoints/launchers/api_server/entry.py",
+    }], files={"faults/entry.py": 'raise RuntimeError("imageforge fault test: the API server cannot start")\n'})
+    cli = invoke_cli("smoke", "--manifest", str(manifest), "--target", "cpu", timeout=600)
+    assert cli.code == 4, cli.output
+    assert "stopped before it was ready" in cli.output
+    assert re.search(r"found:\s+status exited, exit code [1-9]", cli.output)
+    assert "last log lines:" in cli.output
+    assert "RuntimeError: imageforge fault test: the API server cannot start" in cli.output
+    assert "hint:" in cli.output and "server.log" in cli.output
+    assert "step 'break-serve' (overlay, " in cli.output
+    name = re.search(r"started imageforge-cpu-(\S+) from", cli.output)
+    assert name and containers_labelled(**{L_RUN: name.group(1)}) == []
+    assert "Traceback (most recent call last)" not in cli.output.split("last log lines:")[0]
+
+
+def test_patch_that_breaks_tool_call_parsing(cpu_variant: Callable[..., Path], invoke_cli: Callable[..., Any],
+                                             remove_images: list[str]) -> None:
+    image = "imageforge-test/cpu-no-tools"
+    remove_images.append(image)
+    manifest = cpu_variant(image, steps=[{
+        "id": "break-hermes",
+        "kind": "patch",
+        "why": "fault test: the hermes parser looks for a tag the model never writes",
+        "file": "vllm/tool_parsers/hermes_tool_parser.py",
+        "old": 'tool_call_start_token: str = "<tool_call>"',
+        "new": 'tool_call_start_token: str = "<tool_call_x>"',
+    }])
+    cli = invoke_cli("smoke", "--manifest", str(manifest), "--target", "cpu", timeout=600)
+    assert cli.code == 4, cli.output
+    passed, failed, _ = summary(cli.output)
+    assert failed >= 1 and passed >= 25
+    assert re.search(r"^  FAIL  tools-required\b", cli.output, re.M)
+    assert re.search(r"^  PASS  health\b", cli.output, re.M)
+    report = json.loads(Path(re.findall(r"report: (\S+/smoke\.json)", cli.output)[-1]).read_text())
+    tools = next(c for c in report["checks"] if c["id"] == "tools-required")
+    assert tools["status"] == "failed"
+    assert any("tool_calls" in f for f in tools["failures"])
+    assert tools["exchanges"][0]["body"]["tool_choice"] == "required"
+    assert "<tool_call>" in tools["exchanges"][0]["response"]  # the unparsed call is in the content
+    assert "smoke failure:" in cli.output and "tools-required" in cli.output.split("smoke failure:")[1]
