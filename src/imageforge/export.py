@@ -25,6 +25,7 @@ import gzip
 import hashlib
 import json
 import os
+import tarfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -240,6 +241,19 @@ def _write_tarball(chunks: Iterable[bytes], dest: Path, *, compress: bool) -> tu
     return digest.hexdigest(), size
 
 
+def saved_image_ids(tarball: Path) -> list[str]:
+    """Image IDs (sha256:...) a `docker save` tarball holds, from its manifest.json."""
+    opener: Any = gzip.open if tarball.name.endswith(".gz") else open
+    with opener(tarball, "rb") as raw, tarfile.open(fileobj=raw, mode="r|") as tar:
+        for member in tar:
+            if member.name == "manifest.json":
+                fh = tar.extractfile(member)
+                assert fh is not None
+                entries = json.loads(fh.read())
+                return ["sha256:" + str(e["Config"]).split("/")[-1].removesuffix(".json") for e in entries]
+    return []
+
+
 def push_image(image: Any, tags: Iterable[str], repository: str, log: Log) -> list[dict[str, str]]:
     """Tag ``image`` as ``repository:<tag part>`` for each tag, push, untag what we added."""
     import docker.errors
@@ -286,12 +300,15 @@ def export(manifest: str | None, target: str | None, profile: str | None, *, out
     """`invoke export`: see the module docstring."""
     import time
 
-    from .build import daemon_errors
+    from .build import daemon_errors, image_lock
     from .docker_engine import DiskNeed, check_disk, ensure_daemon
+    from .manifest import load_manifest, manifest_path
 
     t0 = time.monotonic()
     ensure_daemon(log=log)
-    with daemon_errors("exporting the image"):
+    m = load_manifest(manifest_path(manifest))
+    # builds of this checkout move tags under this lock: hold it so the tag cannot move mid-export
+    with daemon_errors("exporting the image"), image_lock(m.root, m.target(target).image):
         resolved, plan, image = _resolve_for_export(manifest, target, profile)
         out_dir = Path(out) if out else resolved.manifest.root / "dist"
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -305,6 +322,11 @@ def export(manifest: str | None, target: str | None, profile: str | None, *, out
             check_disk([DiskNeed("the exported tarball", out_dir, size // 2 if gzip_ else size)])
             log(f"saving {', '.join(plan.tags)} -> {tarball}")
             digest, nbytes = _write_tarball(_save_stream(plan.tags), tarball, compress=gzip_)
+            saved = saved_image_ids(tarball)
+            if saved != [str(image.id)]:  # a build elsewhere (another checkout) moved the tag meanwhile
+                tarball.unlink()
+                raise BuildError(f"the tarball holds {saved}, not the checked image {image.id}",
+                                 hint="a tag moved during the export (a concurrent build?); run it again")
             (out_dir / (tarball.name + ".sha256")).write_text(sha256_line(digest, tarball.name))
         description = describe(resolved, plan, image.attrs, tarball=tarball.name if tarball else None,
                                sha256=digest, nbytes=nbytes, compressed=gzip_)

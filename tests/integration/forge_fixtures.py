@@ -116,10 +116,36 @@ def tiny_base(c: docker.DockerClient | None = None, *, unique: bool = False) -> 
     return ref
 
 
+_targets: set[str] = set()
+
+
+def _drop_test_images() -> None:
+    """At exit: every image and container of the targets this process made (on the shared daemon)."""
+    with contextlib.suppress(Exception):
+        c = client()
+        for target in sorted(_targets):
+            label = f"org.imageforge.target={target}"
+            for ct in c.containers.list(all=True, filters={"label": label}):
+                with contextlib.suppress(docker.errors.APIError):
+                    ct.remove(force=True)
+            for _ in range(10):  # children before parents; tags removed with the image
+                images = c.api.images(all=True, filters={"label": label})
+                if not images:
+                    break
+                for raw in sorted(images, key=lambda i: -int(i.get("Created") or 0)):
+                    with contextlib.suppress(docker.errors.APIError):
+                        c.api.remove_image(raw["Id"], force=True, noprune=True)
+
+
+atexit.register(_drop_test_images)
+
+
 def write_manifest(root: Path, base: str, *, target: str | None = None, steps: str | None = None,
                    profiles: str | None = None, files: dict[str, str] | None = None) -> tuple[Path, str]:
-    """A manifest with one target on ``base``; returns (path, target name)."""
+    """A manifest with one target on ``base``; returns (path, target name).  The target's images
+    are removed when the test process exits."""
     target = target or f"t{secrets.token_hex(3)}"
+    _targets.add(target)
     root.mkdir(parents=True, exist_ok=True)
     default_files = {
         "overlays/extra.py": f"EXTRA = {secrets.randbelow(10**9)}\n",
