@@ -107,7 +107,8 @@ def run(quick: bool, reps: int) -> str:
         label = f"bf16 seqs={lens if len(set(lens)) > 1 else f'{len(lens)}x{lens[0]}'} H=16/2 d=256"
         bench("paged_attention_v2", label, [
             ("naive per-partition loop", lambda a=args: naive.naive_paged_attention_v2(*a)),
-            ("vectorised partitions", lambda a=args, m=d.max_seq_len: pa.paged_attention_v2_forward(
+            ("vectorised, ragged", lambda a=args: pa.paged_attention_v2_forward(*a, ragged=True)),
+            ("vectorised, padded", lambda a=args, m=d.max_seq_len: pa.paged_attention_v2_forward(
                 *a, max_seq_len=m)),
         ], ref)
         del d, args, ref

@@ -196,7 +196,8 @@ def run(device: str, quick: bool, out: Report) -> None:
         base = None
         for name, fn in [
             ("naive per-partition loop", lambda a=args: naive.naive_paged_attention_v2(*a)),
-            ("vectorised partitions", lambda a=args, m=d.max_seq_len: pa.paged_attention_v2_forward(
+            ("vectorised, ragged (1 host sync)", lambda a=args: pa.paged_attention_v2_forward(*a, ragged=True)),
+            ("vectorised, padded (no sync)", lambda a=args, m=d.max_seq_len: pa.paged_attention_v2_forward(
                 *a, max_seq_len=m)),
             ("dense fp32 reference (no partitions)", lambda a=args: naive.dense_decode_reference(*a)),
         ]:

@@ -6,7 +6,8 @@ references, for bench/overlays_cpu.py and bench/overlays_gpu.py.
 * :func:`naive_paged_attention_v2`: phase 1 as a Python loop over (sequence, partition), each gathering
   its blocks; phase 2 per sequence.
 * :func:`naive_context_attention`: the baseline ``_forward_prefix_pytorch``, re-gathering and
-  re-permuting the context blocks from the paged cache in every query tile.
+  re-permuting the context blocks from the paged cache in every query tile (and masking the whole score
+  tile; the module masks only the tile's own diagonal block).
 * :func:`dense_decode_reference`, :func:`dense_prefix_reference`: plain fp32 attention per sequence over
   the V2-layout (``[blocks, kv_heads, block_size, head_size]``) conversion of the cache.
 
@@ -122,13 +123,15 @@ def naive_context_attention(
             ctx_k, ctx_v = _dense_kv(key_cache, value_cache, blocks, ctx)  # per-tile gather + permute
             k = torch.cat([ctx_k, key[q0:q0 + t1].transpose(0, 1)], dim=1).float()
             v = torch.cat([ctx_v, value[q0:q0 + t1].transpose(0, 1)], dim=1).float()
-            q = query[q0 + t0:q0 + t1].float().view(t1 - t0, hkv, group, head_size).permute(1, 2, 0, 3)
-            scores = torch.matmul(q, k[:, None].transpose(-1, -2)) * scale
+            t = t1 - t0
+            q = query[q0 + t0:q0 + t1].float().view(t, hkv, group, head_size).transpose(0, 1)
+            scores = torch.bmm(q.reshape(hkv, t * group, head_size), k.transpose(1, 2)) * scale
             q_pos = torch.arange(ctx + t0, ctx + t1, device=query.device)[:, None]
             k_pos = torch.arange(ctx + t1, device=query.device)[None, :]
-            scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
-            o = torch.matmul(torch.softmax(scores, dim=-1), v[:, None])
-            out[q0 + t0:q0 + t1] = o.permute(2, 0, 1, 3).reshape(t1 - t0, num_heads, head_size).to(out.dtype)
+            scores = scores.view(hkv, t, group, -1).masked_fill((k_pos > q_pos)[None, :, None, :], float("-inf"))
+            probs = torch.softmax(scores.view(hkv, t * group, -1), dim=-1)
+            o = torch.bmm(probs, v).view(hkv, t, group, head_size)
+            out[q0 + t0:q0 + t1] = o.transpose(0, 1).reshape(t, num_heads, head_size).to(out.dtype)
     return out
 
 

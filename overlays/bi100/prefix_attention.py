@@ -43,8 +43,9 @@ __all__ = [
     "gather_context",
 ]
 
-# Upper bound on one tile's fp32 scores (+ probabilities).
-DEFAULT_MAX_TILE_BYTES = 128 * 1024 * 1024
+# Target size, per device type, of one tile's fp32 scores + probabilities (at least one query row per
+# tile). Fewer, bigger tiles pay off on a GPU; a CPU wants them cache-sized.
+DEFAULT_MAX_TILE_BYTES: dict[str, int] = {"cpu": 64 * 1024 * 1024, "cuda": 1024 * 1024 * 1024}
 MAX_TILE_TOKENS = 1024
 
 
@@ -68,7 +69,10 @@ def gather_context(
     return k[:, :context_len], v[:, :context_len]
 
 
-def _tile_rows(num_heads: int, kv_len: int, max_tile_bytes: int) -> int:
+def _tile_rows(num_heads: int, kv_len: int, max_tile_bytes: int | None, device: torch.device) -> int:
+    """Query rows per tile so that ``rows * num_heads * kv_len`` fp32 scores + probs fit the budget."""
+    if max_tile_bytes is None:
+        max_tile_bytes = DEFAULT_MAX_TILE_BYTES.get(device.type, DEFAULT_MAX_TILE_BYTES["cuda"])
     per_row = max(1, num_heads * kv_len * 4 * 2)
     return max(1, min(MAX_TILE_TOKENS, max_tile_bytes // per_row))
 
@@ -86,7 +90,7 @@ def context_attention(
     alibi_slopes: torch.Tensor | None = None,
     sliding_window: int | None = None,
     tile_size: int | None = None,
-    max_tile_bytes: int = DEFAULT_MAX_TILE_BYTES,
+    max_tile_bytes: int | None = None,
 ) -> torch.Tensor:
     """Functional API: attention of the new tokens over (cached context + causal new tokens).
 
@@ -123,7 +127,9 @@ def context_attention(
     out = torch.empty_like(query)
     slopes = None
     if alibi_slopes is not None:
-        slopes = alibi_slopes.to(device=device, dtype=f32).view(num_kv_heads, group, 1, 1)
+        slopes = alibi_slopes.to(device=device, dtype=f32).view(num_kv_heads, 1, group, 1)
+    max_rows = tile_size or MAX_TILE_TOKENS
+    causal = torch.ones(max_rows, max_rows, dtype=torch.bool, device=device).triu(1)  # [i, j]: j > i
 
     for i in range(num_seqs):
         q0, q1 = starts[i], starts[i + 1]
@@ -135,28 +141,35 @@ def context_attention(
         # Context + new tokens, [Hkv, ctx+new, D] in fp32: built once, sliced by every tile.
         k_all = torch.cat([ctx_k, key[q0:q1].transpose(0, 1)], dim=1).to(f32)
         v_all = torch.cat([ctx_v, value[q0:q1].transpose(0, 1)], dim=1).to(f32)
-        q = (query[q0:q1].to(f32) * scale).view(new_len, num_kv_heads, group, head_size).permute(1, 2, 0, 3)
+        # [Hkv, new, G, D]: a tile's (token, group) rows fold into one matrix dimension, so each tile is a
+        # plain batched matmul per kv head (broadcasting K over G would copy it G times per tile).
+        q = (query[q0:q1].to(f32) * scale).view(new_len, num_kv_heads, group, head_size).transpose(0, 1)
 
-        rows = tile_size or _tile_rows(num_heads, ctx_len + new_len, max_tile_bytes)
+        rows = tile_size or _tile_rows(num_heads, ctx_len + new_len, max_tile_bytes, device)
         for t0 in range(0, new_len, rows):
             t1 = min(new_len, t0 + rows)
+            t = t1 - t0
             hi = ctx_len + t1  # causal: the tile's last query sits at position ctx_len + t1 - 1
             lo = 0 if sliding_window is None else max(0, ctx_len + t0 - sliding_window + 1)
-            k_t = k_all[:, None, lo:hi]  # views
-            v_t = v_all[:, None, lo:hi]
-            scores = torch.matmul(q[:, :, t0:t1], k_t.transpose(-1, -2))  # [Hkv, G, t, hi-lo]
-            q_pos = torch.arange(ctx_len + t0, ctx_len + t1, device=device)
-            k_pos = torch.arange(lo, hi, device=device)
-            rel = k_pos[None, :] - q_pos[:, None]  # <= 0 where visible
-            visible = rel <= 0
-            if sliding_window is not None:
-                visible = visible & (rel > -sliding_window)
-            if slopes is not None:
-                scores = scores + slopes * rel.to(f32)
-            scores = scores.masked_fill(~visible, float("-inf"))
+            n = hi - lo
+            q_t = q[:, t0:t1].reshape(num_kv_heads, t * group, head_size)
+            scores = torch.bmm(q_t, k_all[:, lo:hi].transpose(1, 2))  # [Hkv, t*G, n]; K/V: views
+            scores4 = scores.view(num_kv_heads, t, group, n)
+            if slopes is None and sliding_window is None:
+                # Everything before the tile's own tokens is visible: mask only the last t columns.
+                scores4[..., n - t:].masked_fill_(causal[:t, :t][None, :, None, :], float("-inf"))
+            else:
+                q_pos = torch.arange(ctx_len + t0, ctx_len + t1, device=device)
+                rel = torch.arange(lo, hi, device=device)[None, :] - q_pos[:, None]  # <= 0 where visible
+                visible = rel <= 0
+                if sliding_window is not None:
+                    visible = visible & (rel > -sliding_window)
+                if slopes is not None:
+                    scores4 += slopes * rel.to(f32)[None, :, None, :]
+                scores4.masked_fill_(~visible[None, :, None, :], float("-inf"))
             probs = torch.softmax(scores, dim=-1)
-            o = torch.matmul(probs, v_t)  # [Hkv, G, t, D]
-            out[q0 + t0:q0 + t1] = o.permute(2, 0, 1, 3).reshape(t1 - t0, num_heads, head_size).to(out.dtype)
+            o = torch.bmm(probs, v_all[:, lo:hi]).view(num_kv_heads, t, group, head_size)
+            out[q0 + t0:q0 + t1] = o.transpose(0, 1).reshape(t, num_heads, head_size).to(out.dtype)
     return out
 
 

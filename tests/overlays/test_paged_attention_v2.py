@@ -20,19 +20,25 @@ BOUNDARY_LENS = [1, 15, 511, 512, 513, 1024, 1025, 1500]
 
 
 def _run(seq_lens: list[int], num_kv_heads: int, group: int, head_size: int, dtype: torch.dtype,
-         block_size: int = 16, alibi: bool = False, seed: int = 0, **kwargs: int) -> None:
+         block_size: int = 16, alibi: bool = False, seed: int = 0, modes: tuple[str, ...] = ("ragged", "padded"),
+         **kwargs: int) -> None:
+    """Both pair enumerations (``ragged``: host sync, ``padded``: max_seq_len given, no sync) vs dense."""
     gen = torch.Generator().manual_seed(seed)
     cache = build_paged_cache(seq_lens, num_kv_heads, head_size, block_size, dtype, gen)
     num_heads = num_kv_heads * group
     query = torch.randn(len(seq_lens), num_heads, head_size, generator=gen).to(dtype)
     scale = 1.0 / math.sqrt(head_size)
     slopes = torch.rand(num_heads, generator=gen) * 0.1 if alibi else None
-    got = pa.paged_attention_v2_forward(query, cache.key_cache, cache.value_cache, cache.block_tables,
-                                        cache.seq_lens, scale, slopes, **kwargs)
-    assert got.dtype == dtype and got.shape == query.shape
     want = reference_decode(query, cache.dense_k, cache.dense_v, scale, slopes)
-    assert torch.isfinite(got).all(), "NaN from a poisoned (unowned) cache slot leaked into the output"
-    assert_close(got, want, dtype, ATTN_TOL)
+    for mode in modes:
+        extra: dict[str, int | bool] = {"ragged": True}
+        if mode == "padded":
+            extra = {"ragged": False, "max_seq_len": max(seq_lens)}
+        got = pa.paged_attention_v2_forward(query, cache.key_cache, cache.value_cache, cache.block_tables,
+                                            cache.seq_lens, scale, slopes, **kwargs, **extra)  # type: ignore[arg-type]
+        assert got.dtype == dtype and got.shape == query.shape
+        assert torch.isfinite(got).all(), f"{mode}: NaN from a poisoned (unowned) cache slot leaked out"
+        assert_close(got, want, dtype, ATTN_TOL)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -80,6 +86,10 @@ def test_phase1_statistics_match_a_per_partition_computation() -> None:
     scale = 0.1
     exp_sums, max_logits, tmp_out = pa.paged_attention_v2_partitions(
         query, cache.key_cache, cache.value_cache, cache.block_tables, cache.seq_lens, scale)
+    padded = pa.paged_attention_v2_partitions(
+        query, cache.key_cache, cache.value_cache, cache.block_tables, cache.seq_lens, scale, max_seq_len=1030)
+    for a, b in zip((exp_sums, max_logits, tmp_out), padded, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # same values, -inf/0 past the ends too
     assert exp_sums.shape == max_logits.shape == (2, 2, 3) and tmp_out.shape == (2, 2, 3, 128)
     for s, n in enumerate(lens):
         k, v = cache.dense_k[s][:, 0].double(), cache.dense_v[s][:, 0].double()
@@ -137,11 +147,12 @@ def test_zero_length_sequence_gives_zero() -> None:
     cache = build_paged_cache([600, 1], 1, 128, 16, torch.float32, gen)
     seq_lens = torch.tensor([600, 0], dtype=torch.int32)
     query = torch.randn(2, 2, 128, generator=gen)
-    out = pa.paged_attention_v2_forward(query, cache.key_cache, cache.value_cache, cache.block_tables,
-                                        seq_lens, 0.1)
-    assert torch.all(out[1] == 0)
     want = reference_decode(query[:1], cache.dense_k[:1], cache.dense_v[:1], 0.1)
-    assert_close(out[:1], want, torch.float32, ATTN_TOL)
+    for max_seq_len in (None, 600):  # ragged, padded
+        out = pa.paged_attention_v2_forward(query, cache.key_cache, cache.value_cache, cache.block_tables,
+                                            seq_lens, 0.1, max_seq_len=max_seq_len)
+        assert torch.all(out[1] == 0)
+        assert_close(out[:1], want, torch.float32, ATTN_TOL)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -188,7 +199,7 @@ def test_op_rejects_what_it_does_not_implement() -> None:
                               cache.seq_lens, 16, 5, None, "auto")
     with pytest.raises(ValueError, match="longer than max_seq_len"):
         pa.paged_attention_v2_forward(q, cache.key_cache, cache.value_cache, cache.block_tables,
-                                      torch.tensor([600]), 0.1, max_seq_len=512)
+                                      torch.tensor([600]), 0.1, max_seq_len=512, ragged=True)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -200,11 +211,22 @@ def test_op_rejects_what_it_does_not_implement() -> None:
     group=st.sampled_from([1, 2, 4]),
     head_size=st.sampled_from([16, 32, 64]),
     seed=st.integers(0, 2**16),
+    mode=st.sampled_from(["ragged", "padded"]),
 )
 def test_property_random_shapes(lens: list[int], block_size: int, parts_in_blocks: int, num_kv_heads: int,
-                                group: int, head_size: int, seed: int) -> None:
+                                group: int, head_size: int, seed: int, mode: str) -> None:
     _run(lens, num_kv_heads, group, head_size, torch.float32, block_size=block_size, seed=seed,
-         partition_size=block_size * parts_in_blocks)
+         partition_size=block_size * parts_in_blocks, modes=(mode,))
+
+
+def test_padded_with_a_larger_max_seq_len() -> None:
+    # vLLM may pass a max_seq_len above every sequence (e.g. after one finished): extra partitions are empty.
+    gen = torch.Generator().manual_seed(8)
+    cache = build_paged_cache([700, 5], 2, 128, 16, torch.float32, gen, extra_cols=70)
+    query = torch.randn(2, 4, 128, generator=gen)
+    got = pa.paged_attention_v2_forward(query, cache.key_cache, cache.value_cache, cache.block_tables,
+                                        cache.seq_lens, 0.1, max_seq_len=1700)
+    assert_close(got, reference_decode(query, cache.dense_k, cache.dense_v, 0.1), torch.float32, ATTN_TOL)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
