@@ -1643,7 +1643,8 @@ class Runner:
             result = self.run_check(check)
             results[check.id] = result
             table.done(result)
-        with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, self.concurrency), thread_name_prefix="smoke")
+        try:
             futures: dict[Future[CheckResult], Check] = {}
             for check in parallel:
                 futures[pool.submit(self._run_tracked, check, table)] = check
@@ -1651,6 +1652,11 @@ class Runner:
                 result = future.result()
                 results[result.check.id] = result
                 table.done(result)
+        except BaseException:
+            # Ctrl-C: do not wait for checks in flight (the caller removes the server, which ends them)
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
         return [results[c.id] for c in checks]
 
     def _run_tracked(self, check: Check, table: LiveTable) -> CheckResult:
@@ -2120,7 +2126,6 @@ __all__ = [
 
 def demo_for_cli(manifest: str | None, *, target: str = "cpu", echo: Log = print) -> SmokeReport:
     """``invoke demo``: Docker engine, base image, build and smoke of the cpu target, from nothing."""
-    from .build import base_reference, daemon_errors
     from .docker_engine import ensure_daemon
     from .manifest import load_manifest, manifest_path
     from .resolve import resolve
@@ -2130,9 +2135,7 @@ def demo_for_cli(manifest: str | None, *, target: str = "cpu", echo: Log = print
     resolved = resolve(m, target, None, environ=os.environ)
     echo(f"demo: {target}:{resolved.profile_name} -- Docker engine, base image, build, serve, smoke")
     ensure_daemon(log=echo)
-    with daemon_errors("making the base image"):
-        base_reference(resolved, os.environ, echo, make=True)
-    report = smoke_target(resolved, echo=echo)
+    report = smoke_target(resolved, echo=echo)  # the build makes the base image (and model) first
     echo(f"demo: {report.summary_line()} in {time.monotonic() - t0:.0f}s")
     verdict(report)
     return report

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
+import subprocess
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +21,8 @@ import pytest
 from imageforge.build import L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL
 
 pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+INVOKE = REPO / ".venv" / "bin" / "invoke"
 
 
 def free_port() -> int:
@@ -107,3 +113,38 @@ def test_missing_image_is_an_infra_error(cpu_resolved: Any) -> None:
     with pytest.raises(InfraError) as info:
         start_server(cpu_resolved, environ=os.environ, image="imageforge-test/does-not-exist:1", log=lambda _l: None)
     assert "does not exist" in info.value.message and "invoke build" in (info.value.hint or "")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupted_smoke_removes_its_server(sig: signal.Signals,
+                                              containers_labelled: Callable[..., list[Any]]) -> None:
+    """Ctrl-C (or SIGTERM) while `invoke smoke` waits for readiness: exit 130, nothing left running."""
+    proc = subprocess.Popen([str(INVOKE), "smoke", "--target", "cpu"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stdout is not None
+    lines: list[str] = []
+    run_id = None
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            match = re.search(r"started imageforge-cpu-(\S+) from", line)
+            if match:
+                run_id = match.group(1)
+            if run_id and "waiting for" in line:
+                break
+        assert run_id, "".join(lines)
+        assert containers_labelled(**{L_RUN: run_id})
+        proc.send_signal(sig)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    output = "".join(lines) + rest
+    assert proc.returncode == 130, output
+    assert "interrupted" in output and f"removed imageforge-cpu-{run_id}" in output
+    assert containers_labelled(**{L_RUN: run_id}) == []
