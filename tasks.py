@@ -308,6 +308,85 @@ def demo(c: Context, manifest: str = "", traceback: bool = False) -> None:
         demo_for_cli(manifest or None)
 
 
+# --------------------------------------------------------------------------- bench and sweep
+
+WORKLOAD_HELP = {
+    "requests": "Requests to send (default 32; sweep: 4 x concurrency)",
+    "concurrency": "Requests in flight at once (default 8; sweep: the largest max-num-seqs swept)",
+    "prompt_tokens": "Prompt length in tokens (default 256)",
+    "output_tokens": "Generated tokens per request, forced with min_tokens + ignore_eos (default 64)",
+    "shared_prefix": "Fraction of each prompt shared by all requests, for the prefix cache (default 0.5)",
+    "seed": "Seed of the prompts (default 0; the same seed sends the same prompts)",
+    "api": "completions (token-ID prompts, exact lengths) or chat (default completions)",
+    "model": "Model name (default: the first of /v1/models)",
+    "duration": "Stop after this many seconds even if requests remain (default 300)",
+    "timeout": "Seconds per request (default 120)",
+    "warmup": "Unmeasured warm-up requests first (default 1)",
+    "max_error_rate": "Fail (exit 4) above this fraction of failed requests (default 0)",
+}
+
+
+@task(
+    iterable=["set_"],
+    help={
+        "url": "Bench a server that is already running, e.g. http://127.0.0.1:8000",
+        "target": "Target name (default: the manifest's default_target)",
+        "profile": "Profile to build, start, bench and remove (default: the target's default_profile)",
+        "set_": "Override a value: KEY=VALUE (serving flag, env.NAME, run.port); repeatable",
+        "port": "Host port for the server started here (default: a free one)",
+        **WORKLOAD_HELP,
+        "manifest": MANIFEST_HELP,
+        "json": "Print bench.json's summary as one JSON object at the end",
+        "traceback": TRACEBACK_HELP,
+    },
+)
+def bench(c: Context, url: str = "", target: str = "", profile: str = "", set_: list[str] | None = None,
+          port: int = 0, requests: int = 32, concurrency: int = 8, prompt_tokens: int = 256, output_tokens: int = 64,
+          shared_prefix: float = 0.5, seed: int = 0, api: str = "completions", model: str = "",
+          duration: float = 300.0, timeout: float = 120.0, warmup: int = 1, max_error_rate: float = 0.0,
+          manifest: str = "", json: bool = False, traceback: bool = False) -> None:
+    """Load-test --url, or build + serve + bench + remove TARGET:PROFILE: TPS, score, latencies. Exit 4 on failure."""
+    from imageforge.bench import bench_for_cli, workload_from_cli
+
+    with user_errors(traceback):
+        workload = workload_from_cli(requests, concurrency, prompt_tokens, output_tokens, shared_prefix, seed, api,
+                                     model, duration, timeout, warmup, max_error_rate)
+        result = bench_for_cli(manifest or None, target or None, profile or None, set_ or [], url=url or None,
+                               workload=workload, port=port or None)
+        if json:
+            _print(result.summary(), True)
+
+
+@task(
+    iterable=["param", "set_"],
+    help={
+        "target": "Target name (default: the manifest's default_target)",
+        "profile": "Profile the points start from (default: the target's default_profile)",
+        "param": "KEY=V1,V2,...: a serving value to sweep (e.g. max-num-seqs=1,4,8); repeatable (all combinations)",
+        "set_": "Override a value for every point: KEY=VALUE; repeatable",
+        **WORKLOAD_HELP,
+        "manifest": MANIFEST_HELP,
+        "json": "Print sweep.json as one JSON object at the end",
+        "traceback": TRACEBACK_HELP,
+    },
+)
+def sweep(c: Context, target: str = "", profile: str = "", param: list[str] | None = None,
+          set_: list[str] | None = None, requests: int = 0, concurrency: int = 0, prompt_tokens: int = 256,
+          output_tokens: int = 64, shared_prefix: float = 0.5, seed: int = 0, api: str = "completions",
+          model: str = "", duration: float = 300.0, timeout: float = 120.0, warmup: int = 1,
+          max_error_rate: float = 0.0, manifest: str = "", json: bool = False, traceback: bool = False) -> None:
+    """For each --param combination: build (config layer only), serve, bench, remove; table + sweep.json/.md."""
+    from imageforge.bench import sweep_for_cli, workload_from_cli
+
+    with user_errors(traceback):
+        workload = workload_from_cli(requests, concurrency, prompt_tokens, output_tokens, shared_prefix, seed, api,
+                                     model, duration, timeout, warmup, max_error_rate)
+        result = sweep_for_cli(manifest or None, target or None, profile or None, param or [], set_ or [],
+                               workload=workload, requests_given=bool(requests), concurrency_given=bool(concurrency))
+        if json:
+            _print(result.to_json(), True)
+
+
 def json_quote(text: str) -> str:
     import shlex
 
@@ -322,6 +401,6 @@ def _print(payload: object, as_json: bool) -> None:
 
 
 ns = Collection(validate, plan, base, build, test, check_patches, patch_from, lock, export, clean, run, stop,
-                smoke, demo)
+                smoke, demo, bench, sweep)
 ns.configure({"run": {"echo": True}})
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
