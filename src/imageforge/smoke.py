@@ -1836,19 +1836,36 @@ class LiveTable:
 
     def __exit__(self, *exc: object) -> None:
         if self._live is not None:
-            self._live.update(self.render())
+            tall = len(self.checks) + 6 > self.console.height
+            self._live.update(self.render(full=not tall))
             self._live.__exit__(None, None, None)
             self._live = None
+            if tall:  # the live view showed a window; print every row once
+                self.console.print(self.render(full=True))
 
-    def render(self) -> Any:
+    def render(self, full: bool = False) -> Any:
+        """The table; unless ``full``, cut to what fits: checks in flight, failures, the latest results."""
         from rich.table import Table
 
-        table = Table(title="smoke", expand=False)
+        styles = {PASS: "green", FAIL: "bold red", SKIP: "yellow", "running": "cyan", "waiting": "dim"}
+        rows = list(self.checks)
+        room = max(5, self.console.height - 7)
+        caption = None
+        if not full and len(rows) > room:
+            counts: dict[str, int] = {}
+            for status, _ in self.state.values():
+                counts[status] = counts.get(status, 0) + 1
+            caption = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+            important = [c for c in rows if self.state[c.id][0] in ("running", FAIL)]
+            finished = [c for c in rows if self.state[c.id][0] in (PASS, SKIP)]
+            waiting = [c for c in rows if self.state[c.id][0] == "waiting"]
+            rows = (important + finished[-max(0, room - len(important)):] + waiting)[:room]
+            rows.sort(key=self.checks.index)
+        table = Table(title="smoke", caption=caption, expand=False)
         table.add_column("check")
         table.add_column("status")
         table.add_column("latency", justify="right")
-        styles = {PASS: "green", FAIL: "bold red", SKIP: "yellow", "running": "cyan", "waiting": "dim"}
-        for check in self.checks:
+        for check in rows:
             status, latency = self.state[check.id]
             lat = "" if latency is None else f"{latency * 1000:.0f} ms"
             table.add_row(check.id, f"[{styles.get(status, '')}]{status}[/]", lat)

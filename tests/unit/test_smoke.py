@@ -635,3 +635,28 @@ def test_live_table_plain_lines() -> None:
         result = CheckResult(check, status="failed", latency=0.012, failures=["status 500, expected 200"])
         table.done(result)
     assert lines and lines[0].split()[:2] == ["FAIL", "c1"] and "12 ms" in lines[0] and "status 500" in lines[0]
+
+
+def test_live_table_fits_the_terminal_then_prints_everything() -> None:
+    import io
+
+    from rich.console import Console
+
+    from imageforge.errors import Location
+    from imageforge.smoke import Check, CheckResult, Expectations, Request
+
+    checks = [Check(f"check-{i:02d}", Request("/health"), Expectations(), ("dummy-ok",), Location("s.yaml", i + 1))
+              for i in range(40)]
+    out = io.StringIO()
+    console = Console(file=out, height=20, width=100, force_terminal=True)
+    with LiveTable(checks, echo=lambda _l: None, console=console, live=True) as table:
+        for check in checks[:30]:
+            table.done(CheckResult(check, status="passed", latency=0.01))
+        table.done(CheckResult(checks[3], status="failed", failures=["boom"]))
+        window = table.render()
+        assert window.row_count <= 13
+        assert window.caption == "1 failed, 29 passed, 10 waiting"
+        shown = list(window.columns[0].cells)
+        assert "check-03" in shown and "check-29" in shown and "check-39" not in shown
+    text = out.getvalue()
+    assert all(c.id in text for c in checks)  # the whole table once at the end
