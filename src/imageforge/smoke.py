@@ -634,6 +634,9 @@ class _SuiteLoader:
         self.templates((*kp, "endpoint"), raw["endpoint"])
         headers = {**self.defaults.get("headers", {}), **raw.get("headers", {})}
         method = raw.get("method") or ("POST" if "body" in raw or "raw_body" in raw else "GET")
+        if "body" in raw and "raw_body" in raw:
+            self.problem((*kp, "raw_body"), "a request has either body or raw_body, not both",
+                         hint="raw_body sends text as is (e.g. malformed JSON); body sends JSON")
         if raw.get("stream") and not isinstance(body, Mapping):
             self.problem((*kp, "stream"), "stream: true needs a JSON object body",
                          found=_type_name(body), hint="streaming sets body.stream: true")

@@ -130,6 +130,9 @@ def test_semantic_rules(suite_file: Callable[..., Path]) -> None:
           - id: bad-schema
             request: {endpoint: /x}
             expect: {schema: {type: 12}}
+          - id: both-bodies
+            request: {endpoint: /x, body: {}, raw_body: "{"}
+            expect: {status: 400}
         """)
     text = config_error(path).render()
     assert "metrics expectations need serial: true" in text
@@ -137,6 +140,7 @@ def test_semantic_rules(suite_file: Callable[..., Path]) -> None:
     assert "chunk_schema needs request.stream: true" in text
     assert "exactly one comparison" in text
     assert "not a valid JSON Schema" in text
+    assert "checks[4].request.raw_body: a request has either body or raw_body" in text
 
 
 def test_include_cycle_and_missing_include(suite_file: Callable[..., Path]) -> None:
