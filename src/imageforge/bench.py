@@ -667,8 +667,11 @@ async def _cached_tokens(client: _Client, bench: BenchResult, before: Mapping[st
     after = await client.metrics() or {}
     deadline = time.monotonic() + METRICS_SETTLE
     while True:  # counters are updated by the engine loop: let them catch up with the last response
-        grown = counter_delta(before, after, PROMPT_TOKEN_COUNTERS)
-        if grown is None or grown[1] >= bench.prompt_tokens or time.monotonic() >= deadline:
+        prompt = counter_delta(before, after, PROMPT_TOKEN_COUNTERS)
+        generated = counter_delta(before, after, GENERATION_TOKEN_COUNTERS)
+        caught_up = ((prompt is None or prompt[1] >= bench.prompt_tokens)
+                     and (generated is None or generated[1] >= bench.completion_tokens))
+        if caught_up or time.monotonic() >= deadline:
             break
         await asyncio.sleep(0.25)
         after = await client.metrics() or after

@@ -1,0 +1,97 @@
+"""The bench client against real vLLM (the session's shared cpu server) and one 2-point sweep of the cpu target.
+
+vLLM starts: none for the bench tests (they use conftest's ``cpu_server``), two for the sweep (one
+per point, each removed before the next starts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imageforge.bench import Workload, run_bench, sweep_for_cli, verdict
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_bench_counts_exactly_the_tokens_requested(cpu_server: Any, tmp_path: Path) -> None:
+    w = Workload(requests=8, concurrency=4, prompt_tokens=300, output_tokens=24, shared_prefix=0.75, seed=20261129,
+                 warmup=1, duration=120)
+    lines: list[str] = []
+    bench = run_bench(cpu_server.url, w, run_dir=tmp_path / "run", echo=lines.append)
+    verdict(bench)
+    assert bench.prompt_mode == "token-ids" and bench.model == "tiny-qwen3-moe"
+    assert bench.errors == 0 and bench.cancelled == 0 and len(bench.results) == 8
+    # ignore_eos + min_tokens: random weights still give exactly the tokens asked for
+    assert [r.completion_tokens for r in bench.results] == [24] * 8
+    assert [r.prompt_tokens for r in bench.results] == [300] * 8
+    assert all(r.usage for r in bench.results)
+    assert bench.completion_tokens == 8 * 24 and bench.prompt_tokens == 8 * 300 and bench.short_responses == 0
+    # the server counted the same tokens (pytest runs one test at a time: no other traffic on this server)
+    assert bench.metrics_delta["vllm:generation_tokens_total"] == 8 * 24
+    assert bench.metrics_delta["vllm:prompt_tokens_total"] == 8 * 300
+    # the 225-token shared prefix is served from the prefix cache (in whole KV blocks) for later requests
+    assert bench.cache_source == "/metrics vllm:prompt_tokens_cached_total delta"
+    assert bench.cached_tokens is not None and 0 < bench.cached_tokens <= 8 * 225
+    s = bench.summary()
+    assert s["output_tps"] > 0 and s["input_tps"] > s["output_tps"] and s["score"] > 0
+    assert 0 < s["ttft_p50_s"] <= s["latency_p50_s"] <= s["latency_p95_s"]
+    data = json.loads((tmp_path / "run" / "bench.json").read_text())
+    assert data["summary"] == s and data["host"]["cpus"] == os.cpu_count()
+
+
+def test_bench_cli_against_a_url_and_its_exit_codes(cpu_server: Any, invoke_cli: Callable[..., Any]) -> None:
+    small = ["--requests", "4", "--concurrency", "2", "--prompt-tokens", "64", "--output-tokens", "8"]
+    ok = invoke_cli("bench", "--url", cpu_server.url, *small, "--json")
+    assert ok.code == 0, ok.output
+    summary = json.loads(ok.output[ok.output.rindex("\n{"):])
+    assert summary["completion_tokens"] == 32 and summary["errors"] == 0
+    assert "Output TPS" in ok.output and "report: " in ok.output
+    report = Path(ok.output.split("report: ")[1].split()[0])
+    assert report.is_file() and report.is_relative_to(REPO / ".imageforge" / "runs")
+
+    wrong_model = invoke_cli("bench", "--url", cpu_server.url, *small, "--model", "no-such-model", "--warmup", "0")
+    assert wrong_model.code == 4, wrong_model.output
+    assert "got no tokens back" in wrong_model.output and "HTTP 404" in wrong_model.output
+
+    too_long = invoke_cli("bench", "--url", cpu_server.url, "--prompt-tokens", "2040", "--output-tokens", "40")
+    assert too_long.code == 2 and "max_model_len 2048" in too_long.output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_point_sweep_of_the_cpu_target(docker_ready: None, containers_labelled: Callable[..., list[Any]],
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from imageforge.build import L_TARGET
+    from imageforge.docker_engine import client
+
+    w = Workload(requests=8, concurrency=4, prompt_tokens=128, output_tokens=16, seed=7, duration=120)
+    lines: list[str] = []
+    result = sweep_for_cli(None, "cpu", "conservative", ["max-num-seqs=1,4"], [], workload=w,
+                           echo=lines.append)
+    out = capsys.readouterr().out
+    assert [p.status for p in result.points] == ["ok", "ok"], [p.error for p in result.points]
+    for point in result.points:
+        # only the serving-config layer differs between points (or nothing, when an earlier run built it)
+        assert point.build.endswith("(serving-config)") or point.build.endswith("(all cached)"), point.build
+        assert point.summary is not None and point.summary["completion_tokens"] == 8 * 16
+        assert point.startup_seconds is not None and point.startup_seconds > 0
+        assert point.bench_json is not None and Path(point.bench_json).is_file()
+    assert result.points[0].image_id != result.points[1].image_id
+    assert result.best is not None and result.plateau is not None
+    data = json.loads((result.run_dir / "sweep.json").read_text())
+    assert [p["params"] for p in data["points"]] == [{"max-num-seqs": 1}, {"max-num-seqs": 4}]
+    md = (result.run_dir / "sweep.md").read_text()
+    assert "| max-num-seqs | Output TPS | Input TPS | Cache TPS | score |" in md and "best score" in md
+    assert "sweep cpu:conservative" in out and any(line.startswith("best score: max-num-seqs=") for line in lines)
+    # every server is gone; the points are tagged under imageforge/cpu-sweep, not the profile's own tags
+    leftovers = [c for c in containers_labelled(**{L_TARGET: "cpu"})
+                 if c.image.id in {p.image_id for p in result.points}]
+    assert leftovers == []
+    assert "imageforge/cpu-sweep:conservative" in client().images.get(str(result.points[-1].image_id)).tags
