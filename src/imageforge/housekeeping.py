@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, InfraError, Problem
+from .errors import ConfigError, Problem
 from .manifest import Manifest, Target
 from .plan import step_inputs
 from .resolve import Resolved
@@ -453,14 +453,3 @@ def clean(manifest: str | None, *, keep: int = 3, dry_run: bool = False, target:
                 result.failed.append((r, str(getattr(exc, "explanation", exc))[:200]))
         return result
 
-
-def leaked_containers(labels: Mapping[str, str]) -> list[ContainerInfo]:
-    """Labelled containers matching every label given (tests and `clean` reports use it)."""
-    from .docker_engine import client
-
-    filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
-    try:
-        raw = client().api.containers(all=True, filters=filters)
-    except Exception as exc:  # pragma: no cover - daemon gone
-        raise InfraError("cannot list containers", found=str(exc)[:200]) from None
-    return [ContainerInfo.from_api(r) for r in raw]

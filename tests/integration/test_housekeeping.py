@@ -143,3 +143,52 @@ def test_docker_host_second_daemon(tmp_path: Path) -> None:
     gone = invoke("build", "--manifest", str(manifest), env={"DOCKER_HOST": f"unix://{tmp_path}/none.sock"})
     assert_clean_failure(gone, 5)
     assert "no Docker daemon answers at DOCKER_HOST" in gone.stderr
+
+
+def test_symlink_glob_listing_cache_never_hides_an_earlier_step(tmp_path: Path) -> None:
+    """The engine caches a glob directory's listing per base image only when no earlier step can
+    change the directory: a script that adds files there must be seen."""
+    cache = tmp_path / "cache"
+    env = {"IMAGEFORGE_CACHE": str(cache)}
+    script_first = """\
+          - id: extra
+            kind: overlay
+            source: overlays/extra.py
+            dest: vllm/ops/extra.py
+          - id: make-libs
+            kind: script
+            source: scripts/libs.sh
+          - id: link-libs
+            kind: symlink
+            glob: /opt/libs/lib*.so
+            into: /usr/local/lib
+"""
+    manifest, _ = write_manifest(tmp_path / "a", tiny_base(), steps=script_first, files={
+        "scripts/libs.sh": "#!/bin/sh\nmkdir -p /opt/libs && touch /opt/libs/liba.so /opt/libs/libb.so\n"})
+    out = invoke("build", "--manifest", str(manifest), env=env, check=True).stdout
+    assert "2 link(s) made" in out
+    assert not list((cache / "discovery").glob("listing-*")), "not cached: a script ran before the glob"
+    base_dir = """\
+          - id: extra
+            kind: overlay
+            source: overlays/extra.py
+            dest: vllm/ops/extra.py
+          - id: link-vllm
+            kind: symlink
+            glob: /usr/local/lib/python3.11/dist-packages/vllm/ops/*.py
+            into: /opt/links
+"""
+    manifest, _ = write_manifest(tmp_path / "b", tiny_base(), steps=base_dir)
+    out = invoke("build", "--manifest", str(manifest), env=env, check=True).stdout
+    assert "3 link(s) made" in out, "__init__.py, attn.py and the overlay's extra.py"
+    # the overlay wrote into the globbed directory: the listing must come from the image, not a cache
+    assert "extra.py" not in "".join(p.read_text() for p in (cache / "discovery").glob("listing-*"))
+    untouched = base_dir.replace("vllm/ops/*.py", "vllm-1.0.dist-info/*").replace("link-vllm", "link-dist")
+    manifest, _ = write_manifest(tmp_path / "c", tiny_base(), steps=untouched)
+    out = invoke("build", "--manifest", str(manifest), env=env, check=True).stdout
+    assert "2 link(s) made" in out
+    cached = list((cache / "discovery").glob("listing-*"))
+    assert len(cached) == 1 and "METADATA" in cached[0].read_text(), "an untouched directory's listing is cached"
+    manifest, _ = write_manifest(tmp_path / "d", tiny_base(), steps=untouched)  # new overlay content: a new chain
+    out = invoke("build", "--manifest", str(manifest), env=env, check=True).stdout
+    assert "2 link(s) made" in out
