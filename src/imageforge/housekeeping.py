@@ -16,9 +16,10 @@ clean
 -----
 ``invoke clean [--keep N] [--dry-run]`` removes, for the manifest's targets:
 
-* labelled build containers of this checkout whose build is not running (any state: a
-  script step container left behind by a lost daemon is removed too), and any other
-  labelled container that is stopped and older than ``min_age``;
+* labelled build containers (steps, verify, config, discovery) of this checkout whose build is
+  not running (any state: a script step container left behind by a lost daemon is removed
+  too), and any other labelled container that is stopped and older than ``min_age`` (a
+  running server is never touched);
 * labelled build images (``org.imageforge.target`` set) that no retention rule keeps.
 
 Kept: the newest ``keep`` final images per target/profile, every image with a tag (any
@@ -267,13 +268,24 @@ def _ancestors(image_id: str, by_id: Mapping[str, ImageInfo]) -> Iterator[str]:
         current = by_id[current].parent or None
 
 
+#: Container kinds the build engine makes (servers, smoke runs etc. are never treated as leftovers).
+BUILD_KINDS = frozenset({"verify", "config", "discover", "check-patches", "lock"})
+
+
+def is_build_container(labels: Mapping[str, str]) -> bool:
+    kind = labels.get(L_KIND, "")
+    return kind.startswith("step-") or kind in BUILD_KINDS
+
+
 def plan_clean(images: Sequence[ImageInfo], containers: Sequence[ContainerInfo], *, keep: int, now: float,
                min_age: float, targets: Iterable[str] | None, removable_runs: Callable[[ContainerInfo], bool],
                ) -> CleanPlan:
     """Decide what ``clean`` removes (pure).
 
-    ``removable_runs(container)`` says whether a labelled build container belongs to a build
-    of this checkout that is not running now (then it goes whatever its state).
+    ``removable_runs(container)`` says whether a labelled container belongs to a build of this
+    checkout that is not running now; a *build* container (a step, verify, config or discovery
+    container) of such a run goes whatever its state.  Any other labelled container (a server
+    `invoke run` started, a smoke run) goes only when stopped and older than ``min_age``.
     """
     scope = set(targets) if targets is not None else None
     by_id = {i.id: i for i in images}
@@ -288,7 +300,7 @@ def plan_clean(images: Sequence[ImageInfo], containers: Sequence[ContainerInfo],
             continue
         stopped = c.state in ("created", "exited", "dead")
         old = now - c.created >= min_age
-        if removable_runs(c) or (stopped and old):
+        if (is_build_container(c.labels) and removable_runs(c)) or (stopped and old):
             going.add(c.id)
             kind = c.labels.get(L_KIND, "?")
             plan.containers.append(Removal(c.id, f"container {c.name or c.id[:12]} ({kind}, {c.state}, "

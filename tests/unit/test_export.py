@@ -224,6 +224,7 @@ def test_plan_clean_containers() -> None:
         ContainerInfo("old-stopped", "b1", {**lab, L_KIND: "smoke"}, "exited", 100, "c"),
         ContainerInfo("new-stopped", "b1", {**lab, L_KIND: "smoke"}, "exited", 9900, "d"),
         ContainerInfo("serving", "b1", {**lab, L_KIND: "run"}, "running", 100, "e"),
+        ContainerInfo("server-of-dead-run", "b1", {**lab, L_RUN: "r0", L_KIND: "server"}, "running", 100, "h"),
         ContainerInfo("not-ours", "b1", {}, "exited", 100, "f"),
         ContainerInfo("other-target", "b1", {L_TOOL: "imageforge", L_TARGET: "x"}, "exited", 100, "g"),
     ]
