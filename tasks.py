@@ -323,6 +323,7 @@ WORKLOAD_HELP = {
     "timeout": "Seconds per request (default 120)",
     "warmup": "Unmeasured warm-up requests first (default 1)",
     "max_error_rate": "Fail (exit 4) above this fraction of failed requests (default 0)",
+    "repeat": "Runs on the same server (seeds seed, seed+1 ...); the median by score is reported (default 1)",
 }
 
 
@@ -344,13 +345,13 @@ def bench(c: Context, url: str = "", target: str = "", profile: str = "", set_: 
           port: int = 0, requests: int = 32, concurrency: int = 8, prompt_tokens: int = 256, output_tokens: int = 64,
           shared_prefix: float = 0.5, seed: int = 0, api: str = "completions", model: str = "",
           duration: float = 300.0, timeout: float = 120.0, warmup: int = 1, max_error_rate: float = 0.0,
-          manifest: str = "", json: bool = False, traceback: bool = False) -> None:
+          repeat: int = 1, manifest: str = "", json: bool = False, traceback: bool = False) -> None:
     """Load-test --url, or build + serve + bench + remove TARGET:PROFILE: TPS, score, latencies. Exit 4 on failure."""
     from imageforge.bench import bench_for_cli, workload_from_cli
 
     with user_errors(traceback):
         workload = workload_from_cli(requests, concurrency, prompt_tokens, output_tokens, shared_prefix, seed, api,
-                                     model, duration, timeout, warmup, max_error_rate)
+                                     model, duration, timeout, warmup, max_error_rate, repeat)
         result = bench_for_cli(manifest or None, target or None, profile or None, set_ or [], url=url or None,
                                workload=workload, port=port or None)
         if json:
@@ -374,13 +375,14 @@ def sweep(c: Context, target: str = "", profile: str = "", param: list[str] | No
           set_: list[str] | None = None, requests: int = 0, concurrency: int = 0, prompt_tokens: int = 256,
           output_tokens: int = 64, shared_prefix: float = 0.5, seed: int = 0, api: str = "completions",
           model: str = "", duration: float = 300.0, timeout: float = 120.0, warmup: int = 1,
-          max_error_rate: float = 0.0, manifest: str = "", json: bool = False, traceback: bool = False) -> None:
+          max_error_rate: float = 0.0, repeat: int = 1, manifest: str = "", json: bool = False,
+          traceback: bool = False) -> None:
     """For each --param combination: build (config layer only), serve, bench, remove; table + sweep.json/.md."""
     from imageforge.bench import sweep_for_cli, workload_from_cli
 
     with user_errors(traceback):
         workload = workload_from_cli(requests, concurrency, prompt_tokens, output_tokens, shared_prefix, seed, api,
-                                     model, duration, timeout, warmup, max_error_rate)
+                                     model, duration, timeout, warmup, max_error_rate, repeat)
         result = sweep_for_cli(manifest or None, target or None, profile or None, param or [], set_ or [],
                                workload=workload, requests_given=bool(requests), concurrency_given=bool(concurrency))
         if json:

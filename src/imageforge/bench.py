@@ -144,6 +144,7 @@ class Workload:
     timeout: float = 120.0  # seconds per request
     warmup: int = 1  # requests sent (and not measured) first, with prompts unrelated to the measured ones
     max_error_rate: float = 0.0  # a bench with a higher error rate fails (exit 4)
+    repeat: int = 1  # runs on the same server (seed, seed+1, ...): the one with the median score is reported
 
     def validate(self) -> Workload:
         problems: list[str] = []
@@ -165,6 +166,8 @@ class Workload:
             problems.append(f"warmup must be >= 0 (got {self.warmup})")
         if not 0.0 <= self.max_error_rate <= 1.0:
             problems.append(f"max error rate must be within 0..1 (got {self.max_error_rate})")
+        if self.repeat < 1:
+            problems.append(f"repeat must be >= 1 (got {self.repeat})")
         if problems:
             raise ConfigError("invalid bench workload: " + "; ".join(problems),
                               hint="see `invoke --help bench` for the workload options")
@@ -198,13 +201,13 @@ class Workload:
 
 def workload_from_cli(requests: int, concurrency: int, prompt_tokens: int, output_tokens: int, shared_prefix: float,
                       seed: int, api: str, model: str, duration: float, timeout: float, warmup: int,
-                      max_error_rate: float) -> Workload:
+                      max_error_rate: float, repeat: int = 1) -> Workload:
     """A checked Workload from task options (0 requests/concurrency: the defaults; empty model: discover it)."""
     defaults = Workload()
     return Workload(requests=requests or defaults.requests, concurrency=concurrency or defaults.concurrency,
                     prompt_tokens=prompt_tokens, output_tokens=output_tokens, shared_prefix=shared_prefix, seed=seed,
                     api=api, model=model or None, duration=duration, timeout=timeout, warmup=warmup,
-                    max_error_rate=max_error_rate).validate()
+                    max_error_rate=max_error_rate, repeat=repeat).validate()
 
 
 @dataclass(frozen=True)
@@ -270,6 +273,7 @@ class BenchResult:
     params: dict[str, Any] = field(default_factory=dict)
     startup_seconds: float | None = None
     host: dict[str, Any] = field(default_factory=dict)
+    repeats: list[dict[str, Any]] = field(default_factory=list)  # every run's summary when workload.repeat > 1
     run_dir: Path | None = None
     json_path: Path | None = None
 
@@ -289,6 +293,11 @@ class BenchResult:
     @property
     def error_rate(self) -> float:
         return self.errors / self.attempted if self.attempted else 0.0
+
+    @property
+    def worst_error_rate(self) -> float:
+        """The highest error rate of every run (repeats included): a failing run is never hidden by the median."""
+        return max([self.error_rate, *(float(r.get("error_rate") or 0.0) for r in self.repeats)])
 
     @property
     def prompt_tokens(self) -> int:
@@ -352,7 +361,8 @@ class BenchResult:
             "workload": self.workload.to_json(), "prompt_mode": self.prompt_mode,
             "score_weights": {"output_tps": SCORE_OUTPUT_WEIGHT, "input_tps": SCORE_INPUT_WEIGHT,
                               "cache_tps": SCORE_CACHE_WEIGHT},
-            "summary": self.summary(), "metrics_delta": self.metrics_delta, "notes": self.notes,
+            "summary": self.summary(), "repeats": self.repeats, "metrics_delta": self.metrics_delta,
+            "notes": self.notes,
             "requests": [r.to_json() for r in self.results],
         }
 
@@ -701,11 +711,32 @@ def run_bench(url: str, workload: Workload, *, run_dir: Path | None = None, echo
     """
     workload.validate()
     _check_url(url)
-    bench = asyncio.run(_run(url, workload, echo, transport))
+    runs: list[BenchResult] = []
+    for r in range(workload.repeat):
+        one = dataclasses.replace(workload, seed=workload.seed + r, warmup=workload.warmup if r == 0 else 0)
+        runs.append(asyncio.run(_run(url, one, echo, transport)))
+        if workload.repeat > 1:
+            s = runs[-1].summary()
+            echo(f"  run {r + 1}/{workload.repeat} (seed {one.seed}): Output {s['output_tps']:.1f} / Input "
+                 f"{s['input_tps']:.1f} / Cache {s['cache_tps']:.1f} TPS, score {s['score']:.0f}, errors "
+                 f"{s['errors']}/{s['requests']}")
+    bench = median_run(runs)
     if write:
         bench.run_dir = run_dir or Path.cwd() / ".imageforge" / "runs" / bench.run_id
         write_bench(bench)
     return bench
+
+
+def median_run(runs: Sequence[BenchResult]) -> BenchResult:
+    """The run with the median score (the lower middle one for an even count), carrying every run's summary."""
+    if len(runs) == 1:
+        return runs[0]
+    ordered = sorted(runs, key=lambda b: b.score)
+    chosen = ordered[(len(ordered) - 1) // 2]
+    chosen.repeats = [b.summary() | {"seed": b.workload.seed} for b in runs]
+    scores = ", ".join(f"{b.score:.0f}" for b in runs)
+    chosen.notes.append(f"median of {len(runs)} runs by score (seed {chosen.workload.seed}); scores: {scores}")
+    return chosen
 
 
 def write_bench(bench: BenchResult) -> Path:
@@ -737,10 +768,11 @@ def verdict(bench: BenchResult) -> None:
             f"the bench of {bench.url} got no tokens back ({bench.errors} of {bench.attempted} requests failed"
             + (f", {bench.cancelled} cut by the duration limit" if bench.cancelled else "") + ")",
             found=first, hint=f"the per-request errors are in {bench.json_path}" if bench.json_path else None)
-    if bench.error_rate > w.max_error_rate:
+    if bench.worst_error_rate > w.max_error_rate:
+        counted = (f"{bench.errors} of {bench.attempted} bench requests failed" if bench.error_rate > w.max_error_rate
+                   else f"a run of the {len(bench.repeats)} repeats had failed requests")
         raise SmokeError(
-            f"{bench.errors} of {bench.attempted} bench requests failed (error rate {bench.error_rate:.1%} > "
-            f"{w.max_error_rate:.1%})", found=first,
+            f"{counted} (error rate {bench.worst_error_rate:.1%} > {w.max_error_rate:.1%})", found=first,
             hint="raise --max-error-rate to accept some failures"
             + (f"; the per-request errors are in {bench.json_path}" if bench.json_path else ""))
 
@@ -783,8 +815,16 @@ def bench_rows(bench: BenchResult) -> list[tuple[str, str]]:
     return rows
 
 
-def print_bench(bench: BenchResult, echo: Log = print, console: Any = None) -> None:
+def _console() -> Any:
+    """A rich console; 160 columns when stdout is not a terminal (rich would squeeze tables into 80)."""
+    import sys
+
     from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
+def print_bench(bench: BenchResult, echo: Log = print, console: Any = None) -> None:
     from rich.table import Table
 
     title = "bench" + (f" {bench.target}:{bench.profile}" if bench.target else f" {bench.url}")
@@ -795,7 +835,7 @@ def print_bench(bench: BenchResult, echo: Log = print, console: Any = None) -> N
     table.add_column("value", justify="right")
     for name, value in bench_rows(bench):
         table.add_row(name, value)
-    (console or Console()).print(table)
+    (console or _console()).print(table)
     for note in bench.notes:
         echo(f"note: {note}")
     if bench.json_path:
@@ -909,11 +949,12 @@ class SweepPoint:
     image_id: str | None = None
     startup_seconds: float | None = None
     bench_json: str | None = None
+    scores: list[float] = field(default_factory=list)  # every repeat's score (workload.repeat > 1)
 
     def to_json(self) -> dict[str, Any]:
         return {"params": self.params, "status": self.status, "error": self.error, "build": self.build,
                 "image_id": self.image_id, "startup_seconds": _round(self.startup_seconds, 2),
-                "bench_json": self.bench_json, "summary": self.summary}
+                "bench_json": self.bench_json, "summary": self.summary, "scores": self.scores}
 
     def value(self, key: str) -> float | None:
         if self.status != "ok" or self.summary is None:
@@ -956,8 +997,9 @@ class SweepResult:
 
     def rows(self) -> tuple[list[str], list[list[str]]]:
         keys = list(self.points[0].params) if self.points else []
-        header = [*keys, "Output TPS", "Input TPS", "Cache TPS", "score", "TTFT p95", "latency p95", "errors",
-                  "start", "mark"]
+        ranges = self.workload.repeat > 1
+        header = [*keys, "Output TPS", "Input TPS", "Cache TPS", "score", *(["score range"] if ranges else []),
+                  "TTFT p95", "latency p95", "errors", "start", "mark"]
         best, plateau = self.best, self.plateau
         rows: list[list[str]] = []
         for i, p in enumerate(self.points):
@@ -966,9 +1008,11 @@ class SweepResult:
             if p.status != "ok":
                 marks.append(f"{p.status}: {(p.error or '').splitlines()[0][:80]}" if p.error else p.status)
             errors = f"{s['errors']}/{s['requests']}" if s else "-"
+            spread = [f"{min(p.scores):,.0f}-{max(p.scores):,.0f}" if p.scores else "-"] if ranges else []
             rows.append([*(str(p.params[k]) for k in keys),
                          _fmt(s.get("output_tps"), 1), _fmt(s.get("input_tps"), 1), _fmt(s.get("cache_tps"), 1),
-                         _fmt(s.get("score"), 0), _ms(s.get("ttft_p95_s")), _ms(s.get("latency_p95_s")), errors,
+                         _fmt(s.get("score"), 0), *spread, _ms(s.get("ttft_p95_s")), _ms(s.get("latency_p95_s")),
+                         errors,
                          "-" if p.startup_seconds is None else f"{p.startup_seconds:.0f} s", ", ".join(marks)])
         return header, rows
 
@@ -980,7 +1024,8 @@ class SweepResult:
             "",
             f"{self.started_at}, {self.seconds:.0f} s; workload: {w.requests} requests at concurrency {w.concurrency}, "
             f"prompt {w.prompt_tokens} tokens ({w.prefix_tokens} shared), output {w.output_tokens} tokens, "
-            f"api {w.api}, seed {w.seed}" + (f"; --set {' '.join(self.base_sets)}" if self.base_sets else ""),
+            f"api {w.api}, seed {w.seed}" + (f"; median of {w.repeat} runs per point" if w.repeat > 1 else "")
+            + (f"; --set {' '.join(self.base_sets)}" if self.base_sets else ""),
             "",
             "| " + " | ".join(header) + " |",
             "| " + " | ".join("---" for _ in header) + " |",
@@ -1002,7 +1047,6 @@ class SweepResult:
 
 
 def print_sweep(result: SweepResult, console: Any = None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     header, rows = result.rows()
@@ -1012,7 +1056,7 @@ def print_sweep(result: SweepResult, console: Any = None) -> None:
     best = result.best
     for i, row in enumerate(rows):
         table.add_row(*row, style="bold green" if i == best else None)
-    (console or Console()).print(table)
+    (console or _console()).print(table)
 
 
 def sweep_image(resolved: Any) -> Any:
@@ -1101,6 +1145,7 @@ def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequen
                 result.write()
                 continue
         point.summary, point.startup_seconds = bench.summary(), bench.startup_seconds
+        point.scores = [float(r["score"]) for r in bench.repeats]
         point.bench_json = str(bench.json_path) if bench.json_path else None
         try:
             verdict(bench)

@@ -462,3 +462,30 @@ def test_sweep_continues_past_failing_points_and_builds_under_a_sweep_image(
     assert any("build: 1 of 2 layers built (serving-config)" in line for line in lines)
     with pytest.raises(ConfigError, match="unknown key 'max-num-seq'"):
         bench_mod.sweep(manifest, "t", None, [("max-num-seq", [1])], Workload(), environ={}, echo=lines.append)
+
+
+def test_repeat_reports_the_median_run_and_never_hides_a_failing_one(tmp_path: Path) -> None:
+    fake = FakeVllm()
+    b = _bench(fake, tmp_path, repeat=3)
+    assert len(fake.completions) == 1 + 3 * 6  # one warm-up, then three runs
+    prompts = [tuple(c["prompt"]) for c in fake.completions[1:]]
+    assert len(set(prompts[:6]) & set(prompts[6:12])) == 0  # seed, seed+1: other prompts each run
+    assert [r["seed"] for r in b.repeats] == [0, 1, 2]
+    scores = sorted(r["score"] for r in b.repeats)
+    assert b.summary()["score"] == scores[1]
+    assert any(n.startswith("median of 3 runs by score") for n in b.notes)
+    data = json.loads((tmp_path / "run" / "bench.json").read_text())
+    assert len(data["repeats"]) == 3
+
+    ok = _result(1.0, completions=[4], prompts=[8], cached=None)
+    ok.repeats = [ok.summary(), {**ok.summary(), "error_rate": 0.25}]
+    assert ok.worst_error_rate == 0.25
+    with pytest.raises(SmokeError, match=r"a run of the 2 repeats had failed requests \(error rate 25.0%"):
+        verdict(ok)
+
+
+def test_median_run_of_an_even_count_is_the_lower_middle() -> None:
+    runs = [_result(1.0, completions=[c], prompts=[1], cached=0) for c in (40, 10, 30, 20)]
+    assert bench_mod.median_run(runs).completion_tokens == 20
+    single = _result(1.0, completions=[5], prompts=[1], cached=0)
+    assert bench_mod.median_run([single]) is single and single.repeats == []
