@@ -41,6 +41,8 @@ from imageforge.errors import BuildError, ConfigError
 
 #: Bump when the way images are made changes (commands, config) without the recipe changing.
 BUILDER_VERSION = "1"
+# Bumped when build_vllm_image makes a different image from the same inputs (2: no VOLUME entries).
+VLLM_BUILDER_VERSION = "2"
 RECIPE_FILE = "base.yaml"
 KEY_LEN = 16
 KIND_OS = "os-base"
@@ -260,6 +262,7 @@ def vllm_key(recipe: Recipe, entries: Sequence[LockEntry], os_image_key: str | N
     """Content key of the vLLM image: OS key + ``vllm`` section + lock entries + install script."""
     payload = {
         "builder": BUILDER_VERSION,
+        "vllm_builder": VLLM_BUILDER_VERSION,
         "os": os_image_key or os_key(recipe),
         "vllm": recipe.vllm,
         "lock": lock_digest(entries),
@@ -580,6 +583,8 @@ def build_vllm_image(
     v = recipe.vllm
     ref = image_ref(str(v["repository"]), key)
     repo, tag = ref.rsplit(":", 1)
+    from docker.types import Mount
+
     cli = de.client()
     de.check_disk(
         _disk_needs_root("the vLLM image (container layer + commit)", int(v.get("disk_need_gib", 6)) * de.GiB)
@@ -595,10 +600,12 @@ def build_vllm_image(
         labels=labels,  # identical to the image's: the commit merges them in harmlessly
         network_disabled=True,
         working_dir="/",
-        volumes={
-            str(wheelhouse.resolve()): {"bind": "/wheels", "mode": "ro"},
-            str(recipe.dir): {"bind": "/recipe", "mode": "ro"},
-        },
+        # Mounts (not `volumes=`): `volumes=` also declares VOLUMEs in the container config, which the
+        # commit would carry into the image, giving every later container two anonymous volumes.
+        mounts=[
+            Mount("/wheels", str(wheelhouse.resolve()), type="bind", read_only=True),
+            Mount("/recipe", str(recipe.dir), type="bind", read_only=True),
+        ],
     )
     log_path = _build_log_path(key)
     with de.removing(container), open(log_path, "wb") as log_fh:

@@ -133,7 +133,7 @@ class Containers:
 
     def remove(self, container: Any) -> None:
         with contextlib.suppress(Exception):
-            container.remove(force=True)
+            container.remove(force=True, v=True)
         with contextlib.suppress(ValueError):
             self.created.remove(container)
 

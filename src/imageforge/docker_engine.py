@@ -411,7 +411,7 @@ def removing(container: Container) -> Iterator[Container]:
         yield container
     finally:
         with contextlib.suppress(Exception):
-            container.remove(force=True)
+            container.remove(force=True, v=True)
 
 
 def tool_labels(kind: str, key: str | None = None, **extra: str) -> dict[str, str]:

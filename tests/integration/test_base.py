@@ -46,6 +46,7 @@ def test_vllm_image_config(cpu_base: base.BaseImage) -> None:
     assert env["PATH"].startswith("/opt/venv/bin:") and env["VIRTUAL_ENV"] == "/opt/venv"
     assert cfg["Cmd"] == ["/bin/bash"] and not cfg.get("Entrypoint")
     assert cfg["WorkingDir"] == "/"
+    assert not cfg.get("Volumes"), "the install container's bind mounts must not become VOLUMEs"
 
 
 def test_second_call_makes_nothing(cpu_base: base.BaseImage) -> None:
