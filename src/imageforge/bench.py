@@ -950,11 +950,12 @@ class SweepPoint:
     startup_seconds: float | None = None
     bench_json: str | None = None
     scores: list[float] = field(default_factory=list)  # every repeat's score (workload.repeat > 1)
+    load: float | None = None  # the host's 1-minute load average when the (median) bench started
 
     def to_json(self) -> dict[str, Any]:
         return {"params": self.params, "status": self.status, "error": self.error, "build": self.build,
                 "image_id": self.image_id, "startup_seconds": _round(self.startup_seconds, 2),
-                "bench_json": self.bench_json, "summary": self.summary, "scores": self.scores}
+                "bench_json": self.bench_json, "summary": self.summary, "scores": self.scores, "load": self.load}
 
     def value(self, key: str) -> float | None:
         if self.status != "ok" or self.summary is None:
@@ -999,7 +1000,7 @@ class SweepResult:
         keys = list(self.points[0].params) if self.points else []
         ranges = self.workload.repeat > 1
         header = [*keys, "Output TPS", "Input TPS", "Cache TPS", "score", *(["score range"] if ranges else []),
-                  "TTFT p95", "latency p95", "errors", "start", "mark"]
+                  "TTFT p95", "latency p95", "errors", "start", "load", "mark"]
         best, plateau = self.best, self.plateau
         rows: list[list[str]] = []
         for i, p in enumerate(self.points):
@@ -1013,7 +1014,8 @@ class SweepResult:
                          _fmt(s.get("output_tps"), 1), _fmt(s.get("input_tps"), 1), _fmt(s.get("cache_tps"), 1),
                          _fmt(s.get("score"), 0), *spread, _ms(s.get("ttft_p95_s")), _ms(s.get("latency_p95_s")),
                          errors,
-                         "-" if p.startup_seconds is None else f"{p.startup_seconds:.0f} s", ", ".join(marks)])
+                         "-" if p.startup_seconds is None else f"{p.startup_seconds:.0f} s", _fmt(p.load, 1),
+                         ", ".join(marks)])
         return header, rows
 
     def markdown(self) -> str:
@@ -1033,7 +1035,8 @@ class SweepResult:
             "",
             f"score = Output TPS x {SCORE_OUTPUT_WEIGHT} + Input TPS x {SCORE_INPUT_WEIGHT} + Cache TPS x "
             f"{SCORE_CACHE_WEIGHT}; plateau = the first point whose Output TPS is within "
-            f"{PLATEAU_TOLERANCE:.0%} of the best.",
+            f"{PLATEAU_TOLERANCE:.0%} of the best; load = the host's 1-minute load average when the bench started "
+            f"({os.cpu_count()} CPUs here).",
         ]
         return "\n".join(lines) + "\n"
 
@@ -1146,6 +1149,8 @@ def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequen
                 continue
         point.summary, point.startup_seconds = bench.summary(), bench.startup_seconds
         point.scores = [float(r["score"]) for r in bench.repeats]
+        before = bench.host.get("loadavg_before")
+        point.load = float(before[0]) if before else None
         point.bench_json = str(bench.json_path) if bench.json_path else None
         try:
             verdict(bench)
