@@ -319,7 +319,7 @@ WORKLOAD_HELP = {
     "seed": "Seed of the prompts (default 0; the same seed sends the same prompts)",
     "api": "completions (token-ID prompts, exact lengths) or chat (default completions)",
     "model": "Model name (default: the first of /v1/models)",
-    "duration": "Stop after this many seconds even if requests remain (default 300)",
+    "duration": "Stop the bench (all repeats) after this many seconds even if requests remain (default 300)",
     "timeout": "Seconds per request (default 120)",
     "warmup": "Unmeasured warm-up requests first (default 1)",
     "max_error_rate": "Fail (exit 4) above this fraction of failed requests (default 0)",

@@ -140,7 +140,7 @@ class Workload:
     seed: int = 0
     api: str = "completions"
     model: str | None = None
-    duration: float = 300.0  # seconds: the whole measured run stops by itself after this
+    duration: float = 300.0  # seconds: the bench (all repeats together) stops by itself after this
     timeout: float = 120.0  # seconds per request
     warmup: int = 1  # requests sent (and not measured) first, with prompts unrelated to the measured ones
     max_error_rate: float = 0.0  # a bench with a higher error rate fails (exit 4)
@@ -712,8 +712,16 @@ def run_bench(url: str, workload: Workload, *, run_dir: Path | None = None, echo
     workload.validate()
     _check_url(url)
     runs: list[BenchResult] = []
+    skipped = ""
+    deadline = time.monotonic() + workload.duration
     for r in range(workload.repeat):
-        one = dataclasses.replace(workload, seed=workload.seed + r, warmup=workload.warmup if r == 0 else 0)
+        left = deadline - time.monotonic()
+        if r and left < 1.0:
+            skipped = (f"{workload.repeat - r} of {workload.repeat} repeats skipped: the duration limit "
+                       f"({workload.duration:.0f}s) was spent")
+            break
+        one = dataclasses.replace(workload, seed=workload.seed + r, warmup=workload.warmup if r == 0 else 0,
+                                  duration=max(left, 1.0))
         runs.append(asyncio.run(_run(url, one, echo, transport)))
         if workload.repeat > 1:
             s = runs[-1].summary()
@@ -721,6 +729,8 @@ def run_bench(url: str, workload: Workload, *, run_dir: Path | None = None, echo
                  f"{s['input_tps']:.1f} / Cache {s['cache_tps']:.1f} TPS, score {s['score']:.0f}, errors "
                  f"{s['errors']}/{s['requests']}")
     bench = median_run(runs)
+    if skipped:
+        bench.notes.append(skipped)
     if write:
         bench.run_dir = run_dir or Path.cwd() / ".imageforge" / "runs" / bench.run_id
         write_bench(bench)

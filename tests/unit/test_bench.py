@@ -489,3 +489,20 @@ def test_median_run_of_an_even_count_is_the_lower_middle() -> None:
     assert bench_mod.median_run(runs).completion_tokens == 20
     single = _result(1.0, completions=[5], prompts=[1], cached=0)
     assert bench_mod.median_run([single]) is single and single.repeats == []
+
+
+def test_duration_bounds_all_repeats_together(tmp_path: Path) -> None:
+    import asyncio
+
+    fake = FakeVllm()
+
+    async def slowish(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/completions" and len(fake.completions) >= 1:
+            await asyncio.sleep(0.4)
+        return fake.handler(request)
+
+    w = Workload(requests=1, concurrency=1, prompt_tokens=8, output_tokens=2, warmup=1, duration=1.0, repeat=10)
+    b = run_bench("http://127.0.0.1:9", w, transport=httpx.MockTransport(slowish), write=False, echo=lambda _l: None)
+    # the first run takes >= 0.4 s: less than the 1 s a run needs is left, so the other nine are skipped
+    assert b.repeats == [] and b.completion_tokens == 2
+    assert "9 of 10 repeats skipped: the duration limit (1s) was spent" in b.notes
