@@ -87,19 +87,18 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def plateau_index(values: Sequence[float | None], tolerance: float = PLATEAU_TOLERANCE) -> int | None:
-    """The first point (in sweep order) whose value is within ``tolerance`` of the maximum; None without values.
+    """The first point (in sweep order) whose value is within ``tolerance`` of the maximum, if a later point exists.
 
     With the points ordered by a growing parameter (max-num-seqs 1, 2, 4 ...) that is where the curve
-    flattens: going further buys at most ``tolerance`` more.
+    flattens: going further buys at most ``tolerance`` more.  None when the first such point is the last
+    measured one (the curve is still rising: no plateau within the swept values) or nothing was measured.
     """
-    known = [v for v in values if v is not None]
+    known = [i for i, v in enumerate(values) if v is not None]
     if not known:
         return None
-    top = max(known)
-    for i, value in enumerate(values):
-        if value is not None and value >= top * (1 - tolerance):
-            return i
-    return None  # pragma: no cover - the maximum itself always qualifies
+    top = max(v for v in values if v is not None)
+    first = next(i for i in known if (values[i] or 0.0) >= top * (1 - tolerance))
+    return first if first != known[-1] else None
 
 
 # --------------------------------------------------------------------------- the workload
@@ -1045,8 +1044,8 @@ class SweepResult:
             "",
             f"score = Output TPS x {SCORE_OUTPUT_WEIGHT} + Input TPS x {SCORE_INPUT_WEIGHT} + Cache TPS x "
             f"{SCORE_CACHE_WEIGHT}; plateau = the first point whose Output TPS is within "
-            f"{PLATEAU_TOLERANCE:.0%} of the best; load = the host's 1-minute load average when the bench started "
-            f"({os.cpu_count()} CPUs here).",
+            f"{PLATEAU_TOLERANCE:.0%} of the best (none when only the last point is); load = the host's 1-minute "
+            f"load average when the bench started ({os.cpu_count()} CPUs here).",
         ]
         return "\n".join(lines) + "\n"
 
@@ -1207,6 +1206,9 @@ def sweep_for_cli(manifest: str | None, target: str | None, profile: str | None,
     if plateau is not None:
         echo(f"Output TPS plateau (within {PLATEAU_TOLERANCE:.0%} of the max) from: "
              f"{' '.join(f'{k}={v}' for k, v in result.points[plateau].params.items())}")
+    elif sum(1 for p in result.points if p.value("output_tps") is not None) > 1:
+        echo(f"no Output TPS plateau within the swept values: the last point is more than {PLATEAU_TOLERANCE:.0%} "
+             "above every earlier one (sweep further)")
     echo(f"report: {json_path}  {md_path}  ({result.seconds:.0f}s)")
     if best is None:
         raise SmokeError(f"no point of the sweep produced a result ({len(result.points)} tried)",

@@ -84,7 +84,7 @@ def test_two_point_sweep_of_the_cpu_target(docker_ready: None, containers_labell
         assert point.startup_seconds is not None and point.startup_seconds > 0
         assert point.bench_json is not None and Path(point.bench_json).is_file()
     assert result.points[0].image_id != result.points[1].image_id
-    assert result.best is not None and result.plateau is not None
+    assert result.best is not None and result.plateau in (None, 0)  # 2 points: 0, or still rising
     data = json.loads((result.run_dir / "sweep.json").read_text())
     assert [p["params"] for p in data["points"]] == [{"max-num-seqs": 1}, {"max-num-seqs": 4}]
     md = (result.run_dir / "sweep.md").read_text()

@@ -194,13 +194,15 @@ def test_counter_delta_takes_the_first_name_present_in_both_snapshots() -> None:
 # ----------------------------------------------------------------------------- plateau, sweep bookkeeping
 
 
-def test_plateau_is_the_first_point_within_five_percent_of_the_max() -> None:
+def test_plateau_is_the_first_point_within_five_percent_of_the_max_before_the_last() -> None:
     assert plateau_index([100.0, 190.0, 200.0, 205.0]) == 2  # 200 >= 0.95 * 205
-    assert plateau_index([100.0, 150.0, 190.0, 205.0]) == 3
+    assert plateau_index([100.0, 150.0, 190.0, 205.0]) is None  # still rising at the last point
+    assert plateau_index([100.0, 150.0, 190.0, 205.0, 206.0]) == 3
+    assert plateau_index([100.0]) is None and plateau_index([100.0, None]) is None
     assert plateau_index([300.0, 290.0, 100.0]) == 0
     assert plateau_index([None, 50.0, None, 52.0]) == 1
     assert plateau_index([]) is None and plateau_index([None]) is None
-    assert plateau_index([100.0, 179.0, 200.0], tolerance=0.1) == 2
+    assert plateau_index([100.0, 179.0, 200.0, 201.0], tolerance=0.1) == 2
     assert plateau_index([100.0, 180.0, 200.0], tolerance=0.1) == 1
 
 
