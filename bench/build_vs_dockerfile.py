@@ -52,6 +52,7 @@ class Run:
     total: int
     verify: float = 0.0
     image: str = ""
+    steps: tuple[tuple[str, str, float], ...] = ()  # imageforge: (kind, cache, seconds) per step
 
 
 def sh(cmd: list[str], *, cwd: Path = REPO, env: dict[str, str] | None = None) -> tuple[float, str]:
@@ -97,7 +98,8 @@ class Imageforge:
         steps = data["steps"]
         MADE.extend(("imageforge", s["image_id"]) for s in steps if s["cache"] != "HIT")
         verify = sum(s["seconds"] for s in steps if s["stage"] == "verify" and s["cache"] != "HIT")
-        return Run(seconds, sum(1 for s in steps if s["cache"] != "HIT"), len(steps), verify, data["image_id"])
+        return Run(seconds, sum(1 for s in steps if s["cache"] != "HIT"), len(steps), verify, data["image_id"],
+                   tuple((s["kind"], s["cache"], float(s["seconds"])) for s in steps))
 
     def first_overlay(self) -> tuple[str, str]:
         from imageforge.manifest import load_manifest
@@ -192,12 +194,25 @@ class Scenario:
     dock: list[Run]
 
     def row(self) -> tuple[str, ...]:
-        f = statistics.median(r.seconds for r in self.forge)
-        fv = statistics.median(r.seconds - r.verify for r in self.forge)
-        d = statistics.median(r.seconds for r in self.dock)
+        """Best of the rounds (the least disturbed by other work on the machine), medians in brackets."""
+        f = [r.seconds for r in self.forge]
+        fv = [r.seconds - r.verify for r in self.forge]
+        d = [r.seconds for r in self.dock]
         last_f, last_d = self.forge[-1], self.dock[-1]
-        return (self.name, f"{f:.2f} s ({last_f.redone}/{last_f.total})", f"{fv:.2f} s",
-                f"{d:.2f} s ({last_d.redone}/{last_d.total})", ratio(fv, d), self.goal)
+        return (self.name, f"{min(f):.2f} s [{statistics.median(f):.2f}] ({last_f.redone}/{last_f.total})",
+                f"{min(fv):.2f} s [{statistics.median(fv):.2f}]",
+                f"{min(d):.2f} s [{statistics.median(d):.2f}] ({last_d.redone}/{last_d.total})",
+                f"{ratio(min(fv), min(d))} [{ratio(statistics.median(fv), statistics.median(d))}]", self.goal)
+
+
+def per_kind(scenarios: dict[str, Scenario]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for sc in scenarios.values():
+        for run in sc.forge:
+            for kind, cache, seconds in run.steps:
+                if cache != "HIT" and kind != "verify":
+                    out.setdefault(kind, []).append(seconds)
+    return out
 
 
 def one_round(base_ref: str, profile: str, dockerfile_first: bool, scenarios: dict[str, Scenario],
@@ -287,24 +302,41 @@ def main() -> int:
               f"shared with other work (load average {load_before[0]:.1f} before, {load_after[0]:.1f} after), "
               f"Docker {server.get('Version')}, legacy builder (`DOCKER_BUILDKIT=0 docker build`, "
               f"bench/Dockerfile.cpu: one instruction per manifest step), base {base_ref}, profile {args.profile}. "
-              "Whole processes, wall clock, both sides alternating in the same run; medians over the rounds "
-              f"({args.rounds} x first/overlay/profile, {args.rounds * args.repeat} x no-op); steps redone "
-              "as (built/total) of the last round.")
-    table = ["| scenario | imageforge (steps redone) | imageforge without verification | Dockerfile (steps redone) "
-             "| ratio (without verification) | goal |", "| --- | --- | --- | --- | --- | --- |"]
+              "Whole processes, wall clock, both sides alternating in the same run; best of the rounds "
+              f"({args.rounds} x first/overlay/profile, {args.rounds * args.repeat} x no-op), [median]; steps "
+              "redone as (built/total).")
+    table = ["| scenario | imageforge [median] (steps redone) | imageforge without verification | Dockerfile [median] "
+             "(steps redone) | ratio without verification, best [median] | goal |",
+             "| --- | --- | --- | --- | --- | --- |"]
     table += ["| " + " | ".join(sc.row()) + " |" for sc in scenarios.values()]
     lines = [
-        f"Verification (imageforge only, outside the ratios): median {statistics.median(verify):.2f} s "
-        f"(min {min(verify):.2f}, max {max(verify):.2f}) per build that changes files: stale-bytecode check, "
+        f"Verification (imageforge only, outside the ratios): best {min(verify):.2f} s (median "
+        f"{statistics.median(verify):.2f}, max {max(verify):.2f}) per build that changes files: stale-bytecode check, "
         "py_compile of every changed .py, overlay sha256, symlinks, imports of the patched modules in the image.",
         "",
-        f"- no-op rebuild: imageforge min {min(noop_f):.2f} s, max {max(noop_f):.2f} s; the repository's own "
-        f"manifest (`invoke build --target cpu`, recipe base, whose lock and recipe are hashed too): median "
-        f"{statistics.median(real_noop):.2f} s, min {min(real_noop):.2f} s.",
+        f"- no-op rebuild: imageforge median {statistics.median(noop_f):.2f} s, max {max(noop_f):.2f} s; the "
+        f"repository's own manifest (`invoke build --target cpu`, recipe base, whose lock and recipe are hashed "
+        f"too): best {min(real_noop):.2f} s, median {statistics.median(real_noop):.2f} s.",
         f"- extra disk per profile image: imageforge {max(notes['extra_f'])} B (its config layer), Dockerfile "
         f"{max(notes['extra_d'])} B (COPY serving.yaml + ENV + CMD); goal <= {64 * KiB} B.",
+        "- imageforge seconds per step built (best [median] over every build of the run): " + ", ".join(
+            f"{kind} {min(v):.2f} [{statistics.median(v):.2f}] s" for kind, v in per_kind(scenarios).items())
+        + "; the process "
+        "itself (Python, invoke, docker SDK, manifest + schema, plan, one cache listing, tags) is the no-op time.",
     ]
-    body = "\n".join([header, "", *table, "", *lines])
+    kinds = {k: min(v) for k, v in per_kind(scenarios).items()}
+    noop = min(noop_f)
+    reading = (
+        "Reading: a file step costs imageforge about as much as a legacy-builder COPY (create, put_archive, commit: "
+        f"overlay {kinds.get('overlay', 0):.2f} s); imageforge is ahead only where a Dockerfile needs a RUN (patch "
+        f"{kinds.get('patch', 0):.2f} s, no container started) and pays a {noop:.2f} s process start (Python, invoke, "
+        "docker SDK, schema, plan) where the docker CLI pays well under 0.1 s -- most of the profile-only time. "
+        "Meeting 0.5x would take a different engine (a resident build server, layers assembled without the "
+        "daemon's commit), not tuning; what tuning gave is in the build-engine commit of issue 5 (one cache "
+        "listing per build, kill instead of stop, cached glob listings, no re-tagging: no-op 0.47 -> 0.37 s, "
+        "script step -0.9 s, symlink step -1.0 s)."
+    )
+    body = "\n".join([header, "", *table, "", *lines, "", reading])
     print(body)
     if args.write_results:
         write_section(REPO / "bench" / "RESULTS.md", body)
