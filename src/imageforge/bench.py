@@ -1017,7 +1017,8 @@ class SweepResult:
             marks = [m for m, on in (("best score", i == best), ("plateau", i == plateau)) if on]
             if p.status != "ok":
                 marks.append(f"{p.status}: {(p.error or '').splitlines()[0][:80]}" if p.error else p.status)
-            errors = f"{s['errors']}/{s['requests']}" if s else "-"
+            errors = (f"{s['errors']}/{s['requests']}" + (f", {s['cancelled']} cut" if s.get("cancelled") else "")
+                      if s else "-")
             spread = [f"{min(p.scores):,.0f}-{max(p.scores):,.0f}" if p.scores else "-"] if ranges else []
             rows.append([*(str(p.params[k]) for k in keys),
                          _fmt(s.get("output_tps"), 1), _fmt(s.get("input_tps"), 1), _fmt(s.get("cache_tps"), 1),

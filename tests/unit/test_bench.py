@@ -508,3 +508,13 @@ def test_duration_bounds_all_repeats_together(tmp_path: Path) -> None:
     # the first run takes >= 0.4 s: less than the 1 s a run needs is left, so the other nine are skipped
     assert b.repeats == [] and b.completion_tokens == 2
     assert "9 of 10 repeats skipped: the duration limit (1s) was spent" in b.notes
+
+
+def test_sweep_table_shows_requests_cut_by_the_duration_limit(tmp_path: Path) -> None:
+    point = _point({"max-num-seqs": 4}, "ok", 50.0, 900.0)
+    assert point.summary is not None
+    point.summary.update(errors=1, requests=64, cancelled=32)
+    result = SweepResult(run_id="s", target="cpu", profile="p", base_sets=[], workload=Workload(), points=[point],
+                         run_dir=tmp_path, started_at="now")
+    header, rows = result.rows()
+    assert rows[0][header.index("errors")] == "1/64, 32 cut"
