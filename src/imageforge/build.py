@@ -132,8 +132,21 @@ class Containers:
         return container
 
     def remove(self, container: Any) -> None:
-        with contextlib.suppress(Exception):
-            container.remove(force=True, v=True)
+        import docker.errors
+
+        # A loaded daemon can refuse a forced remove ("did not receive an exit event"): retry a few
+        # times when it answered with an error; a daemon that is gone is not waited for.
+        for attempt in range(4):
+            try:
+                container.remove(force=True, v=True)
+                break
+            except docker.errors.NotFound:
+                break
+            except docker.errors.APIError:
+                if attempt < 3:
+                    time.sleep(1 + attempt)
+            except Exception:
+                break
         with contextlib.suppress(ValueError):
             self.created.remove(container)
 
