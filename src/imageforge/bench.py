@@ -1073,7 +1073,7 @@ def print_sweep(result: SweepResult, console: Any = None) -> None:
 
 
 def sweep_image(resolved: Any) -> Any:
-    """``resolved`` with the image name ``<image>-sweep``: sweep points never move the profile's own tags.
+    """``resolved`` with the image name ``<image>-sweep``: sweep points never take the target's own tags.
 
     Cache keys do not depend on the image name, so every layer below the serving config is shared.
     """
@@ -1134,7 +1134,7 @@ def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequen
         echo(f"note: concurrency {workload.concurrency} < the largest max-num-seqs {max(seqs)}: the client cannot "
              "fill the bigger batches (raise --concurrency)")
     echo(f"sweep {result.target}:{result.profile}: {len(points)} points over "
-         f"{', '.join(k for k, _ in params)}  run {run_id}  (builds tag {first.target.image}:{result.profile})")
+         f"{', '.join(k for k, _ in params)}  run {run_id}  (images tagged in {first.target.image})")
     t0 = time.monotonic()
     for i, (point, resolved) in enumerate(zip(result.points, resolved_points, strict=True), 1):
         label = " ".join(f"{k}={v}" for k, v in point.params.items())
