@@ -23,6 +23,10 @@ from imageforge.cli import user_errors  # noqa: E402
 
 MANIFEST_HELP = "Manifest file (default: $IMAGEFORGE_MANIFEST or ./build.yaml)"
 TRACEBACK_HELP = "Show Python tracebacks (also IMAGEFORGE_TRACEBACK=1)"
+HOST_ADDRESS_HELP = (
+    "Address of the Docker host where ports are published and reached "
+    "(default 127.0.0.1; also IMAGEFORGE_HOST_ADDRESS)"
+)
 
 
 @task(
@@ -247,17 +251,19 @@ def clean(c: Context, keep: int = 3, dry_run: bool = False, target: str = "", mi
         "set_": "Override a value: KEY=VALUE (serving flag, env.NAME, run.port); repeatable",
         "timeout": "Seconds to wait for /health (default: the target's smoke.startup_timeout)",
         "manifest": MANIFEST_HELP,
+        "host_address": HOST_ADDRESS_HELP,
         "traceback": TRACEBACK_HELP,
     },
 )
 def run(c: Context, target: str = "", profile: str = "", base: bool = False, port: int = 0,
-        set_: list[str] | None = None, timeout: float = 0.0, manifest: str = "", traceback: bool = False) -> None:
+        set_: list[str] | None = None, timeout: float = 0.0, manifest: str = "", host_address: str = "",
+        traceback: bool = False) -> None:
     """Start TARGET's server on 127.0.0.1, wait until /health answers, leave it running; prints URL=..."""
     from imageforge.run import run_for_cli
 
     with user_errors(traceback):
         server = run_for_cli(manifest or None, target or None, profile or None, set_ or [], base=base,
-                             port=port or None, timeout=timeout or None)
+                             port=port or None, timeout=timeout or None, host_address=host_address or None)
         print(f"container {server.name} ({server.image}) is serving; `invoke stop` removes it")
         print(f"URL={server.url}")
 
@@ -285,13 +291,15 @@ def stop(c: Context, target: str = "", all: bool = False, traceback: bool = Fals
         "wait": "With --url: seconds to wait for /health first (default 0)",
         "set_": "Override a value: KEY=VALUE (serving flag, env.NAME, run.port); repeatable",
         "manifest": MANIFEST_HELP,
+        "host_address": HOST_ADDRESS_HELP,
         "traceback": TRACEBACK_HELP,
     },
 )
 def smoke(c: Context, url: str = "", target: str = "", profile: str = "", suite: str = "", tags: str = "",
           base: bool = False, port: int = 0, wait: float = 0.0, set_: list[str] | None = None, manifest: str = "",
-          traceback: bool = False) -> None:
+          host_address: str = "", traceback: bool = False) -> None:
     """Run the smoke suite: against --url, or build + start + test + remove TARGET:PROFILE. Exit 4 on a failure."""
+    _use_host_address(host_address)
     from imageforge.smoke import smoke_for_cli
 
     with user_errors(traceback):
@@ -338,6 +346,7 @@ WORKLOAD_HELP = {
         **WORKLOAD_HELP,
         "manifest": MANIFEST_HELP,
         "json": "Print bench.json's summary as one JSON object at the end",
+        "host_address": HOST_ADDRESS_HELP,
         "traceback": TRACEBACK_HELP,
     },
 )
@@ -345,8 +354,10 @@ def bench(c: Context, url: str = "", target: str = "", profile: str = "", set_: 
           port: int = 0, requests: int = 32, concurrency: int = 8, prompt_tokens: int = 256, output_tokens: int = 64,
           shared_prefix: float = 0.5, seed: int = 0, api: str = "completions", model: str = "",
           duration: float = 300.0, timeout: float = 120.0, warmup: int = 1, max_error_rate: float = 0.0,
-          repeat: int = 1, manifest: str = "", json: bool = False, traceback: bool = False) -> None:
+          repeat: int = 1, manifest: str = "", json: bool = False, host_address: str = "",
+          traceback: bool = False) -> None:
     """Load-test --url, or build + serve + bench + remove TARGET:PROFILE: TPS, score, latencies. Exit 4 on failure."""
+    _use_host_address(host_address)
     from imageforge.bench import bench_for_cli, workload_from_cli
 
     with user_errors(traceback):
@@ -368,6 +379,7 @@ def bench(c: Context, url: str = "", target: str = "", profile: str = "", set_: 
         **WORKLOAD_HELP,
         "manifest": MANIFEST_HELP,
         "json": "Print sweep.json as one JSON object at the end",
+        "host_address": HOST_ADDRESS_HELP,
         "traceback": TRACEBACK_HELP,
     },
 )
@@ -376,8 +388,9 @@ def sweep(c: Context, target: str = "", profile: str = "", param: list[str] | No
           output_tokens: int = 64, shared_prefix: float = 0.5, seed: int = 0, api: str = "completions",
           model: str = "", duration: float = 300.0, timeout: float = 120.0, warmup: int = 1,
           max_error_rate: float = 0.0, repeat: int = 1, manifest: str = "", json: bool = False,
-          traceback: bool = False) -> None:
+          host_address: str = "", traceback: bool = False) -> None:
     """For each --param combination: build (config layer only), serve, bench, remove; table + sweep.json/.md."""
+    _use_host_address(host_address)
     from imageforge.bench import sweep_for_cli, workload_from_cli
 
     with user_errors(traceback):
@@ -393,6 +406,12 @@ def json_quote(text: str) -> str:
     import shlex
 
     return shlex.quote(text)
+
+
+def _use_host_address(value: str) -> None:
+    """--host-address wins over $IMAGEFORGE_HOST_ADDRESS for everything this task starts."""
+    if value:
+        os.environ["IMAGEFORGE_HOST_ADDRESS"] = value
 
 
 def _print(payload: object, as_json: bool) -> None:

@@ -216,7 +216,13 @@ def make_plan(resolved: Resolved, *, environ: Mapping[str, str], probe: CachePro
     add("config", "serving-config", "config", config_definition(resolved, rendered), {}, None,
         f"rendered {target.serving.config_path} + CMD")
     name = target.image
-    tags = (f"{name}:{resolved.profile_name}", f"{name}:{resolved.profile_name}-{resolved.manifest.short_digest}")
+    profile = resolved.profile_name
+    if resolved.overridden:
+        # --set / IMAGEFORGE_SET make a variant: it never takes the profile's own tags.
+        variant = sha256_bytes(canonical(config_definition(resolved, rendered)).encode())[:8]
+        tags: tuple[str, ...] = (f"{name}:{profile}-custom-{variant}",)
+    else:
+        tags = (f"{name}:{profile}", f"{name}:{profile}-{resolved.manifest.short_digest}")
     return Plan(
         resolved=resolved,
         base_ref=base_ref,

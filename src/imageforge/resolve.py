@@ -66,6 +66,12 @@ class Resolved:
     def steps(self) -> tuple[Step, ...]:
         return self.shared_steps + self.profile_steps
 
+    @property
+    def overridden(self) -> bool:
+        """True when the environment or the command line changed a value (a variant, not the profile)."""
+        values = (*self.serving, *self.env, *self.run_values)
+        return any(v.source.startswith(("env:", "cli:")) for v in values)
+
     def serving_args(self) -> dict[str, Any]:
         return {v.key: v.value for v in self.serving if v.value is not None}
 

@@ -173,11 +173,12 @@ def container_spec(
     resolved: Resolved,
     image: str,
     *,
-    host_port: int,
+    host_port: int | None,
     run_id: str,
     environ: Mapping[str, str],
     base: bool = False,
     entrypoint: Sequence[str] | None = None,
+    host_address: str = HOST,
 ) -> dict[str, Any]:
     """Keyword arguments for ``client.containers.create`` (pure apart from the volume checks)."""
     run = resolved.run
@@ -191,7 +192,8 @@ def container_spec(
         "name": f"imageforge-{resolved.target.name}-{run_id}",
         "labels": server_labels(resolved, run_id, base=base),
         "environment": env,
-        "ports": {f"{cport}/tcp": (HOST, host_port)},
+        # host_port None: the daemon picks a free port on host_address (read back after start).
+        "ports": {f"{cport}/tcp": (host_address, host_port)},
         "volumes": volume_binds(resolved, environ),
         "privileged": bool(run.privileged),
         "detach": True,
@@ -213,6 +215,16 @@ def container_spec(
     return kwargs
 
 
+def default_host_address(environ: Mapping[str, str] | None = None) -> str:
+    """Where servers are published and reached: ``$IMAGEFORGE_HOST_ADDRESS`` or 127.0.0.1.
+
+    With a remote ``DOCKER_HOST``, set it (or ``--host-address``) to an address of that host this
+    machine can reach; ports are then published there and picked by the daemon.
+    """
+    environ = os.environ if environ is None else environ
+    return environ.get("IMAGEFORGE_HOST_ADDRESS", "").strip() or HOST
+
+
 def port_in_use(port: int, host: str = HOST) -> bool:
     """True when something already listens on ``host:port`` (or the port cannot be bound)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -232,10 +244,10 @@ def free_port(host: str = HOST) -> int:
         return int(sock.getsockname()[1])
 
 
-def port_taken_error(port: int) -> InfraError:
+def port_taken_error(port: int, host: str = HOST) -> InfraError:
     return InfraError(
-        f"port {port} on {HOST} is already in use",
-        found=f"something listens on {HOST}:{port}",
+        f"port {port} on {host} is already in use",
+        found=f"something listens on {host}:{port}",
         hint=f"pass another --port, or leave --port out to pick a free one; `invoke stop` removes servers "
         f"that `invoke run` left running (`ss -ltnp 'sport = :{port}'` shows who holds it)",
     )
@@ -397,18 +409,26 @@ def start_server(
     run_id: str | None = None,
     log: Log = print,
     labels: Mapping[str, str] | None = None,
+    host_address: str | None = None,
 ) -> Server:
-    """Create and start the serving container (no waiting). Raises InfraError for port/daemon trouble."""
-    from .docker_engine import client, ensure_daemon
+    """Create and start the serving container (no waiting). Raises InfraError for port/daemon trouble.
+
+    The port is published on ``host_address`` of the Docker host (default 127.0.0.1) and the server's URL
+    uses the same address. With a local daemon a free port is chosen here; with a remote ``DOCKER_HOST`` the
+    daemon picks one and it is read back.
+    """
+    from .docker_engine import client, docker_host, ensure_daemon, is_local_default_host
 
     environ = os.environ if environ is None else environ
+    host_address = host_address or default_host_address(environ)
     ensure_daemon(log=log)
     run_id = run_id or new_run_id()
+    local = is_local_default_host(docker_host())
     if port is not None:
         if not 0 < port < 65536:
             raise ConfigError("--port must be 1-65535", found=str(port))
-        if port_in_use(port):
-            raise port_taken_error(port)
+        if local and port_in_use(port, host_address):
+            raise port_taken_error(port, host_address)
     ref = image or image_for(resolved, environ, log, base=base, build_image=build_image)
     cli = client()
     import docker.errors
@@ -417,9 +437,9 @@ def start_server(
         config = cli.images.get(ref).attrs.get("Config") or {}
     except docker.errors.ImageNotFound:
         raise InfraError(f"image {ref} does not exist", hint=f"invoke build --target {resolved.target.name}") from None
-    host_port = port if port is not None else free_port()
+    host_port: int | None = port if port is not None else (free_port(host_address) if local else None)
     kwargs = container_spec(resolved, ref, host_port=host_port, run_id=run_id, environ=environ, base=base,
-                            entrypoint=config.get("Entrypoint"))
+                            entrypoint=config.get("Entrypoint"), host_address=host_address)
     image_name = kwargs.pop("image")
     kwargs.pop("detach")
     kwargs["labels"] = {**kwargs["labels"], **(labels or {})}
@@ -435,13 +455,15 @@ def start_server(
         with contextlib.suppress(Exception):
             container.remove(force=True, v=True)
         if "port is already allocated" in explanation or "address already in use" in explanation.lower():
-            raise port_taken_error(host_port) from None
+            raise port_taken_error(host_port or 0, host_address) from None
         raise InfraError("Docker refused to start the serving container", found=explanation[:500],
                          hint="check run options (devices, gpus, shm_size) in the manifest") from None
+    if host_port is None:
+        host_port = published_port(container, container_port(resolved))
     server = Server(
         container=container,
         run_id=run_id,
-        url=f"http://{HOST}:{host_port}",
+        url=f"http://{host_address}:{host_port}",
         host_port=host_port,
         target=resolved.target.name,
         profile="base" if base else resolved.profile_name,
@@ -450,6 +472,17 @@ def start_server(
     )
     log(f"started {server.name} from {ref} on {server.url} (container port {container_port(resolved)})")
     return server
+
+
+def published_port(container: Any, cport: int) -> int:
+    """The host port the daemon picked for ``cport`` (after start)."""
+    container.reload()
+    bindings = (container.attrs.get("NetworkSettings", {}).get("Ports") or {}).get(f"{cport}/tcp") or []
+    for binding in bindings:
+        if binding.get("HostPort"):
+            return int(binding["HostPort"])
+    raise InfraError(f"the daemon published no host port for container port {cport}",
+                     found=json.dumps(bindings))
 
 
 class Progress:
@@ -583,10 +616,11 @@ def serving(
     startup_timeout: float | None = None,
     log: Log = print,
     wait: bool = True,
+    host_address: str | None = None,
 ) -> Iterator[Server]:
     """Start the target's server, wait until ``/health`` answers, yield it; always stop + remove it."""
     server = start_server(resolved, environ=environ, base=base, port=port, build_image=build_image, image=image,
-                          run_id=run_id, log=log)
+                          run_id=run_id, log=log, host_address=host_address)
     try:
         with sigterm_as_interrupt():
             if wait:
@@ -598,19 +632,24 @@ def serving(
 
 
 def run_for_cli(manifest: str | None, target: str | None, profile: str | None, sets: Sequence[str], *,
-                base: bool, port: int | None, timeout: float | None, log: Log = print) -> Server:
+                base: bool, port: int | None, timeout: float | None, log: Log = print,
+                host_address: str | None = None) -> Server:
     """``invoke run``: start, wait until ready, leave running. A failed start is removed again."""
     from .manifest import load_manifest, manifest_path
     from .resolve import resolve
 
     m = load_manifest(manifest_path(manifest))
     resolved = resolve(m, target, profile, environ=os.environ, sets=sets)
-    if port is None:
+    host_address = host_address or default_host_address()
+    from .docker_engine import docker_host, is_local_default_host
+
+    if port is None and is_local_default_host(docker_host()):
         configured = resolved.run.port
-        port = None if port_in_use(configured) else configured
+        port = None if port_in_use(configured, host_address) else configured
         if port is None:
             log(f"port {configured} is taken: picking a free one")
-    server = start_server(resolved, base=base, port=port, log=log, labels={L_STARTED_BY: STARTED_BY_RUN})
+    server = start_server(resolved, base=base, port=port, log=log, labels={L_STARTED_BY: STARTED_BY_RUN},
+                          host_address=host_address)
     try:
         wait_ready(server, timeout=timeout or resolved.target.smoke.startup_timeout, log=log, resolved=resolved)
     except BaseException:

@@ -64,6 +64,11 @@ def test_set_changes_only_the_config_key(write_manifest: Callable[..., Path]) ->
     b = plan_for(path, probe=FakeProbe(set()), sets=["max-num-seqs=5"])
     assert [s.key for s in a.steps[:3]] == [s.key for s in b.steps[:3]] and a.final.key != b.final.key
     assert yaml.safe_load(b.serving_config)["max-num-seqs"] == 5
+    # A variant never takes the profile's own tags.
+    assert a.tags[0] == "imageforge/t:small" and len(b.tags) == 1
+    assert b.tags[0].startswith("imageforge/t:small-custom-")
+    c = plan_for(path, probe=FakeProbe(set()), sets=["max-num-seqs=6"])
+    assert c.tags != b.tags
 
 
 def test_chain_key_is_canonical() -> None:

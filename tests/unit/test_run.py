@@ -265,3 +265,14 @@ def test_timeout_reports_state_and_hint(tmp_path: Path) -> None:
     assert "status running" in (err.found or "") and "ConnectError" in (err.found or "")
     assert err.log_tail == ("still loading",)
     assert "startup_timeout" in (err.hint or "")
+
+
+def test_host_address_publishes_there_and_daemon_may_pick_the_port(cpu: Resolved, tmp_path: Path) -> None:
+    from imageforge.run import default_host_address
+
+    (tmp_path / ".imageforge" / "models" / "tiny-qwen3-moe").mkdir(parents=True)
+    spec = container_spec(rooted(cpu, tmp_path), "img", host_port=None, run_id="r4", environ={},
+                          host_address="10.0.0.5")
+    assert spec["ports"] == {"8000/tcp": ("10.0.0.5", None)}
+    assert default_host_address({}) == "127.0.0.1"
+    assert default_host_address({"IMAGEFORGE_HOST_ADDRESS": " 192.0.2.7 "}) == "192.0.2.7"
