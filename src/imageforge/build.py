@@ -37,6 +37,23 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BuildError, ConfigError, ImageforgeError, InfraError
+from .labels import (
+    L_BASE,
+    L_CREATED,
+    L_FINAL,
+    L_KEY,
+    L_KIND,
+    L_MANIFEST,
+    L_PROFILE,
+    L_REVISION,
+    L_RUN,
+    L_STEP,
+    L_TARGET,
+    L_TOOL,
+    L_VERIFIED,
+    LABEL,
+    TOOL,
+)
 from .manifest import Step, Target, resolve_image_path
 from .patching import apply_patch, describe
 from .plan import CacheProbe, Plan, PlannedStep, canonical, fit_command, make_plan
@@ -44,20 +61,6 @@ from .resolve import Resolved
 
 Log = Callable[[str], None]
 
-LABEL = "org.imageforge"
-L_TOOL = f"{LABEL}.tool"
-L_KIND = f"{LABEL}.kind"
-L_KEY = f"{LABEL}.cache-key"
-L_TARGET = f"{LABEL}.target"
-L_PROFILE = f"{LABEL}.profile"
-L_MANIFEST = f"{LABEL}.manifest-digest"
-L_RUN = f"{LABEL}.run-id"
-L_BASE = f"{LABEL}.base-id"
-L_REVISION = f"{LABEL}.revision"
-L_CREATED = f"{LABEL}.created"
-L_STEP = f"{LABEL}.step"
-L_VERIFIED = f"{LABEL}.verified"
-TOOL = "imageforge"
 FIXED_MTIME = 1577836800  # 2020-01-01: written files get a fixed mtime (reproducible layers)
 S_IFLNK_GO = 1 << 27  # Go's os.ModeSymlink in the archive stat header
 S_IFDIR_GO = 1 << 31
@@ -825,7 +828,7 @@ class Builder:
                 image_id = self.commit(
                     container, planned, parent_config,
                     conf={"Cmd": cmd, "Env": env},
-                    extra_labels={L_PROFILE: self.resolved.profile_name, f"{LABEL}.final": "true",
+                    extra_labels={L_PROFILE: self.resolved.profile_name, L_FINAL: "true",
                                   f"{LABEL}.serving-config": serving.config_path},
                 )
             finally:

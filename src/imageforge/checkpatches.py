@@ -29,6 +29,7 @@ from typing import Any, Literal, Protocol
 
 import yaml
 
+from . import labels as lb
 from .errors import BuildError, ConfigError, Location
 from .manifest import Step, Target, resolve_image_path
 from .patching import NearMatch, apply_patch, unified_diff
@@ -652,7 +653,7 @@ def image_session(manifest: str | None, target_name: str | None, profile: str | 
             b.base_reference(resolved, os.environ, log, make=False)  # the clean "variable unset" error
         ensure_daemon(log=log)
         base_ref, base_id = b.base_reference(resolved, os.environ, log, make=False)
-        labels = {b.L_TOOL: b.TOOL, b.L_TARGET: target.name, b.L_KIND: "check-patches"}
+        labels = {lb.L_TOOL: lb.TOOL, lb.L_TARGET: target.name, lb.L_KIND: "check-patches"}
         with b.containers(labels) as scope:
             loose = dataclasses.replace(target, package=dataclasses.replace(target.package, version="*"))
             info = b.discover_package(base_id, loose, scope, log)

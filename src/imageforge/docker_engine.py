@@ -23,16 +23,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imageforge.errors import BuildError, InfraError
+from imageforge.labels import L_KIND, L_RECIPE_KEY, L_TOOL, TOOL
 
 if TYPE_CHECKING:  # pragma: no cover
     import docker
     from docker.models.containers import Container
 
 #: Labels on everything imageforge creates (images, containers).
-LABEL_TOOL = "org.imageforge.tool"
-LABEL_KIND = "org.imageforge.kind"
-LABEL_RECIPE_KEY = "org.imageforge.recipe-key"
-TOOL = "imageforge"
+LABEL_TOOL = L_TOOL
+LABEL_KIND = L_KIND
+LABEL_RECIPE_KEY = L_RECIPE_KEY
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
 DOCKERD_LOG = Path("/var/log/imageforge-dockerd.log")

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from . import labels as lb
 from .errors import BuildError, ConfigError, InfraError
 
 Log = Callable[[str], None]
@@ -181,10 +182,10 @@ def _resolve_for_export(manifest: str | None, target: str | None, profile: str |
                          f"--profile {resolved.profile_name}") from None
     have = (image.attrs.get("Config") or {}).get("Labels", {}) or {}
     want = plan.final.key
-    if want is not None and have.get(b.L_KEY) != want:
+    if want is not None and have.get(lb.L_KEY) != want:
         raise BuildError(
             f"{tag} is not the image the manifest describes now",
-            expected=f"cache key {want[:16]}", found=f"cache key {str(have.get(b.L_KEY))[:16]}",
+            expected=f"cache key {want[:16]}", found=f"cache key {str(have.get(lb.L_KEY))[:16]}",
             hint=f"rebuild it: invoke build --target {resolved.target.name} --profile {resolved.profile_name}",
         )
     if want is None:

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, Problem
+from .labels import L_FINAL, L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL, TOOL
 from .manifest import Manifest, Target
 from .plan import step_inputs
 from .resolve import Resolved
@@ -52,14 +53,6 @@ Log = Callable[[str], None]
 LOCK_FILE = "build.lock"
 LOCK_VERSION = 1
 
-LABEL = "org.imageforge"
-L_TOOL = f"{LABEL}.tool"
-L_TARGET = f"{LABEL}.target"
-L_PROFILE = f"{LABEL}.profile"
-L_FINAL = f"{LABEL}.final"
-L_RUN = f"{LABEL}.run-id"
-L_KIND = f"{LABEL}.kind"
-TOOL = "imageforge"
 
 
 # --------------------------------------------------------------------------- lock
@@ -155,7 +148,7 @@ def _current(resolved: Resolved, environ: Mapping[str, str], log: Log, *, versio
         if version_of_locked is not None and version_of_locked.get("base", {}).get("image_id") == base_id:
             version = str(version_of_locked.get("package", {}).get("version"))  # same image, same package
         else:
-            labels = {b.L_TOOL: b.TOOL, b.L_TARGET: target.name, b.L_KIND: "lock"}
+            labels = {L_TOOL: TOOL, L_TARGET: target.name, L_KIND: "lock"}
             with b.containers(labels) as scope:
                 loose = dataclasses.replace(target, package=dataclasses.replace(target.package, version="*"))
                 version = b.discover_package(base_id, loose, scope, log).version

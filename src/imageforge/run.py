@@ -28,15 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .build import L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL, TOOL, new_run_id
+from .build import new_run_id
 from .errors import ConfigError, InfraError, SmokeError
+from .labels import L_KIND, L_PROFILE, L_RUN, L_STARTED_BY, L_TARGET, L_TOOL, TOOL
 from .resolve import Resolved
 
 Log = Callable[[str], None]
 
 KIND_SERVER = "server"
-#: Label on containers ``invoke run`` leaves running (``invoke stop`` removes only those by default).
-L_STARTED_BY = "org.imageforge.started-by"
 STARTED_BY_RUN = "invoke-run"
 HOST = "127.0.0.1"
 LOG_TAIL = 50

@@ -43,7 +43,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .errors import ConfigError, ErrorCollector, Location, SmokeError
-from .yamldoc import YamlDocument, format_key_path, load_yaml, validate_schema
+from .yamldoc import YamlDocument, format_key_path, load_yaml, type_name, validate_schema
 
 Log = Callable[[str], None]
 
@@ -366,21 +366,7 @@ class _Evaluator:
 
 
 def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list | tuple):
-        return "array"
-    if isinstance(value, Mapping):
-        return "object"
-    return type(value).__name__
+    return type_name(value, json_terms=True)
 
 
 @lru_cache(maxsize=4096)

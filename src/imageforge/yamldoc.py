@@ -194,7 +194,8 @@ def load_schema(name: str) -> dict[str, Any]:
     return schema
 
 
-def _type_name(value: Any) -> str:
+def type_name(value: Any, *, json_terms: bool = False) -> str:
+    """The type of a loaded value in YAML words (list, mapping) or JSON words (array, object)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -205,10 +206,10 @@ def _type_name(value: Any) -> str:
         return "number"
     if isinstance(value, str):
         return "string"
-    if isinstance(value, list):
-        return "list"
-    if isinstance(value, dict):
-        return "mapping"
+    if isinstance(value, list | tuple):
+        return "array" if json_terms else "list"
+    if isinstance(value, Mapping):
+        return "object" if json_terms else "mapping"
     return type(value).__name__
 
 
@@ -269,7 +270,7 @@ def _schema_problems(doc: YamlDocument, error: Any) -> Iterator[Problem]:
             path,
             "wrong type",
             expected=" or ".join(_TYPE_WORDS.get(n, n) for n in names),
-            found=f"{_type_name(instance)} {_short(instance)}",
+            found=f"{type_name(instance)} {_short(instance)}",
         )
         return
     if validator in ("enum", "const"):

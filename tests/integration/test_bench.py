@@ -68,8 +68,8 @@ def test_bench_cli_against_a_url_and_its_exit_codes(cpu_server: Any, invoke_cli:
 @pytest.mark.timeout(900)
 def test_two_point_sweep_of_the_cpu_target(docker_ready: None, containers_labelled: Callable[..., list[Any]],
                                            capsys: pytest.CaptureFixture[str]) -> None:
-    from imageforge.build import L_TARGET
     from imageforge.docker_engine import client
+    from imageforge.labels import L_TARGET
 
     w = Workload(requests=8, concurrency=4, prompt_tokens=128, output_tokens=16, seed=7, duration=120)
     lines: list[str] = []

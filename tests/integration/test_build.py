@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from imageforge.build import L_KEY, L_TOOL, L_VERIFIED, build
+from imageforge.build import build
 from imageforge.errors import BuildError, InfraError
+from imageforge.labels import L_KEY, L_TOOL, L_VERIFIED
 from imageforge.manifest import load_manifest
 from imageforge.plan import make_plan
 from imageforge.resolve import resolve

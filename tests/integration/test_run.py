@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from imageforge.build import L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL
+from imageforge.labels import L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

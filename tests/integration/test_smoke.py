@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from imageforge.build import L_RUN
+from imageforge.labels import L_RUN
 from imageforge.smoke import ServerHooks, load_suite, run_suite, target_vars
 
 pytestmark = pytest.mark.integration
