@@ -40,8 +40,6 @@ def test_bench_counts_exactly_the_tokens_requested(cpu_server: Any, tmp_path: Pa
     # the cpu target enables prompt-tokens details, so each response says how many of its tokens were cached
     assert bench.cache_source == "usage.prompt_tokens_details.cached_tokens"
     assert bench.cached_tokens is not None and 0 < bench.cached_tokens <= 8 * 225
-    server_count = bench.metrics_delta.get("vllm:prompt_tokens_cached_total")
-    assert server_count is None or bench.cached_tokens <= server_count
     s = bench.summary()
     assert s["output_tps"] > 0 and s["input_tps"] > s["output_tps"] and s["score"] > 0
     assert 0 < s["ttft_p50_s"] <= s["latency_p50_s"] <= s["latency_p95_s"]
