@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/overlays_cpu.py [--quick] [--out FILE]
 
-Time: best (minimum) wall time of ``--reps`` calls after one warm-up; the minimum because other jobs
-share this machine's two cores and only ever add time. Peak: the growth of the process's peak
+Time: best (minimum) wall time of ``--reps`` calls after one warm-up, one torch thread by default: other
+jobs share this machine's two cores, and two spinning OpenMP threads under such load gave timings that
+varied 100-fold; one thread keeps minimum and median within ~10%. Peak: the growth of the process's peak
 resident set during one call (Linux: reset with ``/proc/self/clear_refs``, read ``VmHWM``), i.e. the
 extra memory the call needed on top of its inputs. Every variant's output is checked against a dense
 reference first (max abs error in the table). CPU ratios say little about the launch-bound GPU picture:
@@ -63,7 +64,7 @@ def time_ms(fn: Callable[[], object], reps: int) -> float:
     return min(samples) * 1e3
 
 
-def run(quick: bool, reps: int) -> str:
+def run(quick: bool, reps: int, only: set[str]) -> str:
     torch.manual_seed(0)
     bf16 = torch.bfloat16
     table = Table(["module", "case", "variant", "ms", "speed-up vs naive", "peak extra MiB", "max abs err"])
@@ -81,6 +82,8 @@ def run(quick: bool, reps: int) -> str:
     # --- MoE: per-expert gather loop vs sorted loop vs grouped GEMM -----------------------------------
     moe_sizes = [(16, 128), (256, 512)] if quick else [(16, 128), (16, 512), (256, 128), (256, 512),
                                                        (2048, 128), (2048, 512)]
+    if "moe" not in only:
+        moe_sizes = []
     for tokens, inter in moe_sizes:
         c = make_moe_case(tokens, inter, bf16, "cpu")
         ref = naive.naive_fused_experts(c.x.float(), c.w1.float(), c.w2.float(), c.weights, c.ids)
@@ -100,6 +103,8 @@ def run(quick: bool, reps: int) -> str:
     # --- Decode: per-partition Python loop vs vectorised partitions -----------------------------------
     decode_sizes = [[8192], [32768]] if quick else [[8192], [32768], [100_000], [16384] * 8,
                                                    [600, 3000, 20000, 9000]]
+    if "decode" not in only:
+        decode_sizes = []
     for lens in decode_sizes:
         d = make_decode_case(lens, bf16, "cpu")
         args = (d.query, d.key_cache, d.value_cache, d.block_tables, d.seq_lens, d.scale)
@@ -116,6 +121,8 @@ def run(quick: bool, reps: int) -> str:
 
     # --- Prefix: per-tile gather vs gather once -----------------------------------------------------------
     prefix_sizes = [(4096, 512)] if quick else [(4096, 512), (16384, 256), (32768, 128)]
+    if "prefix" not in only:
+        prefix_sizes = []
     for ctx, new in prefix_sizes:
         p = make_prefix_case([ctx], [new], bf16, "cpu")
         pargs = (p.query, p.key, p.value, p.key_cache, p.value_cache, p.block_tables, p.query_start_loc,
@@ -130,6 +137,8 @@ def run(quick: bool, reps: int) -> str:
         gc.collect()
 
     # --- Layout: whole-cache V1->V2 conversion vs only the batch's blocks -------------------------------
+    if "layout" not in only:
+        return table.markdown()
     d = make_decode_case([32768], bf16, "cpu")
     spare = 16384  # a cache 9x larger than what the batch reads (one 32K sequence = 2048 blocks)
     kc = torch.cat([d.key_cache, d.key_cache[:1].expand(spare, -1, -1, -1, -1)])
@@ -154,13 +163,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer, smaller cases")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", type=Path, help="also write the report here")
+    parser.add_argument("--only", default="moe,decode,prefix,layout", help="comma-separated subset")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (1: stable numbers when other jobs share the cores)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     header = (f"CPU overlay benchmark, {dt.date.today().isoformat()}, {platform.processor() or platform.machine()} "
               f"({os.cpu_count()} cores, {torch.get_num_threads()} torch threads, load average {load:.1f} at "
               f"start), torch {torch.__version__}, python {platform.python_version()}, grouped_mm on CPU: "
               f"{sorted_moe.GROUPED_MM_AVAILABLE}")
-    report = header + "\n\n" + run(args.quick, args.reps)
+    report = header + "\n\n" + run(args.quick, args.reps, set(args.only.split(",")))
     print(report)
     if args.out:
         args.out.write_text(report + "\n")
