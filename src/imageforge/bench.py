@@ -708,8 +708,10 @@ def run_bench(url: str, workload: Workload, *, run_dir: Path | None = None, echo
     ``transport`` (an httpx async transport) replaces the network, for tests. Never raises for
     request failures: they are counted (see :func:`verdict`).
     """
+    from .smoke import check_url
+
     workload.validate()
-    _check_url(url)
+    check_url(url)
     runs: list[BenchResult] = []
     skipped = ""
     deadline = time.monotonic() + workload.duration
@@ -755,17 +757,6 @@ def write_bench(bench: BenchResult) -> Path:
     path.write_text(json.dumps(bench.to_json(), indent=2) + "\n")
     bench.json_path = path
     return path
-
-
-def _check_url(url: str) -> None:
-    import httpx
-
-    try:
-        parsed = httpx.URL(url)
-    except Exception as exc:
-        raise ConfigError(f"not a URL: {url!r}", expected="http://HOST:PORT", found=str(exc)) from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ConfigError(f"not an http URL: {url!r}", expected="http://127.0.0.1:8000")
 
 
 def verdict(bench: BenchResult) -> None:

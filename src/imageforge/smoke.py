@@ -2018,7 +2018,7 @@ def smoke_url(url: str, *, suite_path: Path, tags: Sequence[str], run_root: Path
     """``invoke smoke --url``: a server somebody else started."""
     from .build import new_run_id
 
-    _check_url(url)
+    check_url(url)
     suite = load_suite(suite_path)
     if wait > 0:
         _wait_for_url(url, wait, echo)
@@ -2027,7 +2027,8 @@ def smoke_url(url: str, *, suite_path: Path, tags: Sequence[str], run_root: Path
                      vars=vars, echo=echo)
 
 
-def _check_url(url: str) -> None:
+def check_url(url: str) -> None:
+    """An http(s) URL with a host, or ConfigError (exit 2)."""
     import httpx
 
     try:
