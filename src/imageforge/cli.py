@@ -5,15 +5,12 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TypeVar
 
 from invoke.exceptions import Exit
 
 from .errors import EXIT_INTERRUPTED, ImageforgeError
-
-T = TypeVar("T")
 
 
 def traceback_wanted(flag: bool = False) -> bool:
@@ -36,7 +33,3 @@ def user_errors(show_traceback: bool = False) -> Iterator[None]:
         print("interrupted", file=sys.stderr)
         raise Exit(code=EXIT_INTERRUPTED) from None
 
-
-def guarded(fn: Callable[[], T], show_traceback: bool = False) -> T:
-    with user_errors(show_traceback):
-        return fn()
