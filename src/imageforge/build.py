@@ -84,13 +84,6 @@ def git_revision(root: Path) -> str:
 # --------------------------------------------------------------------------- daemon access
 
 
-def _docker_errors() -> tuple[type[BaseException], ...]:
-    import docker.errors
-    import requests.exceptions
-
-    return (docker.errors.APIError, docker.errors.DockerException, requests.exceptions.ConnectionError)
-
-
 @contextlib.contextmanager
 def daemon_errors(what: str) -> Iterator[None]:
     """Map SDK/connection failures to InfraError (exit 5), never a traceback."""
