@@ -21,6 +21,9 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from imageforge.cli import user_errors  # noqa: E402
 
+TARGET_HELP = "Target name (default: the manifest's default_target)"
+PROFILE_HELP = "Profile name (default: the target's default_profile)"
+SET_HELP = "Override a value: KEY=VALUE (serving flag, env.NAME, run.port); repeatable"
 MANIFEST_HELP = "Manifest file (default: $IMAGEFORGE_MANIFEST or ./build.yaml)"
 TRACEBACK_HELP = "Show Python tracebacks (also IMAGEFORGE_TRACEBACK=1)"
 HOST_ADDRESS_HELP = (
@@ -44,9 +47,9 @@ def validate(c: Context, manifest: str = "", json: bool = False, traceback: bool
 @task(
     iterable=["set_"],
     help={
-        "target": "Target name (default: the manifest's default_target)",
-        "profile": "Profile name (default: the target's default_profile)",
-        "set_": "Override a value: KEY=VALUE (serving flag, env.NAME, run.port); repeatable",
+        "target": TARGET_HELP,
+        "profile": PROFILE_HELP,
+        "set_": SET_HELP,
         "manifest": MANIFEST_HELP,
         "json": "Print one JSON object",
         "no_daemon": "Do not ask the Docker daemon for cache state",
@@ -103,9 +106,9 @@ def base(c: Context, target: str = "cpu", manifest: str = "", traceback: bool = 
 @task(
     iterable=["set_"],
     help={
-        "target": "Target name (default: the manifest's default_target)",
-        "profile": "Profile name (default: the target's default_profile)",
-        "set_": "Override a value: KEY=VALUE (serving flag, env.NAME, run.port); repeatable",
+        "target": TARGET_HELP,
+        "profile": PROFILE_HELP,
+        "set_": SET_HELP,
         "manifest": MANIFEST_HELP,
         "verbose": "Show script and verification output live",
         "json": "Print a JSON summary at the end",
@@ -139,7 +142,7 @@ def build(
 
 @task(
     help={
-        "target": "Target name (default: the manifest's default_target)",
+        "target": TARGET_HELP,
         "profile": "Only this profile's steps (default: the shared steps and every profile's)",
         "diff": "Print the unified diff each step would make",
         "manifest": MANIFEST_HELP,
@@ -160,7 +163,7 @@ def check_patches(c: Context, target: str = "", profile: str = "", diff: bool = 
 
 @task(
     help={
-        "target": "Target name (default: the manifest's default_target)",
+        "target": TARGET_HELP,
         "file": "The file in the image: relative to the package's site directory (vllm/...) or absolute",
         "edited": "Your edited copy of that file (local path)",
         "base_only": "Diff against the base image's file, not the file after the target's existing steps",
@@ -180,7 +183,7 @@ def patch_from(c: Context, file: str, edited: str, target: str = "", base_only: 
         print(result.yaml, end="")
 
 
-@task(help={"target": "Target name (default: the manifest's default_target)", "manifest": MANIFEST_HELP,
+@task(help={"target": TARGET_HELP, "manifest": MANIFEST_HELP,
             "traceback": TRACEBACK_HELP})
 def lock(c: Context, target: str = "", manifest: str = "", traceback: bool = False) -> None:
     """Write build.lock: base image ID, package version, overlay/script sha256, manifest digest."""
@@ -195,8 +198,8 @@ def lock(c: Context, target: str = "", manifest: str = "", traceback: bool = Fal
 
 @task(
     help={
-        "target": "Target name (default: the manifest's default_target)",
-        "profile": "Profile name (default: the target's default_profile)",
+        "target": TARGET_HELP,
+        "profile": PROFILE_HELP,
         "out": "Output directory (default: <manifest dir>/dist)",
         "gzip": "Compress the tarball (gzip -1)",
         "push": "Also push to this repository (e.g. 127.0.0.1:5000/imageforge/cpu); credentials from Docker's config",
@@ -244,11 +247,11 @@ def clean(c: Context, keep: int = 3, dry_run: bool = False, target: str = "", mi
 @task(
     iterable=["set_"],
     help={
-        "target": "Target name (default: the manifest's default_target)",
+        "target": TARGET_HELP,
         "profile": "Profile name (default: the target's default_profile); built first if needed",
         "base": "Run the base image with the serving args as `vllm serve` flags (no build)",
         "port": "Host port on 127.0.0.1 (default: run.port when free, else a free one)",
-        "set_": "Override a value: KEY=VALUE (serving flag, env.NAME, run.port); repeatable",
+        "set_": SET_HELP,
         "timeout": "Seconds to wait for /health (default: the target's smoke.startup_timeout)",
         "manifest": MANIFEST_HELP,
         "host_address": HOST_ADDRESS_HELP,
@@ -289,7 +292,7 @@ def stop(c: Context, target: str = "", all: bool = False, traceback: bool = Fals
         "base": "Test the base image with the serving args as flags (no build)",
         "port": "Host port for the server started here (default: a free one)",
         "wait": "With --url: seconds to wait for /health first (default 0)",
-        "set_": "Override a value: KEY=VALUE (serving flag, env.NAME, run.port); repeatable",
+        "set_": SET_HELP,
         "manifest": MANIFEST_HELP,
         "host_address": HOST_ADDRESS_HELP,
         "traceback": TRACEBACK_HELP,
@@ -339,9 +342,9 @@ WORKLOAD_HELP = {
     iterable=["set_"],
     help={
         "url": "Bench a server that is already running, e.g. http://127.0.0.1:8000",
-        "target": "Target name (default: the manifest's default_target)",
+        "target": TARGET_HELP,
         "profile": "Profile to build, start, bench and remove (default: the target's default_profile)",
-        "set_": "Override a value: KEY=VALUE (serving flag, env.NAME, run.port); repeatable",
+        "set_": SET_HELP,
         "port": "Host port for the server started here (default: a free one)",
         **WORKLOAD_HELP,
         "manifest": MANIFEST_HELP,
@@ -372,7 +375,7 @@ def bench(c: Context, url: str = "", target: str = "", profile: str = "", set_: 
 @task(
     iterable=["param", "set_"],
     help={
-        "target": "Target name (default: the manifest's default_target)",
+        "target": TARGET_HELP,
         "profile": "Profile the points start from (default: the target's default_profile)",
         "param": "KEY=V1,V2,...: a serving value to sweep (e.g. max-num-seqs=1,4,8); repeatable (all combinations)",
         "set_": "Override a value for every point: KEY=VALUE; repeatable",
