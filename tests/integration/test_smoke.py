@@ -199,7 +199,7 @@ def test_server_killed_mid_suite(cpu_resolved: Any, tmp_path: Path,
             serial: true
             request:
               endpoint: /v1/completions
-              body: {model: "${model}", prompt: "long", max_tokens: 1900, ignore_eos: true}
+              body: {model: "${model}", prompt: "long", max_tokens: 1900, ignore_eos: true, n: 4}
               timeout: 120
             expect: {status: 200}
           - {id: after-1, request: {endpoint: /health}, expect: {status: 200}}
@@ -211,7 +211,8 @@ def test_server_killed_mid_suite(cpu_resolved: Any, tmp_path: Path,
         run_id = server.run_id
 
         def kill_when_generating() -> None:
-            deadline = time.monotonic() + 60
+            # The gauge can lag on a quiet machine; 4 x 1900 tokens take far longer than this deadline.
+            deadline = time.monotonic() + 3
             while time.monotonic() < deadline:
                 metrics = httpx.get(f"{server.url}/metrics", timeout=5).text
                 if re.search(r"^vllm:num_requests_running\{[^}]*\} [1-9]", metrics, re.M):
