@@ -492,31 +492,25 @@ class _Builder:
     def check_step_ids(
         self, kp: tuple[str | int, ...], steps: tuple[Step, ...], profiles: Mapping[str, Profile]
     ) -> None:
-        shared: dict[str, Step] = {}
+        shared = self._unique_ids(steps, {}, "unique ids within a target")
+        for profile in profiles.values():
+            self._unique_ids(profile.steps, shared, "unique ids within a target (shared and profile steps)")
+
+    def _unique_ids(self, steps: tuple[Step, ...], known: Mapping[str, Step], expected: str) -> dict[str, Step]:
+        """Report each step whose id is already in ``known`` or earlier in ``steps``; return all ids seen."""
+        seen = dict(known)
         for step in steps:
-            if step.id in shared:
+            if step.id in seen:
                 self.errors.add(
                     self.doc.problem(
                         self._kp_of(step),
                         f"duplicate step id {step.id!r}",
-                        expected="unique ids within a target",
-                        found=f"{step.id!r} also at line {shared[step.id].location.line}",
+                        expected=expected,
+                        found=f"{step.id!r} also at line {seen[step.id].location.line}",
                     )
                 )
-            shared[step.id] = step
-        for profile in profiles.values():
-            seen = dict(shared)
-            for step in profile.steps:
-                if step.id in seen:
-                    self.errors.add(
-                        self.doc.problem(
-                            self._kp_of(step),
-                            f"duplicate step id {step.id!r}",
-                            expected="unique ids within a target (shared and profile steps)",
-                            found=f"{step.id!r} also at line {seen[step.id].location.line}",
-                        )
-                    )
-                seen[step.id] = step
+            seen[step.id] = step
+        return seen
 
     @staticmethod
     def _kp_of(step: Step) -> tuple[str | int, ...]:
