@@ -306,3 +306,13 @@ def test_client_errors_are_smoke_errors() -> None:
         collect_reference("http://x", [[1, 2, 3]], top_k=2, greedy_tokens=0,
                           transport=httpx.MockTransport(no_logprobs))
     assert "prompt_logprobs" in str(info.value)
+
+
+def test_float32_noise_of_a_pure_retune_passes_the_float32_gate() -> None:
+    # two correct MoE kernels in float32 differ by ~4e-6 (measured): a retune must not be flagged
+    ref_ps = [position(5, {5: -0.2, 6: -2.0, 7: -3.0}) for _ in range(50)]
+    cand_ps = [position(5, {5: -0.2 + 4e-6 * (-1) ** i, 6: -2.0 - 3e-6, 7: -3.0 + 1e-6}) for i in range(50)]
+    verdict = gate(compare(evidence("r", [ref_ps], [(5,)], k=3), evidence("c", [cand_ps], [(5,)], k=3)),
+                   DEFAULT_TOLERANCES["float32"], "float32")
+    assert verdict.passed, verdict.text()
+    assert verdict.comparison.overall.max_abs == pytest.approx(4e-6, rel=1e-3)
