@@ -127,6 +127,9 @@ def test_compare_refuses_different_sequences() -> None:
     with pytest.raises(EquivError) as info:
         compare(ref, other)
     assert "p1" in str(info.value) and info.value.exit_code == EXIT_SMOKE
+    empty = Evidence("r", "m", 2, ())
+    with pytest.raises(EquivError, match="compared nothing"):
+        compare(empty, empty)
 
 
 # --------------------------------------------------------------------------- the gate

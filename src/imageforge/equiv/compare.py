@@ -171,6 +171,9 @@ def compare(reference: Evidence, candidate: Evidence, k: int | None = None) -> C
             greedy_tokens=len(ref_p.greedy),
             worst_position=None if worst is None else worst + 1,
         ))
+    if not rows_all:
+        raise EquivError("equiv compared nothing: no prompt has a scored position",
+                         hint="give prompts of at least two tokens (or greedy_tokens >= 1)")
     return Comparison(reference.url, candidate.url, k, tuple(prompts), Stats.of(rows_all))
 
 
