@@ -6,7 +6,8 @@ Three passes, each reporting every problem it finds:
 2. JSON Schema ``schema/build.schema.json`` (strict: unknown keys -> "did you mean");
 3. semantic checks: default target/profile exist, step ids unique, sources exist,
    destinations stay inside their root, ``extends`` resolves without cycles,
-   a patch's ``old`` differs from ``new``.
+   a patch's ``old`` differs from ``new``, a step's ``requires:`` names only EARLIER step ids
+   (so the requirement graph has no cycles), the ``equiv:`` block is consistent.
 
 Patch anchors are not checked here: that needs the real image (build, check-patches).
 Nothing here imports docker or needs a daemon.
@@ -25,6 +26,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from .errors import ConfigError, ErrorCollector, Location
+from .tolerances import EquivSettings, equiv_settings
 from .yamldoc import YamlDocument, did_you_mean, load_yaml, validate_schema
 
 DEFAULT_MANIFEST = "build.yaml"
@@ -97,6 +99,9 @@ class Step:
     spec: Mapping[str, Any]
     source_path: Path | None = None  # absolute host path of an overlay/script source
     field_locations: Mapping[str, Location] = field(default_factory=lambda: frozen_map({}))
+    # Forensics metadata (bisect/ablate): not in ``spec``, so not in the cache key -- they change no image.
+    requires: tuple[str, ...] = ()  # ids of earlier steps this one needs
+    required: bool = False  # the image is wrong without it: ablate never removes it
 
     def where(self, key: str) -> Location:
         """Location of one of the step's keys (the step itself when unknown)."""
@@ -168,6 +173,7 @@ class Target:
     profiles: Mapping[str, Profile]
     default_profile: str | None
     smoke: SmokeSettings
+    equiv: EquivSettings = field(default_factory=EquivSettings)
 
     def profile_chain(self, name: str) -> tuple[Profile, ...]:
         """``name`` and its ``extends`` ancestors, root first."""
@@ -312,7 +318,7 @@ class _Builder:
         self, kp: tuple[str | int, ...], raw: Mapping[str, Any], package: PackageSpec, profile: str | None
     ) -> Step:
         kind: StepKind = raw["kind"]
-        spec: dict[str, Any] = {k: v for k, v in raw.items() if k not in ("id", "kind", "why")}
+        spec: dict[str, Any] = {k: v for k, v in raw.items() if k not in ("id", "kind", "why", "requires", "required")}
         source_path: Path | None = None
         if "source" in raw:
             source_path = self.check_source((*kp, "source"), raw["source"])
@@ -352,6 +358,8 @@ class _Builder:
             spec=frozen_map(spec),
             source_path=source_path,
             field_locations=frozen_map({k: self.doc.location((*kp, k)) for k in raw}),
+            requires=tuple(raw.get("requires", ())),
+            required=bool(raw.get("required", False)),
         )
 
     # -- target ---------------------------------------------------------------
@@ -427,6 +435,8 @@ class _Builder:
             )
         self.check_profiles(kp, profiles, raw.get("default_profile"))
         self.check_step_ids(kp, steps, profiles)
+        self.check_requires(steps, profiles)
+        self.check_equiv((*kp, "equiv"), raw.get("equiv"))
         v = raw.get("verify", {})
         verify = VerifySpec(
             imports=tuple(v.get("imports", ())),
@@ -454,6 +464,7 @@ class _Builder:
             profiles=frozen_map(profiles),
             default_profile=raw.get("default_profile"),
             smoke=smoke,
+            equiv=equiv_settings(raw.get("equiv")),
         )
 
     def check_profiles(self, kp: tuple[str | int, ...], profiles: Mapping[str, Profile], default: str | None) -> None:
@@ -495,6 +506,61 @@ class _Builder:
         shared = self._unique_ids(steps, {}, "unique ids within a target")
         for profile in profiles.values():
             self._unique_ids(profile.steps, shared, "unique ids within a target (shared and profile steps)")
+
+    def check_requires(self, steps: tuple[Step, ...], profiles: Mapping[str, Profile]) -> None:
+        """Each ``requires:`` id names an EARLIER step of the same chain (shared steps, then the profile's).
+
+        Earlier-only makes the requirement graph acyclic by construction; a self-reference (the
+        one cycle a single step can form) and a later id are reported as such.
+        """
+        chains = [steps] + [steps + p.steps for p in profiles.values()]
+        reported: set[tuple[str, str]] = set()
+        for chain in chains:
+            position = {s.id: i for i, s in enumerate(chain)}
+            for i, step in enumerate(chain):
+                for j, needed in enumerate(step.requires):
+                    if (step.key_path, needed) in reported:
+                        continue
+                    where = (*self._kp_of(step)[:-1], "requires", j)
+                    message = None
+                    if needed == step.id:
+                        message, found = "a step cannot require itself", f"{needed!r} (a cycle)"
+                    elif needed not in position:
+                        message, found = "requires an unknown step id", repr(needed)
+                    elif position[needed] > i:
+                        message = "requires a LATER step"
+                        found = f"{needed!r} at line {chain[position[needed]].location.line} (a cycle or a wrong order)"
+                    if message is None:
+                        continue
+                    reported.add((step.key_path, needed))
+                    earlier = [s.id for s in chain[:i]]
+                    self.errors.add(self.doc.problem(
+                        where, message,
+                        expected="the id of an earlier step" + (f": one of {', '.join(earlier)}" if earlier else
+                                                                 " (this is the first step)"),
+                        found=found,
+                        hint=did_you_mean(needed, earlier) or "requires names steps that come before this one",
+                    ))
+        # A profile's requirement is checked against its own chain: a profile step never serves a shared one.
+
+    def check_equiv(self, kp: tuple[str | int, ...], raw: Mapping[str, Any] | None) -> None:
+        """The bf16 gate never uses the max; every dtype block keeps at least one gate."""
+        tolerances = (raw or {}).get("tolerances") or {}
+        bf16 = tolerances.get("bfloat16") or {}
+        if bf16.get("max_abs") is not None:
+            self.problem(
+                (*kp, "tolerances", "bfloat16", "max_abs"),
+                "bfloat16 is never gated on the max |delta logprob|",
+                expected="mean_abs, p95_abs, top1_min or kl_max (or max_abs: null)",
+                found=f"max_abs: {bf16['max_abs']}",
+                hint="one bf16 rounding flip moves a logprob by ~0.5 nat without a bug; gate float32 on the max",
+            )
+        settings = equiv_settings(raw)
+        for dtype, tolerance in settings.tolerances.items():
+            if dtype in tolerances and not tolerance.gates():
+                self.problem((*kp, "tolerances", dtype), f"the {dtype} gate has no limit left",
+                             expected="at least one of max_abs, mean_abs, p95_abs, top1_min, kl_max",
+                             found="every limit null")
 
     def _unique_ids(self, steps: tuple[Step, ...], known: Mapping[str, Step], expected: str) -> dict[str, Step]:
         """Report each step whose id is already in ``known`` or earlier in ``steps``; return all ids seen."""
