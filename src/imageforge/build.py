@@ -56,7 +56,7 @@ from .labels import (
 )
 from .manifest import Step, Target, resolve_image_path
 from .patching import apply_patch, describe
-from .plan import CacheProbe, Plan, PlannedStep, canonical, fit_command, make_plan
+from .plan import CacheProbe, Plan, PlannedStep, canonical, fit_argv, fit_command, make_plan, serving_argv
 from .resolve import Resolved
 
 Log = Callable[[str], None]
@@ -362,6 +362,97 @@ def discover_package(image_id: str, target: Target, scope: Containers, log: Log)
     return PackageInfo(data["version"], data["site"], data["package_dir"], data["python"], data["python_version"])
 
 
+# --------------------------------------------------------------------------- script steps
+
+SCRIPT_SCRATCH = "/tmp/imageforge-step"
+IDLE_LOOP = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
+
+
+def directory_entries(root: Path, dest: str) -> tuple[list[tarfile.TarInfo], dict[str, bytes]]:
+    """Tar entries that put the host directory ``root`` at ``dest`` (modes kept, owner root, fixed mtime)."""
+    entries = [_dir_entry(dest)]
+    payloads: dict[str, bytes] = {}
+    for path in sorted(root.rglob("*")):
+        inside = posixpath.join(dest, path.relative_to(root).as_posix())
+        if path.is_symlink():
+            entries.append(symlink_entry(inside, os.readlink(path)))
+        elif path.is_dir():
+            entries.append(_dir_entry(inside))
+        elif path.is_file():
+            data = path.read_bytes()
+            entries.append(file_entry(inside, data, mode=path.stat().st_mode & 0o777))
+            payloads[entries[-1].name] = data
+    return entries, payloads
+
+
+def _dir_entry(path: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(path.lstrip("/"))
+    info.type = tarfile.DIRTYPE
+    info.mode = 0o755
+    info.mtime = FIXED_MTIME
+    return info
+
+
+def script_directory(step: Step, environ: Mapping[str, str]) -> Path:
+    """The host directory of a directory script step; InfraError (exit 5) when unset or not there."""
+    directory = step.directory(environ)
+    if directory is None:
+        raise InfraError(
+            f"script step {step.id!r} copies a directory from ${step.directory_env}, which is not set",
+            location=step.where("directory"), key_path=f"{step.key_path}.directory",
+            hint=step.load_hint or f"export {step.directory_env}=<directory>",
+        )
+    if not directory.is_dir():
+        raise InfraError(
+            f"script step {step.id!r}: {directory} is not a directory",
+            location=step.where("directory"), key_path=f"{step.key_path}.directory",
+            hint=step.load_hint or "give the directory that holds the step's files",
+        )
+    return directory
+
+
+def exec_script(container: Any, step: Step, environ: Mapping[str, str], *,
+                echo: Log | None = None) -> tuple[int | None, list[str]]:
+    """Put a script step's files into a running ``container`` and exec it; (exit code, output lines).
+
+    A ``source`` script goes to a scratch directory and runs with its ``args``; a ``directory`` is
+    copied to ``dest`` and ``command`` runs there (``workdir``, default ``dest``).
+    """
+    spec = step.spec
+    if "directory" in spec:
+        entries, payloads = directory_entries(script_directory(step, environ), str(spec["dest"]))
+        argv = list(spec["command"])
+    else:
+        name = posixpath.basename(spec["source"])
+        data = step.source.read_bytes()
+        entries = [file_entry(f"{SCRIPT_SCRATCH}/{name}", data, mode=0o755)]
+        payloads = {entries[0].name: data}
+        argv = [f"{SCRIPT_SCRATCH}/{name}", *spec.get("args", ())]
+    if not container.put_archive("/", tar_of(entries, payloads)):
+        raise BuildError(f"the daemon refused to write the files of step {step.id}")
+    env = {k: str(v) for k, v in spec.get("env", {}).items()}
+    api = client().api
+    options: dict[str, Any] = {"environment": env, "user": spec.get("user", "root")}
+    if spec.get("workdir"):
+        options["workdir"] = spec["workdir"]
+    exec_id = api.exec_create(container.id, argv, **options)["Id"]
+    lines: list[str] = []
+    pending = ""
+    for chunk in api.exec_start(exec_id, stream=True):
+        pending += chunk.decode(errors="replace")
+        *done, pending = pending.split("\n")
+        for line in done:
+            lines.append(line)
+            if echo is not None:
+                echo(line)
+    if pending:
+        lines.append(pending)
+        if echo is not None:
+            echo(pending)
+    code = api.exec_inspect(exec_id).get("ExitCode")
+    return code, lines
+
+
 # --------------------------------------------------------------------------- base image
 
 
@@ -493,8 +584,9 @@ class StepResult:
 
 class Builder:
     def __init__(self, plan: Plan, *, log: Log, verbose: bool, run_id: str, scope: Containers,
-                 base_ref: str, base_id: str) -> None:
+                 base_ref: str, base_id: str, environ: Mapping[str, str] | None = None) -> None:
         self.plan = plan
+        self.environ: Mapping[str, str] = os.environ if environ is None else environ
         self.resolved = plan.resolved
         self.target = plan.resolved.target
         self.log = log
@@ -737,37 +829,15 @@ class Builder:
         step = planned.step
         assert step is not None
         parent_config = client().images.get(parent).attrs["Config"] or {}
-        name = posixpath.basename(step.spec["source"])
-        workdir = "/tmp/imageforge-step"
-        data = step.source.read_bytes()
         with daemon_errors(f"script step {step.id}"):
             container = self.scope.create(
                 parent, labels={L_KIND: "step-script"},
-                **process_overrides(parent_config, ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]),
+                **process_overrides(parent_config, IDLE_LOOP),
             )
             try:
                 container.start()
-                entry = file_entry(f"{workdir}/{name}", data, mode=0o755)
-                tar = tar_of([entry], {entry.name: data})
-                container.put_archive("/", tar)
-                env = {k: str(v) for k, v in step.spec.get("env", {}).items()}
-                api = client().api
-                exec_id = api.exec_create(container.id, [f"{workdir}/{name}", *step.spec.get("args", ())],
-                                          environment=env, user=step.spec.get("user", "root"))["Id"]
-                lines: list[str] = []
-                pending = ""
-                for chunk in api.exec_start(exec_id, stream=True):
-                    pending += chunk.decode(errors="replace")
-                    *done, pending = pending.split("\n")
-                    for line in done:
-                        lines.append(line)
-                        if self.verbose:
-                            self.log(f"    | {line}")
-                if pending:
-                    lines.append(pending)
-                    if self.verbose:
-                        self.log(f"    | {pending}")
-                code = api.exec_inspect(exec_id).get("ExitCode")
+                code, lines = exec_script(container, step, self.environ,
+                                          echo=(lambda line: self.log(f"    | {line}")) if self.verbose else None)
                 if code != 0:
                     # ENOSPC inside the step is the host's disk, not the script: infrastructure (exit 5)
                     full = any("no space left on device" in line.lower() for line in lines[-30:])
@@ -778,8 +848,10 @@ class Builder:
                         hint=f"run it by hand: docker run --rm -it {parent[:19]} sh",
                         log_tail=lines[-30:],
                     )
-                cleanup = api.exec_create(container.id, ["rm", "-rf", workdir], user="root")["Id"]
-                api.exec_start(cleanup)
+                if "source" in step.spec:  # a directory step's copy stays, like a Dockerfile COPY
+                    api = client().api
+                    cleanup = api.exec_create(container.id, ["rm", "-rf", SCRIPT_SCRATCH], user="root")["Id"]
+                    api.exec_start(cleanup)
                 # kill, not stop: the idle loop only sees TERM after its `sleep 1` (stop took ~1 s)
                 with contextlib.suppress(docker.errors.APIError):
                     container.kill()
@@ -807,7 +879,10 @@ class Builder:
     def run_config(self, planned: PlannedStep, parent: str) -> tuple[str, str]:
         parent_config = client().images.get(parent).attrs["Config"] or {}
         serving = self.target.serving
-        cmd = fit_command(parent_config.get("Entrypoint"), serving.command, serving.config_path)
+        if serving.style == "argv":
+            cmd = fit_argv(parent_config.get("Entrypoint"), serving_argv(self.resolved))
+        else:
+            cmd = fit_command(parent_config.get("Entrypoint"), serving.command, serving.config_path)
         env = list(parent_config.get("Env") or [])
         serving_env = self.resolved.serving_env()
         env = [e for e in env if e.split("=", 1)[0] not in serving_env]
@@ -908,6 +983,9 @@ def build(resolved: Resolved, *, environ: Mapping[str, str], echo: Log = print, 
             key_path=f"targets.{target.name}.base.image",
             hint=target.base.load_hint or f"export {target.base.image_env}=<image reference>",
         )
+    for step in resolved.steps:
+        if step.kind == "script" and "directory" in step.spec:
+            script_directory(step, environ)  # an unset ${VAR} or a missing folder: exit 5 before Docker
     run_id = new_run_id()
     root = resolved.manifest.root
     runlog = RunLog(root, run_id, echo)
@@ -931,7 +1009,7 @@ def build(resolved: Resolved, *, environ: Mapping[str, str], echo: Log = print, 
             results: list[StepResult] = []
             with containers(labels) as scope:
                 builder = Builder(plan, log=runlog, verbose=verbose, run_id=run_id, scope=scope,
-                                  base_ref=base_ref, base_id=base_id)
+                                  base_ref=base_ref, base_id=base_id, environ=environ)
                 parent = base_id
                 needs_info = any(s.cache != "HIT" for s in plan.steps)
                 if needs_info:

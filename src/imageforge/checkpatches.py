@@ -37,9 +37,11 @@ from .patching import NearMatch, apply_patch, unified_diff
 Log = Callable[[str], None]
 
 RowStatus = Literal[
-    "applies", "already applied", "anchor missing", "ambiguous", "destination missing", "conflict", "not checked"
+    "applies", "already applied", "anchor missing", "ambiguous", "destination missing", "conflict", "not checked",
+    "ran", "script failed",
 ]
-OK_STATUSES: frozenset[str] = frozenset({"applies", "already applied", "not checked"})
+OK_STATUSES: frozenset[str] = frozenset({"applies", "already applied", "not checked", "ran"})
+AFTER_FAILED_SCRIPT = "not checked (a script before failed)"
 #: Lines of context an anchor may grow beyond the smallest unique one to make the step idempotent.
 SOFT_CONTEXT = 6
 STEP_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
@@ -129,6 +131,7 @@ class CheckRow:
     near: tuple[NearMatch, ...] = ()
     diff: str = ""
     location: Location | None = None
+    log_tail: tuple[str, ...] = ()  # a failed script's last output lines
 
     @property
     def ok(self) -> bool:
@@ -138,7 +141,22 @@ class CheckRow:
         return {"step": self.step, "kind": self.kind, "profile": self.profile, "path": self.path,
                 "status": self.status, "ok": self.ok, "detail": self.detail,
                 "near": [{"line": m.line, "text": m.text, "ratio": m.ratio} for m in self.near],
-                "diff": self.diff, "location": str(self.location) if self.location else None}
+                "diff": self.diff, "location": str(self.location) if self.location else None,
+                "log_tail": list(self.log_tail)}
+
+
+@dataclass(frozen=True)
+class ScriptOutcome:
+    """What running a script step for real gave: the image's files afterwards, or the failure."""
+
+    exit_code: int | None
+    fs: ImageFS | None  # the files after the script (None when it failed)
+    detail: str
+    log_tail: tuple[str, ...] = ()
+
+
+#: Runs one script step on the files as the steps so far leave them (``Overlay``); see ScriptSandbox.
+ScriptRunner = Callable[[Step, "Overlay"], ScriptOutcome]
 
 
 @dataclass
@@ -328,32 +346,73 @@ def check_symlink(step: Step, state: Overlay) -> CheckRow:
     return _row(step, shown, "applies", f"{made} link(s) to make, {skipped} in place")
 
 
-def check_step(step: Step, state: Overlay, site: str, *, with_diff: bool) -> CheckRow:
+def _step_path(step: Step, site: str) -> str:
+    spec = step.spec
+    for key in ("file", "dest"):
+        if key in spec and step.kind != "script":
+            return resolve_image_path(spec[key], site)
+    if step.kind == "script":
+        return str(spec.get("dest") or spec.get("source", ""))
+    return str(spec.get("glob") or spec.get("link") or "")
+
+
+def check_script(step: Step, state: Overlay, run_script: ScriptRunner | None) -> CheckRow:
+    path = str(step.spec.get("dest") or step.spec.get("source", ""))
+    if run_script is None:
+        return CheckRow(step.id, step.kind, step.profile, path, "not checked",
+                        "script: runs only at build time (later checks do not see its changes)",
+                        location=step.location)
+    outcome = run_script(step, state)
+    if outcome.fs is None or outcome.exit_code != 0:
+        return CheckRow(step.id, step.kind, step.profile, path, "script failed", outcome.detail,
+                        location=step.location, log_tail=outcome.log_tail)
+    # the later steps see the image as the script left it
+    state.fs = outcome.fs
+    state.files.clear()
+    state.links.clear()
+    return CheckRow(step.id, step.kind, step.profile, path, "ran", outcome.detail, location=step.location)
+
+
+def check_step(step: Step, state: Overlay, site: str, *, with_diff: bool,
+               run_script: ScriptRunner | None = None) -> CheckRow:
     if step.kind == "patch":
         return check_patch(step, state, site, with_diff=with_diff)
     if step.kind == "overlay":
         return check_overlay(step, state, site, with_diff=with_diff)
     if step.kind == "symlink":
         return check_symlink(step, state)
-    return CheckRow(step.id, step.kind, step.profile, str(step.spec.get("source", "")), "not checked",
-                    "script: runs only at build time (later checks do not see its changes)",
-                    location=step.location)
+    return check_script(step, state, run_script)
 
 
 def check_steps(shared: Sequence[Step], profiles: Mapping[str, Sequence[Step]], fs: ImageFS, site: str, *,
-                with_diff: bool = False) -> tuple[list[CheckRow], Overlay]:
+                with_diff: bool = False, run_script: ScriptRunner | None = None) -> tuple[list[CheckRow], Overlay]:
     """Rows for the shared steps, then for each profile's steps (on a copy of the shared result).
 
     A profile step inherited by several profiles is reported once.  Returns the rows and the
-    state after the shared steps.
+    state after the shared steps.  With ``run_script``, script steps run for real (the later
+    steps are checked against what they leave); without it they are "not checked".  After a
+    script that failed, the later steps are "not checked (a script before failed)".
     """
     state = Overlay(fs)
-    rows = [check_step(step, state, site, with_diff=with_diff) for step in shared]
+    failed = False
+
+    def one(step: Step, on: Overlay) -> CheckRow:
+        nonlocal failed
+        if failed:
+            return CheckRow(step.id, step.kind, step.profile, _step_path(step, site), "not checked",
+                            AFTER_FAILED_SCRIPT, location=step.location)
+        row = check_step(step, on, site, with_diff=with_diff, run_script=run_script)
+        failed = row.status == "script failed"
+        return row
+
+    rows = [one(step, state) for step in shared]
+    shared_failed = failed
     seen: set[str] = {r.step for r in rows}
     for _name, steps in profiles.items():
         pstate = state.copy()
+        failed = shared_failed
         for step in steps:
-            row = check_step(step, pstate, site, with_diff=with_diff)
+            row = one(step, pstate)
             if step.id not in seen:
                 rows.append(row)
                 seen.add(step.id)
@@ -403,6 +462,8 @@ class CheckReport:
                 out.append(f"{'':>{widths[0]}}  near line {m.line} ({m.ratio:.0%}): {m.text.strip()}")
             if row.location is not None and not row.ok:
                 out.append(f"{'':>{widths[0]}}  at {row.location}")
+            for line in row.log_tail:
+                out.append(f"{'':>{widths[0]}}  | {line}")
         if self.with_diff:
             for row in self.rows:
                 if row.diff:
@@ -621,6 +682,93 @@ class ContainerFS:
         return out
 
 
+class ScriptSandbox:
+    """ScriptRunner against the daemon: each script step runs for real, in a throwaway container.
+
+    The container comes from the step's parent (the base image, or the previous script's throwaway
+    image) with the in-memory changes of the file steps checked since written into it; the network is
+    off and no resource limit is set (the daemon's defaults). A script that exits 0 is committed to a
+    throwaway image that the later steps are read from; :meth:`close` removes every container and
+    image it made (a failed script leaves none).
+    """
+
+    def __init__(self, base_id: str, environ: Mapping[str, str], labels: Mapping[str, str]) -> None:
+        from . import build as b
+
+        self.image = base_id
+        self.environ = environ
+        self.labels = {**labels, lb.L_KIND: "check-patches-script"}
+        self.images: list[str] = []
+        self.scope = b.Containers(self.labels)
+
+    def __call__(self, step: Step, state: Overlay) -> ScriptOutcome:
+        import docker.errors
+
+        from . import build as b
+
+        parent_config = b.client().images.get(self.image).attrs["Config"] or {}
+        container = self.scope.create(self.image, network_disabled=True,
+                                      **b.process_overrides(parent_config, b.IDLE_LOOP))
+        try:
+            container.start()
+            self._materialise(container, state)
+            code, lines = b.exec_script(container, step, self.environ)
+            if code != 0:
+                tail = tuple(lines[-20:])
+                return ScriptOutcome(code, None, f"exit code {code}" + (f": {tail[-1].strip()[:100]}" if tail else ""),
+                                     tail)
+            with contextlib.suppress(docker.errors.APIError):
+                container.kill()
+            image = container.commit(message=f"imageforge check-patches {step.id}", conf={"Labels": self.labels})
+            self.images.append(str(image.id))
+            self.image = str(image.id)
+        finally:
+            self.scope.remove(container)
+        reader = self.scope.create(self.image, entrypoint=["/bin/true"], command=[])
+        last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "no output")
+        return ScriptOutcome(0, ContainerFS(reader), f"exit 0 (network off): {last[:100]}")
+
+    @staticmethod
+    def _materialise(container: Any, state: Overlay) -> None:
+        """Write the file steps' in-memory results into the container (modes of replaced files kept)."""
+        from . import build as b
+
+        if not state.files and not state.links:
+            return
+        entries = []
+        payloads: dict[str, bytes] = {}
+        for path, data in sorted(state.files.items()):
+            mode = 0o644
+            with contextlib.suppress(BuildError):
+                found = b.read_file(container, path)
+                if found is not None:
+                    mode = found[1].mode
+            entries.append(b.file_entry(path, data, mode=mode))
+            payloads[entries[-1].name] = data
+        entries += [b.symlink_entry(link, target) for link, target in sorted(state.links.items())]
+        if not container.put_archive("/", b.tar_of(entries, payloads)):
+            raise BuildError("the daemon refused to write the checked files into the script's container")
+
+    def close(self) -> None:
+        from . import build as b
+
+        self.scope.close()
+        api = b.client().api
+        for image in reversed(self.images):
+            with contextlib.suppress(Exception):
+                api.remove_image(image, force=True, noprune=False)
+        self.images.clear()
+
+
+@contextlib.contextmanager
+def script_sandbox(base_id: str, target: Target) -> Iterator[ScriptSandbox]:
+    sandbox = ScriptSandbox(base_id, os.environ, {lb.L_TOOL: lb.TOOL, lb.L_TARGET: target.name})
+    try:
+        yield sandbox
+    finally:
+        sandbox.close()
+
+
 @dataclass(frozen=True)
 class _Session:
     target: Target
@@ -676,8 +824,9 @@ def check_patches_for_cli(manifest: str | None, target: str | None, profile: str
     """`invoke check-patches`: the report (the caller prints it, then fails when it is not ok)."""
     from .build import daemon_errors
 
-    with image_session(manifest, target, profile, _stderr) as s, daemon_errors("reading files of the base image"):
-        rows, _ = check_steps(s.shared, s.profiles, s.fs, s.site, with_diff=diff)
+    with image_session(manifest, target, profile, _stderr) as s, daemon_errors("reading files of the base image"), \
+            script_sandbox(s.base_id, s.target) as sandbox:
+        rows, _ = check_steps(s.shared, s.profiles, s.fs, s.site, with_diff=diff, run_script=sandbox)
         return CheckReport(s.target.name, s.base_ref, s.base_id, s.site, s.version, s.version_problem,
                            tuple(rows), diff)
 
@@ -730,19 +879,21 @@ def patch_from_for_cli(manifest: str | None, target: str | None, file: str, edit
         raise ConfigError(f"cannot read the edited file {edited}", found=str(exc)) from None
     except UnicodeDecodeError:
         raise ConfigError(f"{edited} is not UTF-8 text; patch steps hold text") from None
-    with image_session(manifest, target, None, _stderr) as s, daemon_errors("reading files of the base image"):
+    with image_session(manifest, target, None, _stderr) as s, daemon_errors("reading files of the base image"), \
+            script_sandbox(s.base_id, s.target) as sandbox:
         rel = package_file(file, s.site)
         path = resolve_image_path(rel, s.site)
         state = Overlay(s.fs)
         against = "the base image"
         if not against_base:
-            rows, state = check_steps(s.shared, {}, s.fs, s.site)
+            rows, state = check_steps(s.shared, {}, s.fs, s.site, run_script=sandbox)
             touching = [r for r in rows if r.path == path]
             for r in touching:
                 if not r.ok:
                     _stderr(f"warning: existing step {r.step} does not apply ({r.status}); ignored")
-            if touching:
-                against = "the base image after step(s) " + ", ".join(r.step for r in touching)
+            before = [r.step for r in rows if r in touching or r.status in ("ran", "script failed")]
+            if before:
+                against = "the base image after step(s) " + ", ".join(before)
         try:
             data = state.read(path)
         except BuildError as exc:

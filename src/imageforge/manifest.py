@@ -102,6 +102,17 @@ class Step:
     # Forensics metadata (bisect/ablate): not in ``spec``, so not in the cache key -- they change no image.
     requires: tuple[str, ...] = ()  # ids of earlier steps this one needs
     required: bool = False  # the image is wrong without it: ablate never removes it
+    # script steps with a `directory`: a whole ${VAR} (read at plan/build time) or a host path
+    directory_env: str | None = None
+    directory_path: Path | None = None
+    load_hint: str | None = None
+
+    def directory(self, environ: Mapping[str, str]) -> Path | None:
+        """The host directory of a directory script step (None when its ${VAR} is unset)."""
+        if self.directory_env is not None:
+            value = environ.get(self.directory_env, "").strip()
+            return Path(value).resolve() if value else None
+        return self.directory_path
 
     def where(self, key: str) -> Location:
         """Location of one of the step's keys (the step itself when unknown)."""
@@ -125,6 +136,9 @@ class Step:
         return out
 
 
+ServingStyle = Literal["config", "argv"]
+
+
 @dataclass(frozen=True)
 class ServingSpec:
     config_path: str
@@ -132,6 +146,10 @@ class ServingSpec:
     args: Mapping[str, Any]
     env: Mapping[str, str]
     reasons: Mapping[str, str]
+    # "argv": CMD is command + every flag (computility-run.yaml's list); "config": command --config FILE
+    style: ServingStyle = "config"
+    flag_names: Mapping[str, str] = field(default_factory=lambda: frozen_map({}))
+    negatable: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -320,6 +338,8 @@ class _Builder:
         kind: StepKind = raw["kind"]
         spec: dict[str, Any] = {k: v for k, v in raw.items() if k not in ("id", "kind", "why", "requires", "required")}
         source_path: Path | None = None
+        directory_env: str | None = None
+        directory_path: Path | None = None
         if "source" in raw:
             source_path = self.check_source((*kp, "source"), raw["source"])
             spec["source"] = posixpath.normpath(raw["source"])
@@ -330,6 +350,21 @@ class _Builder:
         elif kind == "script":
             spec["args"] = tuple(raw.get("args", ()))
             spec["env"] = frozen_map({k: str(v) for k, v in raw.get("env", {}).items()})
+            spec.pop("load_hint", None)  # a hint's wording is not part of the layer
+            if "command" in raw:
+                spec["command"] = tuple(raw["command"])
+            for key in ("dest", "workdir"):
+                if key in raw:
+                    norm = normalise_image_path(raw[key])
+                    if norm is None:
+                        self.problem((*kp, key), "path escapes its root", expected="an absolute path without '..'",
+                                     found=repr(raw[key]))
+                    else:
+                        spec[key] = norm
+            if "directory" in raw:
+                directory_env, directory_path = self.check_directory((*kp, "directory"), raw["directory"])
+                spec["directory"] = raw["directory"] if directory_env else posixpath.normpath(raw["directory"])
+                spec.setdefault("workdir", spec.get("dest"))
         elif kind == "patch":
             spec["file"] = self.check_dest((*kp, "file"), raw["file"], package)
             spec.setdefault("count", 1)
@@ -360,7 +395,26 @@ class _Builder:
             field_locations=frozen_map({k: self.doc.location((*kp, k)) for k in raw}),
             requires=tuple(raw.get("requires", ())),
             required=bool(raw.get("required", False)),
+            directory_env=directory_env,
+            directory_path=directory_path,
+            load_hint=raw.get("load_hint"),
         )
+
+    def check_directory(self, kp: tuple[str | int, ...], directory: str) -> tuple[str | None, Path | None]:
+        """(variable name, None) for a whole ``${VAR}``; (None, absolute path) for a checked host directory."""
+        m = _ENV_REF.match(directory)
+        if m:
+            return m.group(1), None
+        if "$" in directory:
+            self.problem(kp, "only a whole '${VAR}' may be used here", expected="a directory path or '${VAR}'",
+                         found=repr(directory))
+            return None, None
+        path = (self.root / directory).resolve()
+        if not path.is_dir():
+            self.problem(kp, "directory does not exist", expected=f"a directory at {self.root / directory}",
+                         found="nothing there" if not path.exists() else "not a directory",
+                         hint="paths are relative to the manifest's directory; or use '${VAR}'")
+        return None, path
 
     # -- target ---------------------------------------------------------------
 
@@ -417,6 +471,9 @@ class _Builder:
             args=frozen_map(s["args"]),
             env=frozen_map({k: str(v) for k, v in s.get("env", {}).items()}),
             reasons=frozen_map(s.get("reasons", {})),
+            style=s.get("style", "config"),
+            flag_names=frozen_map(s.get("flag_names", {})),
+            negatable=frozenset(s.get("negatable", ())),
         )
         profiles: dict[str, Profile] = {}
         for pname, praw in raw.get("profiles", {}).items():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,15 +59,95 @@ def chain_key(parent: str, definition: Mapping[str, Any], inputs: Mapping[str, s
     return sha256_bytes(payload.encode())
 
 
-def step_inputs(step: Step) -> dict[str, str]:
-    """sha256 of every host file a step reads (overlay/script sources)."""
+def sha256_tree(root: Path) -> str:
+    """One digest of a directory: every entry's relative path, type, executable bit and content (sorted)."""
+    lines: list[str] = []
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            lines.append(f"l {rel} {os.readlink(path)}")
+        elif path.is_dir():
+            lines.append(f"d {rel}")
+        elif path.is_file():
+            lines.append(f"{'x' if os.access(path, os.X_OK) else 'f'} {rel} {sha256_file(path)}")
+    return sha256_bytes("\n".join(lines).encode())
+
+
+DIRECTORY_UNSET = "unset"
+DIRECTORY_MISSING = "missing"
+
+
+def directory_input_name(step: Step) -> str:
+    """The input name of a directory script step (no '$' or braces: it becomes a label key)."""
+    return f"directory:{step.directory_env}" if step.directory_env else f"directory:{step.spec['directory']}"
+
+
+def step_inputs(step: Step, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """sha256 of every host file a step reads (overlay/script sources, a script step's directory).
+
+    A directory whose ``${VAR}`` is unset (or that is not there) has no digest: the value says
+    ``unset`` (``missing``); the build refuses to start then (exit 5), plan and validate still work.
+    """
+    if step.kind == "script" and "directory" in step.spec:
+        directory = step.directory(os.environ if environ is None else environ)
+        if directory is None:
+            return {directory_input_name(step): DIRECTORY_UNSET}
+        if not directory.is_dir():
+            return {directory_input_name(step): DIRECTORY_MISSING}
+        return {directory_input_name(step): sha256_tree(directory)}
     if step.kind in ("overlay", "script"):
         return {str(step.spec["source"]): sha256_file(step.source)}
     return {}
 
 
+def serving_argv(resolved: Resolved) -> list[str]:
+    """``command`` + every serving flag, each flag and each value its own string (style ``argv``).
+
+    ``True`` -> the bare flag; ``False`` -> ``--no-FLAG`` when the flag is in ``serving.negatable``,
+    else left out (0.6.3's ``store_true`` flags have no negative form); lists -> the flag then each
+    item; mappings -> compact JSON; anything else -> ``str(value)``. ``serving.flag_names`` respells
+    a flag (``tensor-parallel-size: -tp``). ``None`` values are left out (as in the config file).
+    """
+    serving = resolved.target.serving
+    out = list(serving.command)
+    for key, value in resolved.serving_args().items():
+        flag = serving.flag_names.get(key, f"--{key}")
+        if isinstance(value, bool):
+            if value:
+                out.append(flag)
+            elif key in serving.negatable:
+                out.append(f"--no-{key}")
+        elif isinstance(value, list | tuple):
+            out.append(flag)
+            out.extend(_argv_scalar(v) for v in value)
+        else:
+            out.extend([flag, _argv_scalar(value)])
+    return out
+
+
+def _argv_scalar(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return json.dumps(dict(value), separators=(",", ":"))
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 def render_serving_config(resolved: Resolved) -> bytes:
-    """The file ``vllm serve --config FILE`` reads: vLLM long flag names, without dashes."""
+    """The rendered file at ``serving.config_path``.
+
+    Style ``config``: what ``vllm serve --config FILE`` reads (long flag names without dashes).
+    Style ``argv``: the image's CMD as ``command`` and the serving ``env`` as ``{name, value}`` items,
+    the shape of ``computility-run.yaml``.
+    """
+    if resolved.target.serving.style == "argv":
+        header = (
+            f"# Rendered by imageforge: target {resolved.target.name}, profile {resolved.profile_name}.\n"
+            "# The image's CMD (each flag and value its own item) and serving env; edit build.yaml, not this file.\n"
+        )
+        doc = {"command": serving_argv(resolved),
+               "env": [{"name": k, "value": v} for k, v in resolved.serving_env().items()]}
+        return (header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)).encode()
     header = (
         f"# Rendered by imageforge: target {resolved.target.name}, profile {resolved.profile_name}.\n"
         "# Keys are `vllm serve` flag names; edit build.yaml, not this file.\n"
@@ -83,17 +164,22 @@ def fit_command(entrypoint: Sequence[str] | None, command: Sequence[str], config
     * a shell ENTRYPOINT ending in ``-c``: one command string;
     * any other ENTRYPOINT (a wrapper that execs "$@"): the full argv.
     """
-    argv = [*command, "--config", config_path]
+    return fit_argv(entrypoint, [*command, "--config", config_path])
+
+
+def fit_argv(entrypoint: Sequence[str] | None, argv: Sequence[str]) -> list[str]:
+    """CMD that runs ``argv`` under the base image's ENTRYPOINT (the rules of :func:`fit_command`)."""
+    full = list(argv)
     ep = list(entrypoint or [])
     if not ep:
-        return argv
+        return full
     if ep[-1] == "-c" and ep[0].rsplit("/", 1)[-1] in ("sh", "bash", "dash"):
         import shlex
 
-        return [shlex.join(argv)]
-    if ep[-1].rsplit("/", 1)[-1] == command[0].rsplit("/", 1)[-1]:
-        return argv[1:]
-    return argv
+        return [shlex.join(full)]
+    if ep[-1].rsplit("/", 1)[-1] == full[0].rsplit("/", 1)[-1]:
+        return full[1:]
+    return full
 
 
 @dataclass(frozen=True)
@@ -141,6 +227,8 @@ class Plan:
             "serving_sources": {v.key: v.source for v in r.serving},
             "serving_env": r.serving_env(),
             "config_path": r.target.serving.config_path,
+            "serving_style": r.target.serving.style,
+            "argv": serving_argv(r) if r.target.serving.style == "argv" else None,
             "run": {"port": r.run.port, "shm_size": r.run.shm_size, "ipc": r.run.ipc, "gpus": r.run.gpus,
                     "devices": list(r.run.devices), "privileged": r.run.privileged,
                     "volumes": [{"source": v.source, "target": v.target, "read_only": v.read_only}
@@ -208,9 +296,9 @@ def make_plan(resolved: Resolved, *, environ: Mapping[str, str], probe: CachePro
         parent = key
 
     for step in resolved.shared_steps:
-        add("step", step.id, step.kind, step.definition(), step_inputs(step), step, step.why)
+        add("step", step.id, step.kind, step.definition(), step_inputs(step, environ), step, step.why)
     for step in resolved.profile_steps:
-        add("profile-step", step.id, step.kind, step.definition(), step_inputs(step), step, step.why)
+        add("profile-step", step.id, step.kind, step.definition(), step_inputs(step, environ), step, step.why)
     add("verify", "verify", "verify", verify_definition(resolved), {}, None,
         "stale bytecode, py_compile, imports, overlay hashes, symlinks")
     add("config", "serving-config", "config", config_definition(resolved, rendered), {}, None,
@@ -313,6 +401,13 @@ def format_plan(plan: Plan) -> str:
                 text = text if len(text) <= 90 else text[:87] + "..."
             out.append(f"      {k}: {text}")
         for name, digest in s.inputs.items():
+            if digest in (DIRECTORY_UNSET, DIRECTORY_MISSING) and s.step is not None:
+                where = f"${s.step.directory_env}" if s.step.directory_env else str(s.step.spec.get("directory"))
+                state = "not set" if digest == DIRECTORY_UNSET else "not a directory"
+                out.append(f"      input {name}: {where} is {state} (the build stops with exit 5)")
+                if s.step.load_hint:
+                    out.append(f"      hint: {s.step.load_hint}")
+                continue
             out.append(f"      input {name}: sha256 {digest[:16]}")
     hits = sum(1 for s in plan.steps if s.cache == "HIT")
     unknown = all(s.cache == "UNKNOWN" for s in plan.steps)

@@ -160,8 +160,16 @@ def server_labels(resolved: Resolved, run_id: str, *, base: bool) -> dict[str, s
 
 
 def base_command(resolved: Resolved, entrypoint: Sequence[str] | None) -> list[str]:
-    """``vllm serve MODEL --flag value ...`` for a base image (fitted to its ENTRYPOINT)."""
-    argv = [*resolved.target.serving.command, *cli_args(resolved.serving_args())]
+    """``vllm serve MODEL --flag value ...`` for a base image (fitted to its ENTRYPOINT).
+
+    Serving style ``argv``: the image's own CMD list (``command`` + every flag, see plan.serving_argv).
+    """
+    if resolved.target.serving.style == "argv":
+        from .plan import serving_argv
+
+        argv = serving_argv(resolved)
+    else:
+        argv = [*resolved.target.serving.command, *cli_args(resolved.serving_args())]
     ep = list(entrypoint or [])
     if ep and ep[-1].rsplit("/", 1)[-1] == argv[0].rsplit("/", 1)[-1]:
         return argv[1:]

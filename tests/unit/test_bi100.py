@@ -1,4 +1,4 @@
-"""The competition target: rendered computility-run.yaml per profile, steps in the notes' order."""
+"""The competition target (issue 12): the organisers' command, the default profile's safety, the deploy order."""
 
 from __future__ import annotations
 
@@ -9,61 +9,147 @@ from pathlib import Path
 import pytest
 import yaml
 
+from imageforge.checkpatches import apply_steps
 from imageforge.errors import InfraError
 from imageforge.manifest import load_manifest
-from imageforge.plan import make_plan, render_serving_config
+from imageforge.plan import make_plan, render_serving_config, serving_argv
 from imageforge.resolve import resolve
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
+FIXTURES = REPO / "tests" / "fixtures"
+BASELINE = FIXTURES / "bi100-baseline" / "qwen3_6_scripts"
+VENDOR_SITE = FIXTURES / "bi100-vendor" / "usr/local/corex/lib64/python3/dist-packages"
+
+# The organisers' computility-run.yaml command, as the facts note gives it.
+ORGANISERS_COMMAND = ("python3 -m vllm.entrypoints.openai.api_server --model /model --served-model-name llm "
+                      "--max-model-len 100000 --gpu-memory-utilization 0.9 --trust-remote-code -tp 4 --max-num-seqs 1 "
+                      "--disable-log-requests --disable-frontend-multiprocessing --max-num-batched-tokens 8192 "
+                      "--enable-chunked-prefill --max-seq-len-to-capture 32768 --enable-auto-tool-choice "
+                      "--tool-call-parser qwen3_coder --reasoning-parser qwen3 --enable-prefix-caching")
+ORGANISERS = ORGANISERS_COMMAND.split()
 
 
-@pytest.mark.parametrize("profile", ["baseline", "conservative", "aggressive"])
+def resolved(profile: str | None) -> object:
+    return resolve(load_manifest(REPO / "build.yaml"), "bi100", profile, environ={})
+
+
+def test_baseline_profile_is_the_organisers_command_exactly() -> None:
+    r = resolve(load_manifest(REPO / "build.yaml"), "bi100", "baseline", environ={})
+    assert serving_argv(r) == ORGANISERS
+    assert r.serving_env() == {"VLLM_ENGINE_ITERATION_TIMEOUT_S": "3600"}
+    assert "enforce_eager" in r.target.serving.reasons["max-seq-len-to-capture"], "a flag that does nothing says so"
+
+
+@pytest.mark.parametrize("profile", ["baseline", "replay", "replay-big-chunks"])
 def test_rendered_config_is_pinned(profile: str) -> None:
-    resolved = resolve(load_manifest(REPO / "build.yaml"), "bi100", profile, environ={})
-    rendered = render_serving_config(resolved)
+    r = resolve(load_manifest(REPO / "build.yaml"), "bi100", profile, environ={})
+    rendered = render_serving_config(r)
     assert rendered == (GOLDEN / f"bi100-{profile}.computility-run.yaml").read_bytes(), (
         "the bi100 serving config changed: if intended, regenerate tests/unit/golden/ from build.yaml")
     data = yaml.safe_load(rendered)
-    assert data["tensor-parallel-size"] == 4 and data["max-model-len"] == 100000
-    assert data["reasoning-parser"] == "qwen3" and data["enable-auto-tool-choice"] is True
-    assert data["enable-prefix-caching"] is True and data["enable-chunked-prefill"] is True
-    assert data["max-seq-len-to-capture"] == 65536
+    assert all(isinstance(item, str) for item in data["command"]), "each flag and value its own string"
+    assert data["env"] == [{"name": "VLLM_ENGINE_ITERATION_TIMEOUT_S", "value": "3600"}]
+    argv = data["command"]
+    assert argv[:5] == ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "/model"]
+    assert argv[argv.index("--served-model-name") + 1] == "llm" and argv[argv.index("-tp") + 1] == "4"
+    for flag in ("--trust-remote-code", "--disable-log-requests", "--disable-frontend-multiprocessing",
+                 "--enable-prefix-caching", "--enable-chunked-prefill", "--enable-auto-tool-choice"):
+        assert flag in argv and argv[argv.index(flag) + 1:argv.index(flag) + 2] != ["True"]
+    assert argv[argv.index("--tool-call-parser") + 1] == "qwen3_coder"
+    assert argv[argv.index("--reasoning-parser") + 1] == "qwen3"
+    assert "--port" not in argv and "--config" not in argv, "api_server's own default port 8000"
 
 
-def test_aggressive_plan_lists_every_step_in_deploy_order() -> None:
-    resolved = resolve(load_manifest(REPO / "build.yaml"), "bi100", "aggressive", environ={})
-    assert resolved.target.base.image_env == "IMAGEFORGE_BI100_BASE"
-    plan = make_plan(resolved, environ={}, probe=None).to_json()
-    ids = [s["id"] for s in plan["steps"]]
-    assert ids == [
-        "corex-triton-libs", "prefill-triton-tuning", "triton-fallback-module", "enable-triton",
-        "decode-threshold", "paged-attention-v2-module", "paged-attention-layout-module", "v2-dispatch-import",
-        "enable-v2", "v2-implementation", "partition-size-512", "prefix-attention-module", "sorted-moe-module",
-        "verify", "serving-config",
-    ]
-    patches = [s for s in plan["steps"] if s["kind"] == "patch"]
-    assert all(s["verified"] is False and s["file"] and s["old"] and s["why"] for s in patches)
-    by_id = {s["id"]: s for s in plan["steps"]}
-    assert "NUM_WARPS = 8" in by_id["prefill-triton-tuning"]["old"]
-    assert by_id["decode-threshold"]["new"].startswith("_PYTORCH_DECODE_THRESHOLD = 65536")
-    assert by_id["corex-triton-libs"]["into"] == "/usr/local/lib"
-    assert plan["serving"]["max-num-seqs"] == 256 and plan["serving"]["max-num-batched-tokens"] == 32768
-    assert plan["serving"]["gpu-memory-utilization"] == 0.95
+def test_default_profile_serves_one_request_at_a_time_safely() -> None:
+    m = load_manifest(REPO / "build.yaml")
+    target = m.target("bi100")
+    assert target.default_profile == "replay"
+    r = resolve(m, "bi100", None, environ={})
+    args = r.serving_args()
+    assert args["max-num-seqs"] >= 2, "n=2 must not hit serving_chat's n > max-num-seqs guard"
+    assert args["max-model-len"] > 230_000, "replay inputs exceed 230K tokens"
+    assert args["served-model-name"] == "llm" and args["tensor-parallel-size"] == 4
+    steps = r.steps
+    texts = " ".join(str(s.spec.get("new", "")) + str(s.spec.get("dest", "")) for s in steps)
+    assert "HAS_TRITON" not in texts and "triton_fallback" not in texts, "no step turns Triton on"
+    assert not any("_PYTORCH_DECODE_THRESHOLD" in str(s.spec.get("old", "")) for s in steps)
+    assert not any(s.kind == "symlink" for s in steps), "no corex Triton libraries linked"
+    assert not any("paged_attention_v2" in str(s.spec) or "use_v1" in str(s.spec) for s in steps), "no V2 decode"
+    # applied to the fixture files, the default profile leaves the baseline's hang guards as they are
+    patched = {}
+    for s in steps:
+        if s.kind != "patch":
+            continue
+        name = Path(s.spec["file"]).name
+        source = BASELINE / name if (BASELINE / name).exists() else VENDOR_SITE / s.spec["file"]
+        patched[name] = apply_steps(patched.get(name, source.read_text()), [dict(s.spec, id=s.id)])
+    assert "    _PYTORCH_DECODE_THRESHOLD = 32768\n" in patched["paged_attn.py"]
+    assert "HAS_TRITON = False" in (VENDOR_SITE / "vllm/triton_utils/importing.py").read_text()
+
+
+def test_every_profile_says_why_and_none_is_concurrency_oriented() -> None:
+    target = load_manifest(REPO / "build.yaml").target("bi100")
+    for name, profile in target.profiles.items():
+        assert profile.why, name
+        seqs = resolve(load_manifest(REPO / "build.yaml"), "bi100", name, environ={}).serving_args()["max-num-seqs"]
+        assert seqs <= 2, f"{name}: the evaluator sends one request at a time"
+        assert profile.extends is not None or name == "baseline"
+        for key in profile.args:
+            assert key in profile.reasons or name == "baseline" or profile.why, (name, key)
+
+
+def test_every_overlay_is_called_by_a_patch() -> None:
+    target = load_manifest(REPO / "build.yaml").target("bi100")
+    patches = [s for s in target.steps if s.kind == "patch"]
+    overlays = [s for s in target.steps if s.kind == "overlay"]
+    assert {s.id for s in overlays} == {"prefix-attention-module", "sorted-moe-module"}
+    for overlay in overlays:
+        module = overlay.spec["dest"].removesuffix(".py").replace("/", ".")
+        callers = [p for p in patches if f"from {module} import" in p.spec["new"]]
+        assert len(callers) == 1, f"{overlay.id}: {module} is imported by no call-site patch"
+        assert target.steps.index(callers[0]) > target.steps.index(overlay)
+    assert target.steps[0].id == "organisers-baseline", "the baseline deploys first"
+
+
+def test_plan_without_the_folder_and_the_base() -> None:
+    plan = make_plan(resolve(load_manifest(REPO / "build.yaml"), "bi100", "replay", environ={}), environ={},
+                     probe=None).to_json()
+    first = plan["steps"][0]
+    assert first["kind"] == "script" and first["directory"] == "${IMAGEFORGE_BI100_SCRIPTS}"
+    assert first["command"] == ["bash", "patch_ops.sh"] and first["workdir"] == "/workspace/qwen3_6_scripts"
+    assert first["inputs"] == {"directory:IMAGEFORGE_BI100_SCRIPTS": "unset"}
     assert plan["base"]["problem"] == "environment variable IMAGEFORGE_BI100_BASE is not set"
+    assert plan["serving_style"] == "argv" and plan["argv"][plan["argv"].index("--max-num-seqs") + 1] == "2"
     assert all(s["cache"] == "UNKNOWN" for s in plan["steps"])
+    with_folder = make_plan(resolve(load_manifest(REPO / "build.yaml"), "bi100", "replay", environ={}),
+                            environ={"IMAGEFORGE_BI100_SCRIPTS": str(BASELINE)}, probe=None).to_json()
+    digest = with_folder["steps"][0]["inputs"]["directory:IMAGEFORGE_BI100_SCRIPTS"]
+    assert len(digest) == 64
 
 
 def test_build_without_vendor_image_fails_fast() -> None:
     from imageforge.build import build
 
-    resolved = resolve(load_manifest(REPO / "build.yaml"), "bi100", None, environ={})
+    r = resolve(load_manifest(REPO / "build.yaml"), "bi100", None, environ={})
     with pytest.raises(InfraError) as info:
-        build(resolved, environ={}, echo=lambda _line: None)
+        build(r, environ={}, echo=lambda _line: None)
     err = info.value
     assert err.exit_code == 5
     assert "$IMAGEFORGE_BI100_BASE, which is not set" in err.message
     assert err.hint is not None and "docker load -i" in err.hint
+
+
+def test_build_without_the_scripts_folder_fails_fast() -> None:
+    from imageforge.build import build
+
+    r = resolve(load_manifest(REPO / "build.yaml"), "bi100", None, environ={})
+    with pytest.raises(InfraError) as info:
+        build(r, environ={"IMAGEFORGE_BI100_BASE": "vendor:never-looked-up"}, echo=lambda _line: None)
+    err = info.value
+    assert err.exit_code == 5 and "$IMAGEFORGE_BI100_SCRIPTS, which is not set" in err.message
+    assert err.hint is not None and "qwen3_6_scripts" in err.hint
+    assert err.key_path == "targets.bi100.steps[0].directory"
 
 
 def test_invoke_build_bi100_exit_code_and_no_traceback() -> None:

@@ -44,11 +44,12 @@ def test_traceback_only_when_asked(tmp_path: Path) -> None:
 
 
 def test_plan_json_without_daemon() -> None:
-    proc = invoke("plan", "--target", "bi100", "--profile", "aggressive", "--json", "--no-daemon")
+    proc = invoke("plan", "--target", "bi100", "--profile", "replay", "--json", "--no-daemon")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
-    assert data["target"] == "bi100" and data["profile"] == "aggressive"
-    assert data["serving"]["max-num-seqs"] == 256
+    assert data["target"] == "bi100" and data["profile"] == "replay"
+    assert data["serving"]["max-num-seqs"] == 2 and data["serving"]["served-model-name"] == "llm"
+    assert "--trust-remote-code" in data["argv"] and data["argv"][data["argv"].index("-tp") + 1] == "4"
     assert data["steps"] and all(s["cache"] == "UNKNOWN" for s in data["steps"])
 
 

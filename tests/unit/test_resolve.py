@@ -95,9 +95,11 @@ def test_parse_assignments_types() -> None:
 def test_repo_manifest_profiles_match_the_notes() -> None:
     summary = validate_all(str(Path(__file__).resolve().parents[2] / "build.yaml"))
     m = summary.manifest
-    expect = {"baseline": (1, 8192, 0.9), "conservative": (8, 8192, 0.9), "aggressive": (256, 32768, 0.95)}
-    for profile, (seqs, tokens, util) in expect.items():
+    # bi100 (issue 12, facts note): the organisers' baseline, then one-request-at-a-time profiles
+    expect = {"baseline": (1, 8192, 0.9, 100000), "replay": (2, 8192, 0.9, 256000),
+              "replay-big-chunks": (2, 16384, 0.9, 256000)}
+    for profile, (seqs, tokens, util, length) in expect.items():
         args = resolve(m, "bi100", profile, environ={}).serving_args()
-        assert (args["max-num-seqs"], args["max-num-batched-tokens"], args["gpu-memory-utilization"]) == (
-            seqs, tokens, util)
+        assert (args["max-num-seqs"], args["max-num-batched-tokens"], args["gpu-memory-utilization"],
+                args["max-model-len"]) == (seqs, tokens, util, length)
     assert summary.to_json()["ok"] is True
