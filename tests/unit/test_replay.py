@@ -6,6 +6,7 @@ are used by the cpu-server trial.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,7 @@ def test_lengths_are_the_counters_tokens_and_scale_with_max_model_len() -> None:
 def test_later_turns_extend_earlier_ones() -> None:
     requests = generate(ReplaySpec(requests=120, max_model_len=2048, seed=3), words)
     extended = 0
-    for prev, cur in zip(requests, requests[1:], strict=False):
+    for prev, cur in itertools.pairwise(requests):
         if (cur.meta or {}).get("turn", 0) > 0:
             assert cur.meta is not None and prev.meta is not None
             assert cur.meta["session"] == prev.meta["session"]
