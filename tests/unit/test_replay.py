@@ -235,3 +235,12 @@ def test_runner_connection_refused() -> None:
     run = run_replay([ReplayRequest({"messages": [{"role": "user", "content": "q"}]})], "http://127.0.0.1:9",
                      transport=httpx.MockTransport(handler))
     assert run.records[0].error_class == "connection" and run.records[0].status is None
+
+
+def test_command_line_errors_are_config_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from imageforge.replay import main
+
+    assert main(["generate", "--out", str(tmp_path / "w.jsonl")]) == 2  # no token counter given
+    assert "give --tokenizer" in capsys.readouterr().err
+    assert main(["run"]) == 2
+    assert main(["run", "--url", "http://127.0.0.1:9", "--replay", str(tmp_path / "none.jsonl")]) != 0
