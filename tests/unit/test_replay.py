@@ -1,0 +1,246 @@
+"""The replay workload, the JSONL loader and the one-at-a-time runner (runner: httpx.MockTransport, no sockets).
+
+The token counter in these tests is a fake (whitespace words); the real ones (``/tokenize``, ``tokenizer.json``)
+are used by the cpu-server trial.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from imageforge.errors import ConfigError
+from imageforge.replay import (
+    META_KEY,
+    ReplayRequest,
+    ReplaySpec,
+    generate,
+    load_jsonl,
+    prepare_body,
+    run_replay,
+    stats,
+    write_jsonl,
+)
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+# --------------------------------------------------------------------------- generator
+
+
+def test_same_seed_same_bytes(tmp_path: Path) -> None:
+    spec = ReplaySpec(requests=60, max_model_len=2048, seed=7)
+    a = write_jsonl(generate(spec, words), tmp_path / "a.jsonl").read_bytes()
+    b = write_jsonl(generate(spec, words), tmp_path / "b.jsonl").read_bytes()
+    c = write_jsonl(generate(ReplaySpec(requests=60, max_model_len=2048, seed=8), words),
+                    tmp_path / "c.jsonl").read_bytes()
+    assert a == b
+    assert a != c
+    assert a.count(b"\n") == 60
+
+
+def test_shape_matches_the_evaluators() -> None:
+    requests = generate(ReplaySpec(requests=881, max_model_len=2048, seed=0), words)
+    s = stats(requests)
+    assert s["requests"] == 881
+    assert abs(s["with_tools"] / 881 - 0.78) < 0.02  # 690 of 881
+    assert 20 <= s["several_system_messages"] <= 50  # 34 of 881
+    assert abs(s["max_completion_tokens"] / 881 - 0.18) < 0.01  # 162 of 881
+    assert 1 <= s["reasoning_effort"] <= 15  # "a few"
+    assert 50 <= s["input_output_ratio"] <= 70  # ~60:1
+    assert 0.55 <= s["designed_prefix_reuse"] <= 0.75  # ~65.6 % token-weighted
+    assert 0.2 <= s["input_tokens_mean"] / 2048 <= 0.32  # 25.7K of 100K
+    assert s["input_tokens_max"] + max(r.planned_output or 0 for r in requests) <= 0.85 * 2048
+
+
+def test_lengths_are_the_counters_tokens_and_scale_with_max_model_len() -> None:
+    small = generate(ReplaySpec(requests=40, max_model_len=2048), words)
+    large = generate(ReplaySpec(requests=40, max_model_len=8192), words)
+    assert stats(large)["input_tokens_mean"] > 3 * stats(small)["input_tokens_mean"]
+    for r in small:
+        meta = r.meta or {}
+        content = [m["content"] for m in r.body["messages"] if isinstance(m.get("content"), str)]
+        args = [c["function"]["arguments"] for m in r.body["messages"] for c in m.get("tool_calls") or []]
+        tools = words(json.dumps(r.body["tools"], ensure_ascii=False)) if "tools" in r.body else 0
+        # the planned count is exactly the counter's count of every text part
+        assert meta["input_tokens"] == sum(words(t) for t in content + args) + tools
+
+
+def test_later_turns_extend_earlier_ones() -> None:
+    requests = generate(ReplaySpec(requests=120, max_model_len=2048, seed=3), words)
+    extended = 0
+    for prev, cur in itertools.pairwise(requests):
+        if (cur.meta or {}).get("turn", 0) > 0:
+            assert cur.meta is not None and prev.meta is not None
+            assert cur.meta["session"] == prev.meta["session"]
+            n = len(prev.body["messages"])
+            assert cur.body["messages"][:n] == prev.body["messages"]
+            assert cur.body.get("tools") == prev.body.get("tools")
+            assert cur.meta["shared_tokens"] == prev.meta["input_tokens"]
+            extended += 1
+    assert extended > 20
+
+
+def test_every_generated_line_loads(tmp_path: Path) -> None:
+    requests = generate(ReplaySpec(requests=30, seed=1), words)
+    loaded = load_jsonl(write_jsonl(requests, tmp_path / "w.jsonl"))
+    assert [r.body for r in loaded] == [r.body for r in requests]
+    assert [r.meta for r in loaded] == [r.meta for r in requests]
+    assert loaded[4].source is not None and loaded[4].source.line == 5
+
+
+def test_spec_is_checked() -> None:
+    with pytest.raises(ConfigError, match="tools fraction"):
+        ReplaySpec(tools_fraction=1.5).validate()
+    with pytest.raises(ConfigError, match="max-model-len"):
+        ReplaySpec(max_model_len=10).validate()
+
+
+# --------------------------------------------------------------------------- loader
+
+
+def _write(tmp_path: Path, lines: list[str]) -> Path:
+    path = tmp_path / "mine.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_loader_accepts_plain_chat_requests(tmp_path: Path) -> None:
+    path = _write(tmp_path, [
+        json.dumps({"messages": [{"role": "user", "content": "hi"}]}),
+        "",
+        json.dumps({"model": "x", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
+                                               {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+                                               {"role": "tool", "tool_call_id": "1", "content": "r"}],
+                    "tools": [{"type": "function", "function": {"name": "f"}}], "max_completion_tokens": 8}),
+    ])
+    loaded = load_jsonl(path)
+    assert len(loaded) == 2 and loaded[1].source is not None and loaded[1].source.line == 3
+    assert loaded[0].meta is None
+
+
+@pytest.mark.parametrize(("line", "where", "what"), [
+    ("{not json", ":2:2", "not JSON"),
+    ("[1, 2]", ":2", "JSON object"),
+    (json.dumps({"messages": []}), ":2", "non-empty list"),
+    (json.dumps({"messages": [{"content": "x"}]}), "messages[0].role", "role"),
+    (json.dumps({"messages": [{"role": "user"}]}), "messages[0].content", "missing content"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}), "max_tokens", "positive"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": ["f"]}), "tools", "tools must be"),
+])
+def test_loader_names_file_and_line(tmp_path: Path, line: str, where: str, what: str) -> None:
+    path = _write(tmp_path, [json.dumps({"messages": [{"role": "user", "content": "ok"}]}), line])
+    with pytest.raises(ConfigError) as info:
+        load_jsonl(path)
+    text = info.value.render()
+    assert f"{path}:2" in text and where in text and what in text
+
+
+def test_loader_reports_every_bad_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, ["{", json.dumps({"messages": [{"role": "user", "content": "ok"}]}), "[]"])
+    with pytest.raises(ConfigError) as info:
+        load_jsonl(path)
+    text = info.value.render()
+    assert "2 problems" in text and f"{path}:1" in text and f"{path}:3" in text
+
+
+def test_loader_missing_and_empty(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_jsonl(tmp_path / "nope.jsonl")
+    with pytest.raises(ConfigError, match="no request"):
+        load_jsonl(_write(tmp_path, ["", "  "]))
+
+
+# --------------------------------------------------------------------------- runner
+
+
+def test_prepare_body() -> None:
+    r = ReplayRequest({"model": "llm", "messages": [{"role": "user", "content": "x"}], "stream": False},
+                      {"output_tokens": 9})
+    body = prepare_body(r, "tiny", planned_output=True)
+    assert body["model"] == "tiny" and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert body["max_tokens"] == 9 and META_KEY not in body
+    assert "max_tokens" not in prepare_body(r, "tiny", planned_output=False)
+    limited = ReplayRequest({**r.body, "max_completion_tokens": 3}, r.meta)
+    assert "max_tokens" not in prepare_body(limited, "tiny", planned_output=True)
+    assert r.body["model"] == "llm"  # the request itself is not changed
+
+
+def _sse(*chunks: dict[str, Any], done: bool = True) -> bytes:
+    out = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+    return out + (b"data: [DONE]\n\n" if done else b"")
+
+
+def _server(sent: list[dict[str, Any]]) -> httpx.MockTransport:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "tiny", "max_model_len": 2048}]})
+        body = json.loads(request.content)
+        sent.append(body)
+        i = len(sent)
+        if i == 2:
+            return httpx.Response(400, json={"message": "This model's maximum context length is 2048 tokens."})
+        if i == 3:
+            return httpx.Response(200, content=_sse({"choices": [{"delta": {"content": "a"}}]}, done=False))
+        return httpx.Response(200, content=_sse(
+            {"choices": [{"delta": {"role": "assistant", "content": ""}}]},
+            {"choices": [{"delta": {"reasoning_content": "hm"}}]},
+            {"choices": [{"delta": {"content": "ok"}, "finish_reason": "length"}]},
+            {"choices": [], "usage": {"prompt_tokens": 100, "completion_tokens": 2,
+                                      "prompt_tokens_details": {"cached_tokens": 64}}}))
+    return httpx.MockTransport(handler)
+
+
+def test_runner_one_at_a_time_with_classes() -> None:
+    requests = [ReplayRequest({"messages": [{"role": "user", "content": f"q{i}"}]}, {"output_tokens": 2,
+                                                                                     "input_tokens": 90})
+                for i in range(5)]
+    sent: list[dict[str, Any]] = []
+    run = run_replay(requests, "http://127.0.0.1:9", transport=_server(sent), max_requests=4)
+    assert run.model == "tiny" and run.stopped_by == "request count"
+    assert len(sent) == 4 and all(b["model"] == "tiny" and b["stream"] for b in sent)
+    classes = [r.error_class for r in run.records]
+    assert classes == [None, "ctx_overflow", "stream_aborted", None]
+    first = run.records[0]
+    assert (first.prompt_tokens, first.completion_tokens, first.cached_tokens) == (100, 2, 64)
+    assert first.ttft_s is not None and first.total_s is not None and 0 <= first.ttft_s <= first.total_s
+    assert first.input_tokens_planned == 90
+    report = run.report
+    assert report.attempted == 4 and report.succeeded == 2
+    assert report.cache_hit_rate == pytest.approx(128 / 200)
+    assert run.to_json()["report"]["errors"]["ctx_overflow"] == 1
+
+
+def test_runner_stops_on_duration() -> None:
+    requests = [ReplayRequest({"messages": [{"role": "user", "content": "q"}]}) for _ in range(3)]
+    sent: list[dict[str, Any]] = []
+    run = run_replay(requests, "http://127.0.0.1:9", transport=_server(sent), duration=1e-9)
+    assert run.stopped_by == "duration" and run.records == [] and sent == []
+
+
+def test_runner_connection_refused() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m"}]})
+        raise httpx.ConnectError("refused", request=request)
+
+    run = run_replay([ReplayRequest({"messages": [{"role": "user", "content": "q"}]})], "http://127.0.0.1:9",
+                     transport=httpx.MockTransport(handler))
+    assert run.records[0].error_class == "connection" and run.records[0].status is None
+
+
+def test_command_line_errors_are_config_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from imageforge.replay import main
+
+    assert main(["generate", "--out", str(tmp_path / "w.jsonl")]) == 2  # no token counter given
+    assert "give --tokenizer" in capsys.readouterr().err
+    assert main(["run"]) == 2
+    assert main(["run", "--url", "http://127.0.0.1:9", "--replay", str(tmp_path / "none.jsonl")]) != 0
