@@ -105,21 +105,21 @@ class _Loader(yaml.SafeLoader):
         super().__init__(stream)
         self.depth = 0
 
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:  # type: ignore[override]
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         self.depth += 1
         try:
             if self.depth > MAX_DEPTH:
-                raise _TooDeep(self.peek_event().start_mark)
-            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+                raise _TooDeep(self.peek_event().start_mark)  # type: ignore[no-untyped-call]
+            return super().compose_node(parent, index)
         finally:
             self.depth -= 1
 
-    def fetch_flow_collection_start(self, TokenClass: Any) -> None:  # noqa: N803 (PyYAML's name)
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:
         # The scanner itself slows quadratically with open '[' / '{' (one pending simple key per level):
         # stop at the first bracket too many, before the composer ever sees it.
         if self.flow_level >= MAX_DEPTH:
             raise _TooDeep(self.get_mark())
-        super().fetch_flow_collection_start(TokenClass)  # type: ignore[misc]
+        super().fetch_flow_collection_start(TokenClass)
 
 
 class _TooDeep(Exception):
@@ -322,7 +322,9 @@ def _too_deep(path: Path, what: str, location: Location) -> ConfigError:
 
 # --------------------------------------------------------------------------- syntax errors
 
-_KEY_LINE = re.compile(r"""^(?P<indent> *)(?P<dash>(?:- +)*)(?P<key>"[^"]*"|'[^']*'|[^\s#'"\-\[{][^:#]*?|-[^\s:#][^:#]*?) *:(?: |$)""")
+_KEY_LINE = re.compile(
+    r"""^(?P<indent> *)(?P<dash>(?:- +)*)(?P<key>"[^"]*"|'[^']*'|[^\s#'"\-\[{][^:#]*?|-[^\s:#][^:#]*?) *:(?: |$)"""
+)
 
 
 def _indent(line: str) -> int:
@@ -330,7 +332,7 @@ def _indent(line: str) -> int:
 
 
 def key_path_at(text: str, line: int, column: int) -> KeyPath:
-    """Best-effort key path of the text position (0-based line/column), read from block indentation.
+    """Best-effort key path of the innermost key whose value holds the position (0-based line/column).
 
     Used for syntax errors, where no node exists: ``targets.cpu.steps[2]`` from the keys and ``- `` items
     above the position. Flow collections are not followed (the key that holds them is).
@@ -348,6 +350,9 @@ def key_path_at(text: str, line: int, column: int) -> KeyPath:
         if m.group("dash"):
             out.append(_item_index(lines, line, _indent(current)))
             threshold = _indent(current)
+    elif current.lstrip().startswith("- ") and column > _indent(current):
+        out.append(_item_index(lines, line, _indent(current)))
+        threshold = _indent(current)
     for index in range(line - 1, -1, -1):
         text_line = lines[index]
         if not text_line.strip() or text_line.lstrip().startswith("#"):
@@ -458,7 +463,8 @@ def syntax_error(path: Path, text: str, exc: yaml.MarkedYAMLError) -> ConfigErro
         key = _unquote(row.strip().split(":", 1)[0])
         first = lines[cmark.line] if cmark.line < len(lines) else ""
         above = _previous_line(lines, pmark.line)
-        forms = [f"{cmark.column} spaces (next to '{_unquote(first.strip().split(':', 1)[0])}' at line {cmark.line + 1})"]
+        first_key = _unquote(first.strip().split(":", 1)[0])
+        forms = [f"{cmark.column} spaces (next to '{first_key}' at line {cmark.line + 1})"]
         if above is not None and _indent(above) != cmark.column:
             forms.append(f"{_indent(above)} spaces (next to '{_unquote(above.strip().split(':', 1)[0])}' above it)")
         return error(
