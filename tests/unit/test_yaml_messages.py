@@ -119,7 +119,7 @@ def test_key_path_from_the_text(line: int, column: int, expected: tuple[str | in
 
 def test_non_utf8_byte_has_line_and_column(tmp_path: Path) -> None:
     path = tmp_path / "build.yaml"
-    path.write_bytes("version: 1\ndescription: caf".encode() + b"\xe9 cr\xc3\xa8me\n")
+    path.write_bytes(b"version: 1\ndescription: caf" + b"\xe9 cr\xc3\xa8me\n")
     err = error_of(path)
     assert err.message == "manifest is not UTF-8 text"
     assert str(err.location) == f"{path}:2:17"
