@@ -104,7 +104,7 @@ class FlagSpec:
     def describe(self) -> str:
         """What the flag takes, in words: ``an integer >= 1``, ``true or false``, ``one of 'a', 'b'``."""
         if self.type == "bool":
-            return "true" if not (self.negatable or self.takes_value) else "true or false"
+            return "true or false" if (self.negatable or self.takes_value) else "true (or no such key)"
         if self.choices:
             text = "one of " + ", ".join(repr(c) for c in self.choices)
         else:
@@ -442,8 +442,8 @@ def run_port_of(manifest: Manifest, target: str) -> ServingArg:
 
 
 def suite_models(doc: YamlDocument) -> list[ServingArg]:
-    """Literal model names a smoke suite calls (``body.model`` of its requests, ``vars.served_model_name``);
-    templates such as ``${model}`` are skipped: they follow the server."""
+    """Literal model names a smoke suite calls (``body.model`` of requests expecting success,
+    ``vars.served_model_name``); templates such as ``${model}`` are skipped: they follow the server."""
     out: list[ServingArg] = []
     data = doc.data if isinstance(doc.data, dict) else {}
     for var in ("served_model_name", "model"):
@@ -453,12 +453,28 @@ def suite_models(doc: YamlDocument) -> list[ServingArg]:
             out.append(ServingArg("model", value, doc.location(kp), f"{doc.path.name}: {format_key_path(kp)}"))
     for section in ("setup", "checks"):
         for index, item in enumerate(data.get(section) or ()):
-            body = ((item or {}).get("request") or {}).get("body") if isinstance(item, dict) else None
+            if not isinstance(item, dict) or not _expects_success(item):
+                continue  # a check that calls a wrong model on purpose (expects 404) names no served model
+            body = (item.get("request") or {}).get("body")
             value = body.get("model") if isinstance(body, dict) else None
             if isinstance(value, str) and "${" not in value:
                 kp = (section, index, "request", "body", "model")
                 out.append(ServingArg("model", value, doc.location(kp), f"{doc.path.name}: {format_key_path(kp)}"))
     return out
+
+
+def _expects_success(item: Mapping[str, Any]) -> bool:
+    """True unless the check's ``expect.status`` asks for an error status only (absent: success)."""
+    status = (item.get("expect") or {}).get("status") if isinstance(item.get("expect"), dict) else None
+    if status is None:
+        return True
+    statuses = status if isinstance(status, list) else [status]
+    for one in statuses:
+        if isinstance(one, int) and not isinstance(one, bool) and 200 <= one < 300:
+            return True
+        if isinstance(one, str) and one.strip().lower().startswith("2"):
+            return True
+    return False
 
 
 # --------------------------------------------------------------------------- the checker
@@ -491,7 +507,7 @@ def _check_scalar(arg: ServingArg, spec: FlagSpec, value: Any, shown: str) -> It
         if not isinstance(value, bool):
             hint = f"write it without quotes: {str(_looks(value)).lower()} ({_WHY_TYPED})" if (
                 isinstance(value, str) and isinstance(_looks(value), bool)) else None
-            yield arg.problem(f"{shown} takes {spec.describe()}", expected=spec.describe(), found=found, hint=hint)
+            yield arg.problem(f"{shown} takes a boolean", expected=spec.describe(), found=found, hint=hint)
         elif value is False and not spec.negatable and not spec.takes_value:
             yield arg.problem(
                 f"{shown}: false cannot be passed",
