@@ -3,6 +3,7 @@
 Each case runs the real loader (``load_manifest``) in a fresh Python process whose address space is
 capped with ``resource.setrlimit(RLIMIT_AS)``: a loader that expanded the alias bomb would die of
 MemoryError (or be killed) instead of exiting 2, and a parser recursion would print a traceback.
+The < 1 s bound is on the CPU time of ``load_manifest`` (see the assertion).
 """
 
 from __future__ import annotations
@@ -21,16 +22,16 @@ LIMIT = 2 * 1024**3
 RUNNER = textwrap.dedent(
     """
     import json, sys, time
-    t0 = time.monotonic()
     from imageforge.errors import ImageforgeError
     from imageforge.manifest import load_manifest
+    t0, c0 = time.monotonic(), time.process_time()
     try:
         load_manifest(sys.argv[1])
     except ImageforgeError as exc:
         print(json.dumps({"message": exc.message, "found": exc.found, "location": str(exc.location),
-                          "seconds": time.monotonic() - t0}))
+                          "wall": time.monotonic() - t0, "cpu": time.process_time() - c0}))
         sys.exit(exc.exit_code)
-    print(json.dumps({"message": "loaded", "seconds": time.monotonic() - t0}))
+    print(json.dumps({"message": "loaded"}))
     """
 )
 
@@ -70,7 +71,9 @@ def test_hostile_yaml_exits_2_quickly_under_a_memory_limit(tmp_path: Path, case:
     assert "Traceback" not in proc.stderr
     report = json.loads(proc.stdout)
     assert report["message"] == message
-    assert report["seconds"] < 1.0, report
+    # CPU seconds of the load itself (the interpreter's start-up and imports are not the loader's, and wall
+    # time on this shared 2-core machine measures the neighbours): a bomb walked to the end would take hours.
+    assert report["cpu"] < 1.0, report
 
 
 def test_deep_but_legal_nesting_still_loads(tmp_path: Path) -> None:
