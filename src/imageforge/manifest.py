@@ -308,7 +308,28 @@ class _Builder:
                 )
         return path
 
-    def check_dest(self, kp: tuple[str | int, ...], dest: str, package: PackageSpec) -> str:
+    def env(self, kp: tuple[str | int, ...], raw: Mapping[str, Any] | None) -> Mapping[str, str]:
+        """Environment values as the file spells them: ``true`` stays ``true``, ``010`` stays ``010``."""
+        out: dict[str, str] = {}
+        for name, value in (raw or {}).items():
+            written = None if isinstance(value, str) else self.doc.written((*kp, name))
+            out[name] = value if isinstance(value, str) else (written if written is not None else str(value))
+        return frozen_map(out)
+
+    def check_dest(
+        self, kp: tuple[str | int, ...], dest: str, package: PackageSpec, source: str | None = None
+    ) -> str:
+        if dest.endswith("/"):
+            key = str(kp[-1])
+            example = f"{dest}{posixpath.basename(source)}" if source else f"{dest}NAME.py"
+            self.problem(
+                kp,
+                f"{key} names a file; add the file name",
+                expected=f"a file path, e.g. {example!r}",
+                found=f"{dest!r} (a directory)",
+                hint="imageforge writes exactly the path given; it never guesses a name inside a directory",
+            )
+            return dest
         norm = normalise_image_path(dest)
         if norm is None:
             self.problem(
@@ -344,12 +365,12 @@ class _Builder:
             source_path = self.check_source((*kp, "source"), raw["source"])
             spec["source"] = posixpath.normpath(raw["source"])
         if kind == "overlay":
-            spec["dest"] = self.check_dest((*kp, "dest"), raw["dest"], package)
+            spec["dest"] = self.check_dest((*kp, "dest"), raw["dest"], package, raw.get("source"))
             if "mode" in spec:
                 spec["mode"] = int(str(spec["mode"]), 8)
         elif kind == "script":
             spec["args"] = tuple(raw.get("args", ()))
-            spec["env"] = frozen_map({k: str(v) for k, v in raw.get("env", {}).items()})
+            spec["env"] = self.env((*kp, "env"), raw.get("env"))
             spec.pop("load_hint", None)  # a hint's wording is not part of the layer
             if "command" in raw:
                 spec["command"] = tuple(raw["command"])
@@ -457,7 +478,7 @@ class _Builder:
                 for v in r.get("volumes", ())
             ),
             ulimits=frozen_map(ulimits),
-            env=frozen_map({k: str(v) for k, v in r.get("env", {}).items()}),
+            env=self.env((*kp, "run", "env"), r.get("env")),
             port=int(r.get("port", 8000)),
         )
 
@@ -469,7 +490,7 @@ class _Builder:
             config_path=s["config_path"],
             command=tuple(s.get("command", ("vllm", "serve"))),
             args=frozen_map(s["args"]),
-            env=frozen_map({k: str(v) for k, v in s.get("env", {}).items()}),
+            env=self.env((*kp, "serving", "env"), s.get("env")),
             reasons=frozen_map(s.get("reasons", {})),
             style=s.get("style", "config"),
             flag_names=frozen_map(s.get("flag_names", {})),
@@ -483,7 +504,7 @@ class _Builder:
                 extends=praw.get("extends"),
                 why=praw.get("why"),
                 args=frozen_map(praw.get("args", {})),
-                env=frozen_map({k: str(v) for k, v in praw.get("env", {}).items()}),
+                env=self.env((*pkp, "env"), praw.get("env")),
                 reasons=frozen_map(praw.get("reasons", {})),
                 steps=tuple(
                     self.step((*pkp, "steps", i), st, package, pname) for i, st in enumerate(praw.get("steps", ()))
@@ -497,7 +518,7 @@ class _Builder:
         v = raw.get("verify", {})
         verify = VerifySpec(
             imports=tuple(v.get("imports", ())),
-            import_env=frozen_map({k: str(val) for k, val in v.get("import_env", {}).items()}),
+            import_env=self.env((*kp, "verify", "import_env"), v.get("import_env")),
         )
         sm = raw.get("smoke", {})
         suite = None

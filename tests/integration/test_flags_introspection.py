@@ -1,0 +1,123 @@
+"""The flag introspection runs for real in the cpu base image: vLLM 0.32's own parser, network off.
+
+One container from the base image's ID (made or reused by ``imageforge.base.ensure_cpu_base``), created
+with the docker SDK directly, removed afterwards. Building vLLM's parser takes ~6.5 s on a quiet machine
+(far longer under load), so the listing is taken once per module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from imageforge.flags import (
+    INTROSPECT_COMMAND,
+    FlagTable,
+    Range,
+    ServingArg,
+    check_serving_args,
+    introspection_source,
+    parse_introspection,
+    serving_args_of_target,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+LABEL = "org.imageforge.test"
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def listing(docker_ready: None) -> str:
+    import docker
+
+    from imageforge.base import ensure_cpu_base
+
+    base = ensure_cpu_base(REPO / "images" / "cpu", log=print)
+    client = docker.from_env(timeout=900)
+    container = client.containers.create(
+        base.image_id,
+        command=[*INTROSPECT_COMMAND, introspection_source()],
+        entrypoint=[],
+        network_disabled=True,
+        labels={LABEL: "flags-introspection", "org.imageforge.tool": "imageforge"},
+        environment={"VLLM_TARGET_DEVICE": "cpu", "HOME": "/tmp"},
+    )
+    try:
+        container.start()
+        result = container.wait(timeout=900)
+        output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+    finally:
+        container.remove(force=True)
+        client.close()
+    assert result["StatusCode"] == 0, output[-3000:]
+    return output
+
+
+@pytest.fixture(scope="module")
+def table(listing: str) -> FlagTable:
+    return parse_introspection(listing)
+
+
+def test_known_facts_of_vllm_032(table: FlagTable) -> None:
+    assert table.source.startswith("vLLM 0.32.0's parser (")
+    assert len(table) >= 317 - 1  # 317 option actions counted with --help; the listing leaves --help out
+    seqs = table.get("max-num-seqs")
+    assert seqs is not None and seqs.type == "int"
+    assert seqs.range == Range(minimum=1)  # pydantic Ge(1) on SchedulerConfig.max_num_seqs
+    gmu = table.get("gpu-memory-utilization")
+    assert gmu is not None and gmu.type == "float"
+    assert gmu.range == Range(0, 1, min_exclusive=True)  # Gt(0), Le(1)
+    assert "--device-memory-utilization" in gmu.aliases
+    tp = table.get("tensor-parallel-size")
+    assert tp is not None and "-tp" in tp.aliases
+    assert "disable-log-requests" not in table
+    assert "max-seq-len-to-capture" not in table
+
+
+def test_traps_are_unwrapped(table: FlagTable) -> None:
+    caching = table.get("enable-prefix-caching")
+    assert caching is not None and caching.type == "bool" and caching.negatable  # BooleanOptionalAction
+    headless = table.get("headless")
+    assert headless is not None and headless.type == "bool" and not headless.negatable and not headless.takes_value
+    name = table.get("served-model-name")
+    assert name is not None and name.type == "str" and name.multiple and name.nullable  # _optional_type(str)
+    dtype = table.get("dtype")
+    assert dtype is not None and dtype.type == "choice" and "bfloat16" in dtype.choices
+    mml = table.get("max-model-len")
+    assert mml is not None and mml.type == "int" and mml.also == ("auto",)
+    port = table.get("port")
+    assert port is not None and port.type == "int"
+    assert table.get("structured-outputs-config") is not None
+    assert table.get("structured-outputs-config").type == "json"  # type: ignore[union-attr]
+
+
+def test_the_repository_cpu_target_passes_against_its_own_vllm(table: FlagTable) -> None:
+    from imageforge.manifest import load_manifest
+
+    manifest = load_manifest(REPO / "build.yaml")
+    assert check_serving_args(serving_args_of_target(manifest, "cpu"), table) == []
+
+
+def test_the_issue_mistakes_against_the_real_parser(table: FlagTable) -> None:
+    args = [ServingArg("max-num-seq", 8), ServingArg("max_num_seqs", 8), ServingArg("gpu-memory-utilization", 1.5),
+            ServingArg("max-num-seqs", "8"), ServingArg("enable-prefix-caching", False)]
+    messages = [p.message for p in check_serving_args(args, table)]
+    assert messages == [
+        "unknown serving flag 'max-num-seq'",
+        "serving flag 'max_num_seqs' is written with underscores",
+        "gpu-memory-utilization is out of range",
+        "max-num-seqs takes an integer >= 1",
+    ]  # enable-prefix-caching: false is fine here: --no-enable-prefix-caching exists in 0.32
+
+
+def test_no_container_is_left(listing: str) -> None:
+    import docker
+
+    client = docker.from_env()
+    try:
+        assert client.containers.list(all=True, filters={"label": f"{LABEL}=flags-introspection"}) == []
+    finally:
+        client.close()
+
