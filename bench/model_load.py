@@ -1,6 +1,6 @@
 """Start-up time, memory and prompt-logprob spread of the cpu target's server (numbers for bench/RESULTS.md).
 
-Usage: .venv/bin/python bench/model_load.py [--repeat N] [--set K=V ...] [--base]
+Usage: .venv/bin/python bench/model_load.py [--manifest FILE] [--repeat N] [--set K=V ...] [--base]
 
 Each repeat builds (cache hits) or reuses the target's image, starts ONE server, waits for ``/health``
 (seconds from container start), reads the container's memory (docker stats: usage - inactive file) after a
@@ -61,11 +61,12 @@ def logprob_spread(url: str, model: str) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--manifest", type=Path, default=REPO / "build.yaml")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--set", action="append", default=[], dest="sets")
     ap.add_argument("--base", action="store_true", help="serve the base image (nothing patched)")
     args = ap.parse_args()
-    resolved = resolve(load_manifest(REPO / "build.yaml"), "cpu", None, environ=os.environ, sets=args.sets)
+    resolved = resolve(load_manifest(args.manifest), "cpu", None, environ=os.environ, sets=args.sets)
     model = str(resolved.serving_args().get("served-model-name", "tiny-qwen3-moe"))
     runs: list[dict[str, Any]] = []
     for _ in range(args.repeat):
@@ -76,7 +77,8 @@ def main() -> None:
             row.update({k: round(v, 4) if isinstance(v, float) else v
                         for k, v in logprob_spread(server.url, model).items()})
         runs.append(row)
-    print(json.dumps({"sets": args.sets, "base": args.base, "load": os.getloadavg(), "runs": runs}, indent=2))
+    print(json.dumps({"manifest": str(args.manifest), "sets": args.sets, "base": args.base,
+                      "load": os.getloadavg(), "runs": runs}, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 """Run INSIDE a container of the cpu base image: exercise CPUUnquantizedExperts' real methods with spies.
 
-    python cpu_moe_probe.py        (prints one JSON object)
+    python cpu_moe_probe.py [--x86-without-amx]        (prints one JSON object)
 
 The container holds vLLM's cpu_moe.py as the test put it there (patched by the manifest's steps, or the
 stock file) and the sorted_moe overlay at its destination. The probe replaces ``sorted_moe.fused_experts``,
 ``cpu_moe.cpu_fused_moe`` and ``cpu_moe.cpu_prepack_moe_weight`` by spies that record each call and call
 the real function, runs ``process_weights_after_loading`` then ``apply`` of both the portable
-(``CPUUnquantizedExperts``, float32) and the AMX class (``X86CPUUnquantizedExperts``, bf16, when this CPU
-has AMX) on seeded tensors, and reports the calls and the error against a float64 per-(token, slot) loop
+(``CPUUnquantizedExperts``, float32) and the AMX class (``X86CPUUnquantizedExperts``, bf16: when this CPU
+has AMX, or with ``--x86-without-amx``, which only the patched file survives: its path never reaches the
+AMX kernels) on seeded tensors, and reports the calls and the error against a float64 per-(token, slot) loop
 written here. The test decides what passes.
 """
 
@@ -34,6 +35,7 @@ def _spy(name: str, fn: Any) -> Any:
     return wrapper
 
 
+REAL_SORTED = sorted_moe.fused_experts
 sorted_moe.fused_experts = _spy("sorted_moe.fused_experts", sorted_moe.fused_experts)
 cpu_moe.cpu_fused_moe = _spy("cpu_fused_moe", cpu_moe.cpu_fused_moe)
 cpu_moe.cpu_prepack_moe_weight = _spy("cpu_prepack_moe_weight", cpu_moe.cpu_prepack_moe_weight)
@@ -86,6 +88,10 @@ def run(cls: type, dtype: torch.dtype, *, top_k: int, on_input: bool) -> dict[st
                       experts, None, None, None, torch.empty(0), torch.empty(0), None, on_input)
     want = reference(hidden_states, plain_w13, plain_w2, weights, ids, weighted=not on_input)
     err = (output.double() - want).abs()
+    # what sorted_moe makes of the weights as process_weights_after_loading left them (packed: garbage)
+    on_layer = REAL_SORTED(hidden_states, layer.w13_weight.data, layer.w2_weight.data,
+                           torch.ones_like(weights) if on_input else weights, ids)
+    packed["sorted_on_layer_weights_err"] = float((on_layer.double() - want).abs().max())
     return {
         "class": cls.__name__, "dtype": str(dtype), "top_k": top_k, "apply_router_weight_on_input": on_input,
         "calls": {k: CALLS[k] - before[k] for k in CALLS}, **packed,
@@ -98,7 +104,7 @@ def main() -> int:
     cases = [run(cpu_moe.CPUUnquantizedExperts, torch.float32, top_k=2, on_input=False),
              run(cpu_moe.CPUUnquantizedExperts, torch.float32, top_k=1, on_input=True)]
     amx = bool(torch.cpu._is_amx_tile_supported())
-    if amx:
+    if amx or "--x86-without-amx" in sys.argv[1:]:
         cases.append(run(cpu_moe.X86CPUUnquantizedExperts, torch.bfloat16, top_k=2, on_input=False))
     print(json.dumps({"amx": amx, "cases": cases}))
     return 0

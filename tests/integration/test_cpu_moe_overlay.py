@@ -69,14 +69,14 @@ def _tar(files: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
-def _probe(image: str, cpu_moe_text: str) -> dict[str, Any]:
+def _probe(image: str, cpu_moe_text: str, *args: str) -> dict[str, Any]:
     files = {
         f"{SITE}/{CPU_MOE}": cpu_moe_text.encode(),
         f"{SITE}/{SORTED_MOE}": (REPO / "overlays" / "bi100" / "sorted_moe.py").read_bytes(),
         "/tmp/cpu_moe_probe.py": (Path(__file__).parent / "cpu_moe_probe.py").read_bytes(),
     }
     container = client().containers.create(
-        image, entrypoint=["python", "-B", "/tmp/cpu_moe_probe.py"], command=[], network_disabled=True,
+        image, entrypoint=["python", "-B", "/tmp/cpu_moe_probe.py"], command=list(args), network_disabled=True,
         environment={"VLLM_TARGET_DEVICE": "cpu", "TORCH_COMPILE_DISABLE": "1"},
         labels={"org.imageforge.tool": "imageforge", "org.imageforge.kind": "test"})
     try:
@@ -106,13 +106,15 @@ def test_manifest_has_both_patches_on_the_real_file(stock_text: str) -> None:
 
 
 def test_patched_apply_calls_sorted_moe(cpu_base: str, stock_text: str) -> None:
-    result = _probe(cpu_base, apply_steps(stock_text, _cpu_steps()))
-    assert len(result["cases"]) >= 2
+    result = _probe(cpu_base, apply_steps(stock_text, _cpu_steps()), "--x86-without-amx")
+    assert {(c["class"], c["dtype"]) for c in result["cases"]} == {
+        ("CPUUnquantizedExperts", "torch.float32"), ("X86CPUUnquantizedExperts", "torch.bfloat16")}
     for case in result["cases"]:
         name = f"{case['class']} {case['dtype']} top{case['top_k']} on_input={case['apply_router_weight_on_input']}"
         assert case["calls"] == {"sorted_moe.fused_experts": 1, "cpu_fused_moe": 0, "cpu_prepack_moe_weight": 0}, name
         assert case["w13_unchanged"] and case["w2_unchanged"], name  # no prepack: the plain layout stays
         assert case["finite"], name
+        assert case["sorted_on_layer_weights_err"] == case["max_abs_err"], name  # the same weights, the same path
         tol = 1e-4 if case["dtype"] == "torch.float32" else 0.05 * case["ref_max_abs"]
         assert case["max_abs_err"] <= tol, (name, case)
 
@@ -125,6 +127,8 @@ def test_stock_file_prepacks_and_calls_cpu_fused_moe(cpu_base: str, stock_text: 
         assert case["calls"] == {"sorted_moe.fused_experts": 0, "cpu_fused_moe": 1, "cpu_prepack_moe_weight": 2}, name
         assert not (case["w13_unchanged"] and case["w2_unchanged"]), name  # permuted data ...
         assert case["w13_shape"] == [8, 64, 64], name  # ... in the same shape
+        # ... which sorted_moe turns into garbage without an error: why the prepack must go
+        assert case["sorted_on_layer_weights_err"] > 0.2 * case["ref_max_abs"], (name, case)
         # the stock kernel on its packed weights computes the same MoE (the reference is right about vLLM)
         tol = 1e-3 if case["dtype"] == "torch.float32" else 0.05 * case["ref_max_abs"]
         assert case["max_abs_err"] <= tol, (name, case)
