@@ -1,4 +1,4 @@
-"""Write a tiny Qwen3-MoE-style model directory for vLLM's ``--load-format dummy`` (no weight files).
+"""Write a tiny Qwen3-MoE-style model directory with real, seeded safetensors weights.
 
     python images/cpu/make_model.py OUT_DIR
 
@@ -12,21 +12,39 @@
 - ``tokenizer_config.json``: a Qwen3-style chat template (system/user/assistant/tool messages, hermes
   ``<tool_call>`` tools, ``enable_thinking``).
 - ``generation_config.json``: eos = ``<|im_end|>`` and ``<|endoftext|>``; no sampling defaults.
+- ``model.safetensors``: every weight of the config in float32 (HF Qwen3-MoE names), loaded by vLLM's
+  normal safetensors loader. Matrices are uniform on ``[-sqrt(3)*s, sqrt(3)*s]`` (std ``s`` =
+  ``INIT_STD``, 0.3: logits spread over several nats), RMSNorm weights are 1.
 
-Deterministic: the same script version (and `tokenizers` version) writes the same bytes.
+Weights generator: Philox4x64-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011;
+the Random123 reference), through numpy's ``Philox`` bit generator with an explicit key and counter
+(``random_raw``: the raw 64-bit words, no ``SeedSequence``, no distribution method). A counter-based
+generator is a fixed function of (key, counter), so its raw stream cannot change with a library version;
+numpy's distribution methods (``normal`` ...) and ``torch.manual_seed`` streams carry no such promise.
+The tests check numpy's stream against the Random123 known-answer vectors and an independent pure-Python
+Philox. Each tensor has its own key ``(SEED, first 8 bytes of sha256(name))``, so a tensor's values do
+not depend on the others; its words become values by exact arithmetic (``weight_values``).
+
+Deterministic: the same script version (and `tokenizers`, numpy and safetensors versions) writes the same
+bytes; those versions are part of the model's digest (``imageforge.base.model_digest``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import math
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-SCRIPT_VERSION = 1
+SCRIPT_VERSION = 2
 MODEL_NAME = "tiny-qwen3-moe"
+SEED = 20261201  # first word of every tensor's Philox key
+INIT_STD = 0.3  # std of every matrix (uniform init); an std of 0.3 gives ~10 nats of logit spread
+WEIGHTS_FILE = "model.safetensors"
 MAX_MERGES = 247  # 256 bytes + 247 merges + 9 added tokens = 512 ids (when the corpus allows)
 
 #: (content, special) in id order after the BPE vocabulary; Qwen3's order.
@@ -330,6 +348,86 @@ def _dump(obj: Any) -> str:
     return json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
 
 
+def tensor_key(name: str) -> tuple[int, int]:
+    """The Philox key of tensor ``name``: (SEED, the first 8 bytes of sha256(name), little endian)."""
+    return SEED, int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+
+
+def philox_words(key: tuple[int, int], count: int) -> Any:
+    """``count`` raw 64-bit Philox4x64-10 words for ``key``, blocks at counters 1, 2, 3, ... (numpy uint64).
+
+    numpy's ``Philox(counter=c)`` increments the counter before each block, so counter 0 starts at block 1.
+    """
+    import numpy as np
+
+    bitgen = np.random.Philox(counter=0, key=np.array(key, dtype=np.uint64))
+    return bitgen.random_raw(count)
+
+
+def weight_values(words: Any, std: float) -> Any:
+    """Uniform values of std ``std`` from raw words, by exact arithmetic (float32 array).
+
+    The top 24 bits ``u`` of a word give ``(2u + 1 - 2**24) / 2**24`` (an odd multiple of 2**-24 in
+    (-1, 1), exact in float64), times ``sqrt(3) * std`` in float64, rounded once to float32. IEEE-754
+    rounding makes this the same on every platform and numpy version.
+    """
+    import numpy as np
+
+    u = (np.asarray(words, dtype=np.uint64) >> np.uint64(40)).astype(np.int64)
+    x = (2 * u + 1 - 2**24).astype(np.float64) / float(2**24)
+    return (x * (math.sqrt(3.0) * std)).astype(np.float32)
+
+
+def weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """HF Qwen3-MoE parameter name -> shape (``[out, in]`` for linear layers) for ``config``."""
+    h, v = int(config["hidden_size"]), int(config["vocab_size"])
+    hd, nh, nkv = int(config["head_dim"]), int(config["num_attention_heads"]), int(config["num_key_value_heads"])
+    e, inter = int(config["num_experts"]), int(config["moe_intermediate_size"])
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,),
+                                          "lm_head.weight": (v, h)}
+    for layer in range(int(config["num_hidden_layers"])):
+        p = f"model.layers.{layer}"
+        shapes.update({
+            f"{p}.input_layernorm.weight": (h,),
+            f"{p}.post_attention_layernorm.weight": (h,),
+            f"{p}.self_attn.q_proj.weight": (nh * hd, h),
+            f"{p}.self_attn.k_proj.weight": (nkv * hd, h),
+            f"{p}.self_attn.v_proj.weight": (nkv * hd, h),
+            f"{p}.self_attn.o_proj.weight": (h, nh * hd),
+            f"{p}.self_attn.q_norm.weight": (hd,),
+            f"{p}.self_attn.k_norm.weight": (hd,),
+            f"{p}.mlp.gate.weight": (e, h),
+        })
+        for expert in range(e):
+            q = f"{p}.mlp.experts.{expert}"
+            shapes.update({f"{q}.gate_proj.weight": (inter, h), f"{q}.up_proj.weight": (inter, h),
+                           f"{q}.down_proj.weight": (h, inter)})
+    return dict(sorted(shapes.items()))
+
+
+def weights(config: dict[str, Any]) -> dict[str, Any]:
+    """Name -> float32 numpy array: norms 1, every other tensor seeded uniform of std INIT_STD."""
+    import numpy as np
+
+    out: dict[str, Any] = {}
+    for name, shape in weight_shapes(config).items():
+        if name.endswith("norm.weight"):
+            out[name] = np.ones(shape, dtype=np.float32)
+        else:
+            words = philox_words(tensor_key(name), math.prod(shape))
+            out[name] = weight_values(words, INIT_STD).reshape(shape)
+    return out
+
+
+def weights_bytes(config: dict[str, Any]) -> bytes:
+    """The ``model.safetensors`` file for ``config``."""
+    from safetensors.numpy import save
+
+    # One metadata key only: safetensors keeps metadata in a hash map, so several keys come out in any order.
+    data: bytes = save(weights(config), metadata={"format": "pt"})
+    return data
+
+
 def model_files() -> dict[str, str]:
     """File name -> text of every file of the model directory."""
     tok = build_tokenizer()
@@ -355,8 +453,10 @@ def write_model(out_dir: Path) -> Path:
     """Write the model directory (files replaced, nothing else touched); return it."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in model_files().items():
+    files = model_files()
+    for name, text in files.items():
         (out_dir / name).write_bytes(text.encode("utf-8"))
+    (out_dir / WEIGHTS_FILE).write_bytes(weights_bytes(json.loads(files["config.json"])))
     return out_dir
 
 

@@ -26,7 +26,7 @@ from imageforge.base import ensure_cpu_base, ensure_model
 HERE = Path(__file__).resolve().parent
 MOUNT = "/models/tiny-qwen3-moe"
 SERVE_ARGS = [
-    "vllm", "serve", MOUNT, "--load-format", "dummy", "--enforce-eager", "--max-model-len", "2048",
+    "vllm", "serve", MOUNT, "--enforce-eager", "--max-model-len", "2048",
     "--dtype", "bfloat16", "--served-model-name", "tiny", "--reasoning-parser", "qwen3",
     "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--port", "8000",
 ]  # fmt: skip

@@ -11,7 +11,7 @@ Recipe: ``images/cpu/base.yaml`` (+ ``requirements.lock``, ``install.sh``, ``mak
   of the OS image (no network, wheelhouse bind-mounted read-only: it never enters a layer), then
   the container is committed with an explicit config.  The key hashes the OS key, the ``vllm``
   section, the lock entries and ``install.sh``.
-- **Tiny model**: ``make_model.py`` writes a Qwen3-MoE-style model directory (dummy weights).
+- **Tiny model**: ``make_model.py`` writes a Qwen3-MoE-style model directory (seeded safetensors weights).
 
 Public API: :func:`ensure_cpu_base`, :func:`base_image_status`, :func:`ensure_model`.
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -791,16 +792,17 @@ def _load_make_model(script: Path) -> Any:
 
 
 def model_digest(recipe_dir: Path) -> str:
-    """Digest of what decides the model's bytes: the script and the `tokenizers` version."""
+    """Digest of what decides the model's bytes: the script (tokenizer corpus, config, weight seed, generator
+    and init scale) and the versions of the libraries that write them (`tokenizers`: tokenizer.json; numpy's
+    Philox stream and `safetensors`: model.safetensors)."""
     recipe = load_recipe(recipe_dir)
-    try:
-        import tokenizers
-
-        tok_version = str(tokenizers.__version__)
-    except ImportError:
-        tok_version = "missing"
     h = hashlib.sha256(recipe.model_script.read_bytes())
-    h.update(b"\0tokenizers=" + tok_version.encode())
+    for lib in ("tokenizers", "numpy", "safetensors"):
+        try:
+            version = importlib.metadata.version(lib)
+        except importlib.metadata.PackageNotFoundError:
+            version = "missing"
+        h.update(f"\0{lib}={version}".encode())
     return h.hexdigest()
 
 

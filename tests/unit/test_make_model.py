@@ -52,8 +52,9 @@ def test_same_script_same_bytes(model_dir: Path, tmp_path: Path) -> None:
 
 def test_files_present(model_dir: Path) -> None:
     names = set(_files(model_dir))
-    assert {"config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"} <= names
-    assert not any(n.endswith((".safetensors", ".bin")) for n in names)  # dummy weights only
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+            "model.safetensors"} <= names
+    assert not any(n.endswith(".bin") for n in names)
 
 
 def test_special_tokens_are_single_tokens(model_dir: Path) -> None:
