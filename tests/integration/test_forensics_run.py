@@ -1,0 +1,156 @@
+"""equiv, bisect and ablate on real images and real vLLM servers of the cpu target.
+
+Each test starts real servers (30-120 s each on this machine): keep them few.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from imageforge.equiv.compare import EquivError
+from imageforge.errors import EXIT_SMOKE, SmokeError
+from imageforge.forensics.search import raise_for
+from imageforge.manifest import load_manifest
+from imageforge.resolve import resolve
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+LOGITS = "vllm/model_executor/layers/logits_processor.py"
+# LogitsProcessor.forward of vllm 0.32 (the base image's file): the one place every logit passes.
+SCALE_OLD = "            if self.scale != 1.0:\n                logits *= self.scale\n        return logits\n"
+SCALED_SOFTMAX = {
+    "id": "scaled-softmax", "kind": "patch", "file": LOGITS, "old": SCALE_OLD,
+    # a math change: the softmax over the vocabulary sees logits x 1e4 (temperature 1e-4)
+    "new": "            logits = logits * 1.0e4  # test: scaled softmax\n        return logits\n",
+    "why": "test: changes the math",
+}
+MODELS_ROUTER = "vllm/entrypoints/openai/models/api_router.py"
+BROKEN_MODELS = {
+    "id": "break-v1-models", "kind": "patch", "file": MODELS_ROUTER,
+    "old": "    models_ = await handler.show_available_models()\n",
+    "new": "    raise RuntimeError('imageforge test: /v1/models broken on purpose')\n",
+    "why": "test: a deliberately broken step",
+}
+
+
+def _prompts(resolved: Any, n: int, greedy: int) -> Any:
+    import dataclasses
+
+    s = resolved.target.equiv
+    return dataclasses.replace(s, prompts=s.prompts[:n], greedy_tokens=greedy)
+
+
+def test_equiv_the_shipped_cpu_image_matches_its_base(cpu_resolved: Any) -> None:
+    """The shipped steps are retunes (BLOCK/NUM_WARPS) and modules: nothing flagged, in float32 on both sides."""
+    from imageforge.equiv.run import equiv_target
+
+    result = equiv_target(cpu_resolved, settings=_prompts(cpu_resolved, 3, 4), echo=print)
+    assert result.verdict.dtype == "float32"
+    assert result.verdict.passed, result.text()
+    assert {c.name for c in result.verdict.checks} == {"max_abs", "mean_abs", "p95_abs", "top1"}
+    assert result.verdict.comparison.overall.max_abs < 1e-3
+    assert result.reference.url != result.candidate.url  # two servers, distinct ports
+    assert result.run_dir is not None
+    saved = json.loads((result.run_dir / "equiv.json").read_text())
+    assert saved["passed"] is True and saved["dtype"] == "float32"
+    assert (result.run_dir / "evidence-reference.json").is_file()
+    assert "equiv PASSED" in (result.run_dir / "equiv.txt").read_text()
+
+
+def test_equiv_catches_a_scaled_softmax_with_exit_4(cpu_variant: Callable[..., Path],
+                                                     remove_images: list[str]) -> None:
+    from imageforge.equiv.compare import raise_if_failed
+    from imageforge.equiv.run import equiv_target
+
+    remove_images += ["imageforge-test/equiv-math-equiv"]
+    path = cpu_variant("imageforge-test/equiv-math", steps=[SCALED_SOFTMAX])
+    resolved = resolve(load_manifest(path), "cpu", "conservative", environ=os.environ)
+    result = equiv_target(resolved, settings=_prompts(resolved, 3, 4), echo=print)
+    assert not result.verdict.passed, result.text()
+    failed = {c.name for c in result.verdict.checks if not c.passed}
+    assert "max_abs" in failed, result.text()
+    with pytest.raises(EquivError) as info:
+        raise_if_failed(result.verdict)
+    assert info.value.exit_code == EXIT_SMOKE == 4
+
+
+def _with_step_at(path: Path, step_id: str, index: int) -> Path:
+    data = yaml.safe_load(path.read_text())
+    steps = data["targets"]["cpu"]["steps"]
+    step = next(s for s in steps if s["id"] == step_id)
+    steps.remove(step)
+    steps.insert(index, step)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[..., Path],
+                                                        remove_images: list[str]) -> None:
+    from imageforge.forensics.run import bisect_target
+
+    remove_images += ["imageforge-test/bisect-bisect"]
+    path = _with_step_at(cpu_variant("imageforge-test/bisect", steps=[BROKEN_MODELS]), "break-v1-models", 2)
+    # five steps keep the test's server starts few (each 30-240 s here): the bound is ceil(log2 5) + 2 = 5
+    data = yaml.safe_load(path.read_text())
+    data["targets"]["cpu"]["steps"] = [s for s in data["targets"]["cpu"]["steps"] if s["kind"] != "overlay"]
+    data["targets"]["cpu"]["verify"]["imports"] = ["vllm.v1.attention.ops.prefix_prefill"]
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    resolved = resolve(load_manifest(path), "cpu", "conservative", environ=os.environ)
+    ids = [s.id for s in resolved.steps]
+    assert ids == ["prefill-base-block", "prefill-num-warps", "break-v1-models", "torch-libs-into-usr-local",
+                   "ldconfig"]
+    run = bisect_target(resolved, checks=["models-lists-served-name"], echo=print)
+    result = run.result
+    assert result.status == "found", run.text()
+    assert result.first_failing == 3 and result.last_passing == 2
+    assert run.culprit is not None and run.culprit.id == "break-v1-models"
+    assert result.runs <= math.ceil(math.log2(5)) + 2
+    text = run.text()
+    assert f"first failing step: break-v1-models (patch) at {path}:" in text
+    assert f"{MODELS_ROUTER} (patched x1)" in text
+    assert "models-lists-served-name" in text  # the failing check's report
+    with pytest.raises(SmokeError) as info:
+        raise_for(result, run.culprit.id)
+    assert info.value.exit_code == 4
+    saved = json.loads((run.run_dir / "bisect.json").read_text())
+    assert saved["culprit"]["id"] == "break-v1-models" and saved["first_failing"] == 3
+
+
+def test_ablate_benches_abab_and_skips_required_steps(cpu_variant: Callable[..., Path], remove_images: list[str],
+                                                      tmp_path: Path) -> None:
+    from imageforge.bench import Workload
+    from imageforge.forensics.run import ablate_target
+
+    remove_images += ["imageforge-test/ablate-ablate"]
+    path = cpu_variant("imageforge-test/ablate")
+    data = yaml.safe_load(path.read_text())
+    for step in data["targets"]["cpu"]["steps"]:
+        if step["id"] == "ldconfig":
+            step["required"] = True
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    resolved = resolve(load_manifest(path), "cpu", "conservative", environ=os.environ)
+    workload = Workload(requests=4, concurrency=2, prompt_tokens=64, output_tokens=8, duration=120)
+    out = tmp_path / "ablate-out"
+    run = ablate_target(resolved, workload, steps=["sorted-moe-module", "ldconfig"], repeats=2, out=out, echo=print)
+    assert [v.step for v in run.plan.variants] == ["sorted-moe-module"]
+    assert [(s.step, s.reason) for s in run.table.skipped] == [("ldconfig", "required: true")]
+    assert [(r.role, r.round) for r in run.plan.schedule] == [("full", 0), ("variant", 0), ("full", 1),
+                                                               ("variant", 1)]
+    row = run.table.rows[0]
+    assert row.pairs == 2 and row.failed_runs == 0 and row.score is not None and row.spread is not None
+    assert row.equiv == "pass"  # an unused module changes nothing the server computes
+    saved = json.loads((out / "ablate.json").read_text())
+    assert saved["variants"][0]["step"] == "sorted-moe-module" and len(saved["load"]["before"]) == 3
+    csv_lines = (out / "ablate.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("step,dropped,score,delta_score")
+    assert csv_lines[2].startswith("sorted-moe-module,sorted-moe-module,")
+    assert csv_lines[3].startswith("ldconfig,") and "skipped: required: true" in csv_lines[3]
+    assert len(list((out / "runs").iterdir())) == 4  # one bench.json per scheduled run
