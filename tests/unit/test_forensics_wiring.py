@@ -20,7 +20,8 @@ from imageforge.smoke import load_suite
 
 REPO = Path(__file__).resolve().parents[2]
 CPU_STEPS = ["prefill-base-block", "prefill-num-warps", "paged-attention-v2-module", "paged-attention-layout-module",
-             "prefix-attention-module", "sorted-moe-module", "torch-libs-into-usr-local", "ldconfig"]
+             "prefix-attention-module", "sorted-moe-module", "cpu-moe-skip-prepack", "cpu-moe-apply-sorted",
+             "torch-libs-into-usr-local", "ldconfig"]
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,7 @@ def test_a_prefix_keeps_the_order_the_keys_and_only_the_imports_its_overlays_pro
         "vllm.v1.attention.ops.paged_attention_v2_pytorch",
         "vllm.v1.attention.ops.paged_attention_layout",
         "vllm.v1.attention.ops.prefix_attention_pytorch",
+        "vllm.model_executor.layers.fused_moe.experts.cpu_moe",  # a package file: kept by every cut
     )
     full = make_plan(cpu, environ={}, probe=None)
     part = make_plan(prefix, environ={}, probe=None)
@@ -53,7 +55,8 @@ def test_a_prefix_keeps_the_order_the_keys_and_only_the_imports_its_overlays_pro
 def test_the_base_cut_has_no_steps_and_imports_only_what_the_package_has(cpu: Any) -> None:
     base = subset_resolved(cpu, [], suffix="bisect")
     assert base.steps == ()
-    assert base.target.verify.imports == ("vllm.v1.attention.ops.prefix_prefill",)
+    assert base.target.verify.imports == ("vllm.v1.attention.ops.prefix_prefill",
+                                          "vllm.model_executor.layers.fused_moe.experts.cpu_moe")
 
 
 def test_a_variant_without_a_middle_step_keeps_the_later_ones(cpu: Any) -> None:
@@ -61,7 +64,7 @@ def test_a_variant_without_a_middle_step_keeps_the_later_ones(cpu: Any) -> None:
     variant = subset_resolved(cpu, keep, suffix="ablate")
     assert [s.id for s in variant.steps] == keep
     assert "vllm.v1.attention.ops.paged_attention_layout" not in variant.target.verify.imports
-    assert len(variant.target.verify.imports) == 4
+    assert len(variant.target.verify.imports) == 5
     with pytest.raises(ConfigError, match="unknown step id"):
         subset_resolved(cpu, ["nope"], suffix="x")
 
