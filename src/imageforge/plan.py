@@ -25,7 +25,7 @@ import yaml
 from .manifest import Step
 from .resolve import Resolved
 
-KEY_VERSION = "imageforge-cache-v2"  # bump when the engine makes different layers from the same inputs
+KEY_VERSION = "imageforge-cache-v3"  # v3: verify cleans /tmp/torchinductor_*. Bump when the engine makes different layers from the same inputs
 Stage = Literal["step", "profile-step", "verify", "config"]
 CacheState = Literal["HIT", "MISS", "UNKNOWN"]
 
