@@ -249,7 +249,7 @@ def test_bi100_tree_builds_on_the_fixture_and_a_missing_anchor_fails_with_its_st
         log = "\n".join(lines)
         assert image is None, "the build must fail"
         assert "imageforge: step prefill-triton-tuning failed: patch 'prefill-triton-tuning' does not apply" in log
-        assert "anchor not found; closest:" in log and "NUM_WARPS = 8" in log
+        assert "anchor not found; closest: line " in log and "BLOCK = 128 if current_platform" in log
         assert "returned a non-zero code: 3" in log
     finally:
         sdk().images.remove(bad, force=True)
