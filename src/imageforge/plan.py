@@ -25,7 +25,8 @@ import yaml
 from .manifest import Step
 from .resolve import Resolved
 
-KEY_VERSION = "imageforge-cache-v2"  # bump when the engine makes different layers from the same inputs
+# Bump when the engine makes different layers from the same inputs (v3: verify cleans /tmp/torchinductor_*).
+KEY_VERSION = "imageforge-cache-v3"
 Stage = Literal["step", "profile-step", "verify", "config"]
 CacheState = Literal["HIT", "MISS", "UNKNOWN"]
 

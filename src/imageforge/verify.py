@@ -37,7 +37,12 @@ sys.dont_write_bytecode = True
 spec = json.loads(sys.argv[1])
 home = "/tmp/imageforge-verify-home"
 os.makedirs(home, exist_ok=True)
-os.environ.update({"HOME": home, "XDG_CACHE_HOME": home, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+# TMPDIR too: torch's inductor cache (tempfile.gettempdir()/torchinductor_<user>) then lands in `home`,
+# which is removed below, instead of staying in the image's /tmp.
+os.environ.update({"HOME": home, "XDG_CACHE_HOME": home, "TMPDIR": home, "VLLM_NO_USAGE_STATS": "1",
+                   "DO_NOT_TRACK": "1"})
+import tempfile
+tempfile.tempdir = None
 os.environ.update(spec["import_env"])
 out = {"compiled": [], "syntax": [], "missing": [], "stale": [], "hash": [], "symlinks": [], "imports": [],
        "checked": {"python": 0, "overlays": 0, "symlinks": 0, "imports": 0}}
@@ -105,6 +110,8 @@ for name in spec["imports"]:
                                "trace": traceback.format_exc().strip().splitlines()[-6:]})
 import shutil
 shutil.rmtree(home, ignore_errors=True)
+for leftover in glob.glob("/tmp/torchinductor_*"):  # made before TMPDIR took effect (e.g. by a .pth hook)
+    shutil.rmtree(leftover, ignore_errors=True)
 print("IMAGEFORGE-VERIFY " + json.dumps(out), flush=True)
 '''
 

@@ -1,0 +1,255 @@
+"""The submission tree (issue 13) on a real daemon: what the platform builds equals what imageforge built and tested.
+
+* cpu: the emitted tree built with plain ``docker build`` (docker SDK, legacy builder, no imageforge code
+  on that side) vs imageforge's build of the same manifest and profile: every path that differs from the
+  base image has the same (path, type, mode, uid:gid, sha256 of content or link target); the ENV is the
+  same dict; a server started with computility-run.yaml's command and env passes the dummy smoke suite.
+  Left out of the filesystem comparison, and why that is safe:
+  - ``/tmp``: build scratch only (both sides remove theirs: the engine's /tmp/imageforge-step, the tree's
+    /tmp/imageforge-submission); nothing is served from it and the directory's own entry differs only in
+    mtime. verify's /tmp/torchinductor_root is *cleaned* by verify (asserted below), not excluded.
+  - the *content* of ``__pycache__/`` files: both sides compile the same sources with the same script
+    (imageforge.verify.IN_IMAGE) into hash-checked .pyc, which Python validates against the source's hash at
+    import, so a .pyc can never shadow the source; marshal's output may still differ in bytes between two
+    compilations (reference flags depend on refcounts). Their names, types, modes and owners are compared.
+* bi100 (vendor-layout fixture): the emitted tree builds (the baseline script runs, every patch applies),
+  and a patch whose anchor is missing fails the emitted ``docker build`` with the step's id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+import yaml
+
+from tests.integration.bi100_fixture import BASELINE, SITE, site_file, vendor_files, vendor_image
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+Entry = tuple[str, str, str, str]  # type, mode, uid:gid, sha256 of content / link target
+
+
+def sdk() -> docker.DockerClient:
+    return docker.DockerClient(base_url="unix:///var/run/docker.sock", timeout=900)
+
+
+def plain_docker_build(tree: Path) -> tuple[str | None, list[str]]:
+    """``docker build`` of the tree, only the docker SDK: (image id or None, build log lines)."""
+    lines: list[str] = []
+    try:
+        image, stream = sdk().images.build(path=str(tree), rm=True, forcerm=True)
+        for chunk in stream:
+            lines.extend(str(chunk.get("stream", "")).splitlines())
+        return str(image.id), lines
+    except docker.errors.BuildError as exc:
+        for chunk in exc.build_log:
+            lines.extend(str(chunk.get("stream", "") or chunk.get("error", "")).splitlines())
+        return None, lines
+
+
+class _Stream(io.RawIOBase):
+    def __init__(self, chunks: Any) -> None:
+        self._it, self._buf = iter(chunks), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._buf:
+            try:
+                self._buf = next(self._it)
+            except StopIteration:
+                return 0
+        n = min(len(b), len(self._buf))
+        b[:n], self._buf = self._buf[:n], self._buf[n:]
+        return n
+
+
+def filesystem(image: str) -> dict[str, Entry]:
+    """Every path of the image's filesystem (a created, never started container's archive of /)."""
+    c = sdk()
+    container = c.containers.create(image, command=["true"], labels={"org.imageforge.test": "submission"})
+    out: dict[str, Entry] = {}
+    try:
+        stream, _ = container.get_archive("/", chunk_size=1 << 20)
+        with tarfile.open(fileobj=io.BufferedReader(_Stream(stream), 1 << 20), mode="r|") as tar:
+            for m in tar:
+                name = "/" + m.name.lstrip("./").lstrip("/") if m.name not in (".", "./", "/") else "/"
+                owner = f"{m.uid}:{m.gid}"
+                if m.isfile():
+                    h = hashlib.sha256()
+                    fh = tar.extractfile(m)
+                    assert fh is not None
+                    while chunk := fh.read(1 << 20):
+                        h.update(chunk)
+                    out[name] = ("file", f"{m.mode:o}", owner, h.hexdigest())
+                elif m.islnk():
+                    target = "/" + m.linkname.lstrip("./").lstrip("/")
+                    out[name] = ("file", f"{m.mode:o}", owner, out.get(target, ("", "", "", "?"))[3])
+                elif m.issym():
+                    out[name] = ("symlink", f"{m.mode:o}", owner, hashlib.sha256(m.linkname.encode()).hexdigest())
+                elif m.isdir():
+                    out[name] = ("dir", f"{m.mode:o}", owner, "")
+                else:
+                    out[name] = (f"type-{m.type!r}", f"{m.mode:o}", owner, f"{m.devmajor}:{m.devminor}")
+    finally:
+        container.remove(force=True)
+    return out
+
+
+def excluded(path: str) -> bool:
+    return path == "/tmp" or path.startswith("/tmp/")
+
+
+def comparable(entry: Entry, path: str) -> Entry:
+    return (*entry[:3], "") if "/__pycache__/" in path else entry
+
+
+def changed_from(base: dict[str, Entry], image: dict[str, Entry]) -> dict[str, Entry | None]:
+    """Path -> its entry where it differs from the base (None: removed), /tmp left out."""
+    out: dict[str, Entry | None] = {}
+    for path in set(base) | set(image):
+        if excluded(path):
+            continue
+        if base.get(path) != image.get(path):
+            out[path] = comparable(image[path], path) if path in image else None
+    return out
+
+
+def env_dict(image: str) -> dict[str, str]:
+    env = sdk().images.get(image).attrs["Config"].get("Env") or []
+    return dict(item.split("=", 1) for item in env)
+
+
+# --------------------------------------------------------------------------- cpu: the proof of equality
+
+
+@pytest.fixture(scope="module")
+def cpu_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    from imageforge.build import build
+    from imageforge.docker_engine import ensure_daemon
+    from imageforge.manifest import load_manifest
+    from imageforge.resolve import resolve
+    from imageforge.submission import write_submission
+
+    ensure_daemon(log=print)
+    resolved = resolve(load_manifest(REPO / "build.yaml"), "cpu", "conservative", environ=os.environ)
+    built = build(resolved, environ=os.environ, echo=print)
+    tree = tmp_path_factory.mktemp("submission") / "tree"
+    result = write_submission(resolved, tree, environ=os.environ)
+    t0 = time.monotonic()
+    plain, lines = plain_docker_build(tree)
+    print(f"plain docker build of the tree: {time.monotonic() - t0:.1f}s")
+    assert plain is not None, "\n".join(lines[-40:])
+    try:
+        yield {"resolved": resolved, "imageforge": built.image_id, "plain": plain, "tree": tree,
+               "base": result.base_ref}
+    finally:
+        with contextlib.suppress(Exception):
+            sdk().images.remove(plain, force=True)
+
+
+def test_cpu_tree_builds_the_same_filesystem_and_env(cpu_pair: dict[str, Any]) -> None:
+    base = filesystem(cpu_pair["base"])
+    ours = filesystem(cpu_pair["imageforge"])
+    theirs = filesystem(cpu_pair["plain"])
+    assert "/tmp/torchinductor_root" not in ours, "verify cleans torch's inductor cache, it is not just excluded"
+    a, b = changed_from(base, ours), changed_from(base, theirs)
+    # the steps did change things, in both: patched files, overlays, links, .pyc, the serving config
+    site = "/opt/venv/lib/python3.11/site-packages"
+    for path in (f"{site}/vllm/v1/attention/ops/prefix_prefill.py", f"{site}/vllm/model_executor/layers/fused_moe/"
+                 "sorted_moe.py", "/etc/imageforge/serving.yaml", "/etc/ld.so.cache"):
+        assert path in a, path
+    assert any(p.startswith("/usr/local/lib/libtorch") for p in a)
+    assert any("/__pycache__/prefix_prefill." in p for p in a)
+    only_ours = {p: a[p] for p in set(a) - set(b)}
+    only_theirs = {p: b[p] for p in set(b) - set(a)}
+    different = {p: (a[p], b[p]) for p in set(a) & set(b) if a[p] != b[p]}
+    assert not only_ours and not only_theirs and not different, (only_ours, only_theirs, different)
+    assert env_dict(cpu_pair["plain"]) == env_dict(cpu_pair["imageforge"])
+
+
+def test_cpu_server_started_with_the_yaml_passes_the_dummy_smoke_suite(cpu_pair: dict[str, Any]) -> None:
+    from imageforge.build import new_run_id
+    from imageforge.run import Server, container_spec, free_port, remove_server, wait_ready
+    from imageforge.smoke import load_suite, run_suite, target_vars
+
+    resolved = cpu_pair["resolved"]
+    doc = yaml.safe_load((cpu_pair["tree"] / "computility-run.yaml").read_text())
+    assert doc["concurrency"] == 1
+    run_id = new_run_id()
+    port = free_port()
+    kwargs = container_spec(resolved, cpu_pair["plain"], host_port=port, run_id=run_id, environ=os.environ)
+    kwargs.pop("detach")
+    image = kwargs.pop("image")
+    kwargs["command"] = doc["command"]
+    kwargs["environment"] = {**kwargs["environment"], **{e["name"]: e["value"] for e in doc["env"]}}
+    kwargs["labels"] = {**kwargs["labels"], "org.imageforge.test": "submission"}
+    container = sdk().containers.create(image, **kwargs)
+    server = Server(container=container, run_id=run_id, url=f"http://127.0.0.1:{port}", host_port=port,
+                    target="cpu", profile="submission", image=image,
+                    run_dir=REPO / ".imageforge" / "runs" / run_id)
+    try:
+        container.start()
+        wait_ready(server, timeout=float(resolved.target.smoke.startup_timeout), log=print, resolved=resolved)
+        suite = load_suite(resolved.target.smoke.suite)
+        report = run_suite(suite, server.url, tags=("dummy-ok",), run_id=run_id, run_dir=server.run_dir,
+                           vars=target_vars(resolved), live=False)
+        assert report.ok, report.summary_line()
+        assert len(report.results) >= 5
+    finally:
+        remove_server(server)
+
+
+# --------------------------------------------------------------------------- bi100 on the vendor-layout fixture
+
+
+def bi100_tree(tmp: Path, base: str) -> Path:
+    from imageforge.manifest import load_manifest
+    from imageforge.resolve import resolve
+    from imageforge.submission import write_submission
+
+    env = {**os.environ, "IMAGEFORGE_BI100_BASE": base, "IMAGEFORGE_BI100_SCRIPTS": str(BASELINE)}
+    resolved = resolve(load_manifest(REPO / "build.yaml"), "bi100", "baseline", environ=env)
+    result = write_submission(resolved, tmp, environ=env)
+    assert result.base.site == SITE
+    return tmp
+
+
+def test_bi100_tree_builds_on_the_fixture_and_a_missing_anchor_fails_with_its_step(tmp_path: Path) -> None:
+    good = vendor_image()
+    image, lines = plain_docker_build(bi100_tree(tmp_path / "good", good))
+    assert image is not None, "\n".join(lines[-40:])
+    try:
+        log = "\n".join(lines)
+        assert "baseline files deployed" in log, "patch_ops.sh ran"
+        for step in ("prefill-triton-tuning", "prefix-attention-call", "sorted-moe-call", "protocol-openai-fields"):
+            assert f"imageforge: step {step}: patched" in log, step
+        cmd = sdk().images.get(image).attrs["Config"]["Cmd"]
+        assert cmd == yaml.safe_load((tmp_path / "good" / "computility-run.yaml").read_text())["command"]
+    finally:
+        sdk().images.remove(image, force=True)
+
+    rel = site_file("vllm/attention/ops/prefix_prefill.py")
+    drifted = vendor_files()[rel].decode().replace("        NUM_WARPS = 8\n", "    NUM_WARPS = 8\n")
+    bad = vendor_image(overrides={rel: drifted})
+    try:
+        image, lines = plain_docker_build(bi100_tree(tmp_path / "bad", bad))
+        log = "\n".join(lines)
+        assert image is None, "the build must fail"
+        assert "imageforge: step prefill-triton-tuning failed: patch 'prefill-triton-tuning' does not apply" in log
+        assert "anchor not found; closest: line " in log and "BLOCK = 128 if current_platform" in log
+        assert "returned a non-zero code: 3" in log
+    finally:
+        sdk().images.remove(bad, force=True)
