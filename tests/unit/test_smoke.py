@@ -536,7 +536,7 @@ class BrokenServer(FakeServer):
 
 
 def test_failures_show_request_response_and_exit_4(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("imageforge.smoke.METRICS_SETTLE", 0.3)  # counters that never catch up
+    monkeypatch.setattr("imageforge.smoke.runner.METRICS_SETTLE", 0.3)  # counters that never catch up
     report, lines = run_mock(tmp_path, BrokenServer(), hooks=None)
     by_id = {r.check.id: r for r in report.results}
     assert by_id["lengths"].status == "failed"
