@@ -450,7 +450,7 @@ def test_sweep_continues_past_failing_points_and_builds_under_a_sweep_image(
         return b
 
     monkeypatch.setattr(build_mod, "build", fake_build)
-    monkeypatch.setattr(bench_mod, "bench_target", fake_bench)
+    monkeypatch.setattr(bench_mod.sweeps, "bench_target", fake_bench)
     lines: list[str] = []
     result = bench_mod.sweep(manifest, "t", None, [("max-num-seqs", [1, 4, 8, 16])],
                              Workload(requests=1, concurrency=16, output_tokens=100, max_error_rate=1.0),
