@@ -80,7 +80,7 @@ def test(c: Context, unit: bool = False, k: str = "", lint: bool = True) -> None
     """Lint, type-check and run the tests (sets up the Docker engine and base images first)."""
     py = sys.executable
     if lint:
-        c.run(f"{py} -m ruff check src tests tasks.py bench overlays images", pty=False)
+        c.run(f"{py} -m ruff check src tests tasks.py benchmarks bench overlays images", pty=False)
         c.run(f"{py} -m mypy", pty=False)
     paths = "tests/unit tests/overlays" if unit else "tests"
     if not unit:

@@ -61,7 +61,7 @@ __all__ = [
 _PARTITION_SIZE = 512
 # Upper bound, per device type, on the fp32 K/V (plus logits) gathered for one chunk of partitions. On a
 # GPU, big chunks mean few launches; on a CPU, chunks that stay in cache beat big ones (measured in
-# bench/overlays_cpu.py).
+# benchmarks/overlays_cpu.py).
 DEFAULT_MAX_CHUNK_BYTES: dict[str, int] = {"cpu": 8 * 1024 * 1024, "cuda": 256 * 1024 * 1024}
 
 

@@ -534,50 +534,53 @@ def wait_ready(
     """
     import httpx
 
+    from .waits import probe_health, wait_until
+
     progress = Progress(f"waiting for {server.url}/health", log, stream=progress_stream)
     t0 = server.started
-    last_error = "no answer yet"
+    last = "no answer yet"
+
+    def ready() -> float | None:
+        """The start-up seconds once /health answers 200; None while not yet; raises when the container exited."""
+        nonlocal last
+        health = probe_health(http, server.url)
+        if health.ok:
+            server.ready_at = time.monotonic()
+            server.startup_seconds = server.ready_at - t0
+            progress.done(f"ready: {server.url}/health OK after {server.startup_seconds:.1f}s")
+            return server.startup_seconds
+        last = health.short
+        state = server.state()
+        if not state.get("Running"):
+            progress.done("")
+            tail = server.logs(LOG_TAIL)
+            saved = server.save_log()
+            error_cls = InfraError if state.get("OOMKilled") else SmokeError
+            raise error_cls(
+                f"the server of {server.target}:{server.profile} stopped before it was ready "
+                f"({time.monotonic() - t0:.0f}s after start)",
+                found=server.describe_state(),
+                expected=f"GET {server.url}/health -> 200",
+                hint=exit_hint(tail, resolved) + (f"; full log: {saved}" if saved else ""),
+                log_tail=tail,
+            )
+        return None
+
     with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0)) as http:
-        while True:
-            elapsed = time.monotonic() - t0
-            try:
-                response = http.get(f"{server.url}/health")
-                if response.status_code == 200:
-                    server.ready_at = time.monotonic()
-                    server.startup_seconds = server.ready_at - t0
-                    progress.done(f"ready: {server.url}/health OK after {server.startup_seconds:.1f}s")
-                    return server.startup_seconds
-                last_error = f"HTTP {response.status_code}"
-            except httpx.HTTPError as exc:
-                last_error = type(exc).__name__
-            state = server.state()
-            if not state.get("Running"):
-                progress.done("")
-                tail = server.logs(LOG_TAIL)
-                saved = server.save_log()
-                error_cls = InfraError if state.get("OOMKilled") else SmokeError
-                raise error_cls(
-                    f"the server of {server.target}:{server.profile} stopped before it was ready "
-                    f"({elapsed:.0f}s after start)",
-                    found=server.describe_state(),
-                    expected=f"GET {server.url}/health -> 200",
-                    hint=exit_hint(tail, resolved) + (f"; full log: {saved}" if saved else ""),
-                    log_tail=tail,
-                )
-            if elapsed >= timeout:
-                progress.done("")
-                tail = server.logs(LOG_TAIL)
-                saved = server.save_log()
-                raise SmokeError(
-                    f"the server of {server.target}:{server.profile} was not ready within {timeout:.0f}s",
-                    expected=f"GET {server.url}/health -> 200",
-                    found=f"{last_error}; container {server.describe_state()}",
-                    hint="raise targets.<target>.smoke.startup_timeout if start-up is just slow"
-                    + (f"; full log: {saved}" if saved else ""),
-                    log_tail=tail,
-                )
-            progress.update(elapsed)
-            time.sleep(interval)
+        seconds = wait_until(ready, timeout=timeout, interval=interval, started=t0, on_poll=progress.update)
+    if seconds is not None:
+        return seconds
+    progress.done("")
+    tail = server.logs(LOG_TAIL)
+    saved = server.save_log()
+    raise SmokeError(
+        f"the server of {server.target}:{server.profile} was not ready within {timeout:.0f}s",
+        expected=f"GET {server.url}/health -> 200",
+        found=f"{last}; container {server.describe_state()}",
+        hint="raise targets.<target>.smoke.startup_timeout if start-up is just slow"
+        + (f"; full log: {saved}" if saved else ""),
+        log_tail=tail,
+    )
 
 
 def remove_server(server: Server, *, log: Log | None = None, keep_log: bool = True) -> None:

@@ -1,7 +1,7 @@
 """Make the overlay modules importable by their file names, as they are inside the image.
 
 overlays/bi100/*.py are copied into the vendor image's vllm package by the build, so they are not an
-installed package here: their folder goes on sys.path instead. bench/ goes there too, for the naive twins
+installed package here: their folder goes on sys.path instead. benchmarks/ goes there too, for the naive twins
 that the benchmarks compare against (tests/overlays/test_overlays_naive.py checks them).
 """
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 _REPO = Path(__file__).resolve().parents[2]
-for _path in (_REPO / "overlays" / "bi100", _REPO / "bench", Path(__file__).resolve().parent):
+for _path in (_REPO / "overlays" / "bi100", _REPO / "benchmarks", Path(__file__).resolve().parent):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 

@@ -1,4 +1,4 @@
-"""The benchmarks' naive twins and dense references (bench/overlays_naive.py) against the float64 references,
+"""The benchmarks' naive twins and dense references (benchmarks/overlays_naive.py) against the float64 references,
 so a benchmark never compares an optimised module with something wrong. fp32 inputs; ATTN_TOL / MOE_TOL.
 """
 

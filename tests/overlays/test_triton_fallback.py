@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
+import types
 
 import pytest
 import triton_fallback
@@ -62,24 +65,32 @@ def test_hang_on_first_call_falls_back_within_timeout() -> None:
 
 
 def test_concurrent_first_calls_run_fast_path_once() -> None:
+    """Eight threads arrive before the fast path is proven: exactly one runs the guarded first call (in the
+    watchdog thread), the other seven wait for it and then run the fast path inline."""
     guard = PermanentFallback("k", first_call_timeout=5)
-    count = 0
+    threads_seen: list[str] = []
     lock = threading.Lock()
+    arrived = threading.Barrier(8)
 
     def fast() -> str:
-        nonlocal count
         with lock:
-            count += 1
+            threads_seen.append(threading.current_thread().name)
         time.sleep(0.05)
         return "fast"
 
+    def call() -> None:
+        arrived.wait(5)  # all eight ask at the same moment, before anything is proven
+        results.append(guard.run(fast, lambda: "slow"))
+
     results: list[str] = []
-    threads = [threading.Thread(target=lambda: results.append(guard.run(fast, lambda: "slow"))) for _ in range(8)]
+    threads = [threading.Thread(target=call, name=f"caller-{i}") for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert results == ["fast"] * 8 and count == 8
+    assert results == ["fast"] * 8
+    assert threads_seen.count("k-first-call") == 1, threads_seen
+    assert len(threads_seen) == 8 and sum(n.startswith("caller-") for n in threads_seen) == 7, threads_seen
 
 
 def test_timeout_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,4 +99,13 @@ def test_timeout_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_has_triton_reflects_import() -> None:
-    assert triton_fallback.triton_available() == triton_fallback.HAS_TRITON
+    # what a fresh interpreter says about `import triton`, independent of the module under test
+    importable = subprocess.run([sys.executable, "-c", "import triton"], capture_output=True).returncode == 0
+    assert triton_fallback.HAS_TRITON is importable
+
+
+def test_triton_available_follows_the_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
+    assert triton_fallback.triton_available() is False
+    monkeypatch.setitem(sys.modules, "triton", types.ModuleType("triton"))  # `import triton` works
+    assert triton_fallback.triton_available() is True

@@ -536,7 +536,7 @@ class BrokenServer(FakeServer):
 
 
 def test_failures_show_request_response_and_exit_4(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("imageforge.smoke.METRICS_SETTLE", 0.3)  # counters that never catch up
+    monkeypatch.setattr("imageforge.smoke.runner.METRICS_SETTLE", 0.3)  # counters that never catch up
     report, lines = run_mock(tmp_path, BrokenServer(), hooks=None)
     by_id = {r.check.id: r for r in report.results}
     assert by_id["lengths"].status == "failed"
@@ -664,3 +664,17 @@ def test_live_table_fits_the_terminal_then_prints_everything() -> None:
         assert "check-03" in shown and "check-29" in shown and "check-39" not in shown
     text = out.getvalue()
     assert all(c.id in text for c in checks)  # the whole table once at the end
+
+
+def test_every_json_operator_is_in_the_schema_and_compare_knows_it() -> None:
+    """A new operator needs three places (see CONTRIBUTING.md): this catches one that was forgotten."""
+    from imageforge.smoke import PATH_OPS
+
+    schema = json.loads((REPO / "schema" / "smoke.schema.json").read_text())
+    in_schema = set(schema["$defs"]["path_expectation"]["properties"]) - {"path", "each"}
+    assert in_schema == set(PATH_OPS)
+    for op in set(PATH_OPS) - {"exists", "count"}:  # those two read the list of matches (evaluate_path)
+        try:
+            compare(op, "x", "x" if op not in ("valid", "parses_as") else {})
+        except ValueError as exc:
+            raise AssertionError(f"compare() does not know {op!r}") from exc

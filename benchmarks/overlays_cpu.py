@@ -1,6 +1,6 @@
 """CPU benchmark: each overlay module against its naive twin; prints a markdown table.
 
-    .venv/bin/python bench/overlays_cpu.py [--quick] [--out FILE]
+    .venv/bin/python benchmarks/overlays_cpu.py [--quick] [--out FILE]
 
 Time: best (minimum) wall time of ``--reps`` calls after one warm-up, one torch thread by default: other
 jobs share this machine's two cores, and two spinning OpenMP threads under such load gave timings that
@@ -8,7 +8,7 @@ varied 100-fold; one thread keeps minimum and median within ~10%. Peak: the grow
 resident set during one call (Linux: reset with ``/proc/self/clear_refs``, read ``VmHWM``), i.e. the
 extra memory the call needed on top of its inputs. Every variant's output is checked against a dense
 reference first (max abs error in the table). CPU ratios say little about the launch-bound GPU picture:
-see bench/overlays_gpu.py for that.
+see benchmarks/overlays_gpu.py for that.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Wall time of whole `invoke` processes (cold Python start included): validate, plan, no-op build.
 
-Usage: .venv/bin/python bench/cli_latency.py [--runs N]   (needs the cpu target built once for the build row)
+Usage: .venv/bin/python benchmarks/cli_latency.py [--runs N]   (needs the cpu target built once for the build row)
 Prints a markdown table: min / median / max seconds over N runs, and the goal.
 """
 

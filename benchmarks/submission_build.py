@@ -1,6 +1,6 @@
 """Cold build of the emitted submission tree (plain ``docker build``) vs imageforge's build of the target (issue 13).
 
-    .venv/bin/python bench/submission_build.py [--profile conservative] [--rounds 3] [--write-results]
+    .venv/bin/python benchmarks/submission_build.py [--profile conservative] [--rounds 3] [--write-results]
 
 Each round salts the first patch of a copy of build.yaml's ``cpu`` target (bench/build_vs_dockerfile.py's
 ``Imageforge`` side: image ``imageforge-bench/cpu``, base given by reference), so nothing of it is cached;
@@ -103,7 +103,8 @@ def main() -> None:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         SECTION, "",
-        f"Measured {stamp} with `bench/submission_build.py --rounds {args.rounds}` (profile {args.profile}): 2 cores "
+        f"Measured {stamp} with `benchmarks/submission_build.py --rounds {args.rounds}` "
+        f"(profile {args.profile}): 2 cores "
         f"shared with other engineers' work (load average {load_before} before, {load_after} after), Docker "
         f"{server}, legacy builder. Each round is cold on both sides (first patch salted; `docker build "
         "--no-cache`), whole processes, wall clock, sides alternating; median [min-max] of the rounds.",

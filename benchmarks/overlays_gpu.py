@@ -1,6 +1,6 @@
 """GPU benchmark of the overlay modules: correctness against references, then CUDA-event timings.
 
-    python3 bench/overlays_gpu.py [--out FILE] [--quick] [--device cuda|cpu]
+    python3 benchmarks/overlays_gpu.py [--out FILE] [--quick] [--device cuda|cpu]
 
 One script for one device call (see bench/RESULTS.md for how it was run). For every case it first checks
 each variant against a reference computed in fp32 (MoE: the per-expert loop on fp32 copies of the inputs;

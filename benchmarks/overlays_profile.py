@@ -1,8 +1,8 @@
 """Where the time goes: torch.profiler tables (top ops by device time) for a few overlay calls.
 
-    python3 bench/overlays_profile.py [--device cuda] [--out FILE]
+    python3 benchmarks/overlays_profile.py [--device cuda] [--out FILE]
 
-A diagnostic companion to bench/overlays_gpu.py: one profiled call per case after two warm-ups and the top
+A diagnostic companion to benchmarks/overlays_gpu.py: one profiled call per case after two warm-ups and the top
 operators by self device time; the footer's device total against the call's unprofiled time (from
 overlays_gpu.py) tells whether a call is bound by the host issuing kernels.
 """

@@ -1,6 +1,6 @@
 """Start-up time, memory and prompt-logprob spread of the cpu target's server (numbers for bench/RESULTS.md).
 
-Usage: .venv/bin/python bench/model_load.py [--manifest FILE] [--repeat N] [--set K=V ...] [--base]
+Usage: .venv/bin/python benchmarks/model_load.py [--manifest FILE] [--repeat N] [--set K=V ...] [--base]
 
 Each repeat builds (cache hits) or reuses the target's image, starts ONE server, waits for ``/health``
 (seconds from container start), reads the container's memory (docker stats: usage - inactive file) after a

@@ -1,5 +1,5 @@
 """Naive twins of the overlay modules (what the team's notes describe as the baseline), and dense
-references, for bench/overlays_cpu.py and bench/overlays_gpu.py.
+references, for benchmarks/overlays_cpu.py and benchmarks/overlays_gpu.py.
 
 * :func:`naive_fused_experts`: the baseline MoE, a loop over the experts in use, each doing a scattered
   ``hidden_states[tok_ids]`` gather, its own activation and its own scatter-back.

@@ -1,4 +1,4 @@
-"""Input builders and a markdown table for bench/overlays_cpu.py and bench/overlays_gpu.py.
+"""Input builders and a markdown table for benchmarks/overlays_cpu.py and benchmarks/overlays_gpu.py.
 
 Shapes follow Qwen3.6-35B-A3B: hidden 2048, 256 experts, top-8, expert intermediate 512 (128 per rank at
 tensor-parallel 4); attention 16 query heads, 2 KV heads, head_dim 256; paged cache with block size 16.
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 _REPO = Path(__file__).resolve().parents[1]
-for _p in (_REPO / "overlays" / "bi100", _REPO / "bench"):
+for _p in (_REPO / "overlays" / "bi100", _REPO / "benchmarks"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 

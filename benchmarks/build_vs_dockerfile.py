@@ -1,10 +1,10 @@
 """Build engine vs a hand-written Dockerfile, both measured in the same run (issue 5).
 
-    .venv/bin/python bench/build_vs_dockerfile.py [--profile conservative] [--repeat 5] [--write-results]
+    .venv/bin/python benchmarks/build_vs_dockerfile.py [--profile conservative] [--repeat 5] [--write-results]
 
 imageforge builds the `cpu` target of a copy of build.yaml (in a tmp dir, image renamed
 ``imageforge-bench/cpu`` so no real tag moves; base given as the cpu base image's reference);
-``docker build`` (legacy builder, DOCKER_BUILDKIT=0) builds bench/Dockerfile.cpu, which makes the
+``docker build`` (legacy builder, DOCKER_BUILDKIT=0) builds benchmarks/Dockerfile.cpu, which makes the
 same image by hand.  Both sides get the same salt in the first patch, so the first build is cold
 for both (nothing of it in any cache), and every time is a whole process (`invoke build ...` /
 `docker build ...`), measured with a wall clock.
@@ -86,7 +86,7 @@ class Imageforge:
         cpu = text[start:end]
         cpu = re.sub(r"\n      recipe: images/cpu[^\n]*", f'\n      image: "{base_ref}"', cpu, count=1)
         cpu = cpu.replace("\n    image: imageforge/cpu\n", "\n    image: imageforge-bench/cpu\n", 1)
-        assert FIRST_PATCH_NEW in cpu, "bench/Dockerfile.cpu and this script follow the manifest's first patch"
+        assert FIRST_PATCH_NEW in cpu, "benchmarks/Dockerfile.cpu and this script follow the manifest's first patch"
         cpu = cpu.replace(FIRST_PATCH_NEW, FIRST_PATCH_NEW[:-1] + f' bench-{salt}"', 1)
         self.manifest = self.root / "build.yaml"
         self.manifest.write_text(text[:start] + cpu + text[end:])
@@ -132,7 +132,7 @@ class Dockerfile:
         self.base_ref = base_ref
         self.salt = salt
         self.tag = f"imageforge-bench/dockerfile:{salt}"
-        shutil.copy2(REPO / "bench" / "Dockerfile.cpu", self.ctx / "Dockerfile")
+        shutil.copy2(REPO / "benchmarks" / "Dockerfile.cpu", self.ctx / "Dockerfile")
         from imageforge.manifest import load_manifest
 
         t = load_manifest(forge.manifest).targets["cpu"]
@@ -298,10 +298,12 @@ def main() -> int:
     noop_f = [r.seconds for r in scenarios["noop"].forge]
     verify = [r.verify for key in ("first", "overlay") for r in scenarios[key].forge if r.verify]
     header = (f"Measured {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')} with "
-              f"`bench/build_vs_dockerfile.py --rounds {args.rounds} --repeat {args.repeat}`: {os.cpu_count()} cores "
+              f"`benchmarks/build_vs_dockerfile.py --rounds {args.rounds} --repeat {args.repeat}`: "
+              f"{os.cpu_count()} cores "
               f"shared with other work (load average {load_before[0]:.1f} before, {load_after[0]:.1f} after), "
               f"Docker {server.get('Version')}, legacy builder (`DOCKER_BUILDKIT=0 docker build`, "
-              f"bench/Dockerfile.cpu: one instruction per manifest step), base {base_ref}, profile {args.profile}. "
+              "benchmarks/Dockerfile.cpu: one instruction per manifest step), "
+              f"base {base_ref}, profile {args.profile}. "
               "Whole processes, wall clock, both sides alternating in the same run; best of the rounds "
               f"({args.rounds} x first/overlay/profile, {args.rounds * args.repeat} x no-op), [median]; steps "
               "redone as (built/total).")

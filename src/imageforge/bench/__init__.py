@@ -1,0 +1,100 @@
+"""Load benchmarks and parameter sweeps against OpenAI-compatible servers, scored like the competition.
+
+* :class:`Workload` (``workload``) -- N requests at concurrency C: prompt length and output length in tokens,
+  the fraction of each prompt shared by every request (it exercises the prefix cache), a seed.
+  Prompts are deterministic words (:func:`prompt_words`); against a server with ``/tokenize``
+  (vLLM) they become token-ID prompts of exactly the requested length, otherwise plain text of
+  about that length.  Output lengths are forced with ``max_tokens`` = ``min_tokens`` and
+  ``ignore_eos: true``, so random weights produce exactly the tokens asked for.
+* :func:`run_bench` (``runner``, over ``client``) -- the load client (asyncio + httpx, streaming through
+  :mod:`imageforge.serving_client` for the time to first token).  It stops by itself: after ``requests``
+  requests or ``duration`` seconds, whichever is first; it talks only to the URL it is given.
+* Measures (``results``, ``metrics``): Output TPS (generated tokens / wall), Input TPS (prompt tokens / wall),
+  Cache TPS (prompt tokens served from the prefix cache / wall: from ``usage.prompt_tokens_details.cached_tokens``
+  when the server reports it -- vLLM only with ``--enable-prompt-tokens-details`` -- else from the
+  delta of vLLM's ``/metrics`` counter ``vllm:prompt_tokens_cached_total`` or ``vllm:prefix_cache_hits_total``),
+  TTFT / latency / time per output token percentiles, errors, and :func:`score`.
+* :func:`bench_target` -- build if needed, serve, bench, always remove; :func:`sweep` (``sweeps``) -- one
+  server per parameter combination (``--set`` values; only the serving-config layer is rebuilt),
+  best score and Output-TPS plateau marked, ``sweep.json`` + ``sweep.md``.
+
+Reports go to ``.imageforge/runs/<run id>/`` (``bench.json``: ``report``; ``sweep.json``, ``sweep.md``).
+A bench fails (SmokeError, exit 4) when its error rate exceeds the threshold or no token came back.
+"""
+
+from __future__ import annotations
+
+from .client import BenchClient
+from .metrics import (
+    CACHED_TOKEN_COUNTERS,
+    GENERATION_TOKEN_COUNTERS,
+    PLATEAU_TOLERANCE,
+    PROMPT_TOKEN_COUNTERS,
+    SCORE_CACHE_WEIGHT,
+    SCORE_INPUT_WEIGHT,
+    SCORE_OUTPUT_WEIGHT,
+    counter_delta,
+    metrics_counters,
+    percentile,
+    plateau_index,
+    score,
+)
+from .report import bench_rows, print_bench, write_bench
+from .results import BenchResult, RequestResult
+from .runner import bench_for_cli, bench_target, median_run, run_bench, verdict
+from .sweeps import (
+    SweepPoint,
+    SweepResult,
+    build_note,
+    combinations,
+    parse_params,
+    print_sweep,
+    set_args,
+    sweep,
+    sweep_for_cli,
+    sweep_image,
+    sweep_workload,
+)
+from .workload import APIS, Prompt, Workload, prompt_words, workload_from_cli
+
+__all__ = [
+    "APIS",
+    "CACHED_TOKEN_COUNTERS",
+    "GENERATION_TOKEN_COUNTERS",
+    "PLATEAU_TOLERANCE",
+    "PROMPT_TOKEN_COUNTERS",
+    "SCORE_CACHE_WEIGHT",
+    "SCORE_INPUT_WEIGHT",
+    "SCORE_OUTPUT_WEIGHT",
+    "BenchClient",
+    "BenchResult",
+    "Prompt",
+    "RequestResult",
+    "SweepPoint",
+    "SweepResult",
+    "Workload",
+    "bench_for_cli",
+    "bench_rows",
+    "bench_target",
+    "build_note",
+    "combinations",
+    "counter_delta",
+    "median_run",
+    "metrics_counters",
+    "parse_params",
+    "percentile",
+    "plateau_index",
+    "print_bench",
+    "print_sweep",
+    "prompt_words",
+    "run_bench",
+    "score",
+    "set_args",
+    "sweep",
+    "sweep_for_cli",
+    "sweep_image",
+    "sweep_workload",
+    "verdict",
+    "workload_from_cli",
+    "write_bench",
+]

@@ -1,0 +1,340 @@
+"""Parameter sweeps: one build + server + bench per combination of ``--param`` values (only the serving-config
+layer is rebuilt), best score and Output-TPS plateau marked, ``sweep.json`` + ``sweep.md``.
+
+(The module is ``sweeps``, not ``sweep``: ``imageforge.bench.sweep`` is the function.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as _dt
+import itertools
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, ImageforgeError, SmokeError
+from .metrics import PLATEAU_TOLERANCE, SCORE_CACHE_WEIGHT, SCORE_INPUT_WEIGHT, SCORE_OUTPUT_WEIGHT, plateau_index
+from .report import fmt, make_console, ms
+from .results import rounded
+from .runner import bench_target, verdict
+from .workload import Workload
+
+Log = Callable[[str], None]
+
+def parse_params(items: Sequence[str]) -> list[tuple[str, list[Any]]]:
+    """``["max-num-seqs=1,2,4", "env.X=a,b"]`` -> ``[("max-num-seqs", [1, 2, 4]), ("env.X", ["a", "b"])]``.
+
+    Values are read as YAML scalars (like ``--set``); keys keep their order, which is the sweep's order.
+    """
+    import yaml
+
+    out: list[tuple[str, list[Any]]] = []
+    seen: set[str] = set()
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        values_text = [v.strip() for v in text.split(",")]
+        if not sep or not key or not any(values_text) or not all(values_text):
+            raise ConfigError(f"--param: cannot read {item!r}", expected="KEY=V1,V2,..., e.g. max-num-seqs=1,4,8",
+                              found=repr(item))
+        if key in seen:
+            raise ConfigError(f"--param {key} is given twice", hint="list every value in one --param KEY=V1,V2")
+        seen.add(key)
+        values: list[Any] = []
+        for value_text in values_text:
+            try:
+                value = yaml.safe_load(value_text)
+            except yaml.YAMLError:
+                value = value_text
+            values.append(value_text if isinstance(value, dict | list) or value is None else value)
+        out.append((key, values))
+    if not out:
+        raise ConfigError("a sweep needs at least one --param KEY=V1,V2,...", expected="--param max-num-seqs=1,4,8")
+    return out
+
+
+def combinations(params: Sequence[tuple[str, Sequence[Any]]]) -> list[dict[str, Any]]:
+    """Every combination, the first parameter varying slowest (itertools.product order)."""
+    keys = [k for k, _ in params]
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(v for _, v in params))]
+
+
+def set_args(point: Mapping[str, Any]) -> list[str]:
+    """A sweep point as ``--set`` assignments (booleans as YAML ``true``/``false``)."""
+    return [f"{k}={'true' if v is True else 'false' if v is False else v}" for k, v in point.items()]
+
+
+@dataclass
+class SweepPoint:
+    params: dict[str, Any]
+    status: str = "pending"  # ok, failed (bench verdict), no-start, build-error
+    error: str | None = None
+    summary: dict[str, Any] | None = None
+    build: str = ""  # which layers were built
+    image_id: str | None = None
+    startup_seconds: float | None = None
+    bench_json: str | None = None
+    scores: list[float] = field(default_factory=list)  # every repeat's score (workload.repeat > 1)
+    load: float | None = None  # the host's 1-minute load average when the (median) bench started
+
+    def to_json(self) -> dict[str, Any]:
+        return {"params": self.params, "status": self.status, "error": self.error, "build": self.build,
+                "image_id": self.image_id, "startup_seconds": rounded(self.startup_seconds, 2),
+                "bench_json": self.bench_json, "summary": self.summary, "scores": self.scores, "load": self.load}
+
+    def value(self, key: str) -> float | None:
+        if self.status != "ok" or self.summary is None:
+            return None
+        value = self.summary.get(key)
+        return float(value) if isinstance(value, int | float) else None
+
+
+@dataclass
+class SweepResult:
+    run_id: str
+    target: str
+    profile: str
+    base_sets: list[str]
+    workload: Workload
+    points: list[SweepPoint]
+    run_dir: Path
+    started_at: str
+    seconds: float = 0.0
+
+    @property
+    def best(self) -> int | None:
+        scores = [p.value("score") for p in self.points]
+        known = [(s, i) for i, s in enumerate(scores) if s is not None]
+        return max(known)[1] if known else None
+
+    @property
+    def plateau(self) -> int | None:
+        return plateau_index([p.value("output_tps") for p in self.points])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id, "target": self.target, "profile": self.profile, "sets": self.base_sets,
+            "started_at": self.started_at, "seconds": round(self.seconds, 1), "workload": self.workload.to_json(),
+            "score_weights": {"output_tps": SCORE_OUTPUT_WEIGHT, "input_tps": SCORE_INPUT_WEIGHT,
+                              "cache_tps": SCORE_CACHE_WEIGHT},
+            "plateau_tolerance": PLATEAU_TOLERANCE, "best": self.best, "plateau": self.plateau,
+            "points": [p.to_json() for p in self.points],
+        }
+
+    def rows(self) -> tuple[list[str], list[list[str]]]:
+        keys = list(self.points[0].params) if self.points else []
+        ranges = self.workload.repeat > 1
+        header = [*keys, "Output TPS", "Input TPS", "Cache TPS", "score", *(["score range"] if ranges else []),
+                  "TTFT p95", "latency p95", "errors", "start", "load", "mark"]
+        best, plateau = self.best, self.plateau
+        rows: list[list[str]] = []
+        for i, p in enumerate(self.points):
+            s = p.summary or {}
+            marks = [m for m, on in (("best score", i == best), ("plateau", i == plateau)) if on]
+            if p.status != "ok":
+                marks.append(f"{p.status}: {(p.error or '').splitlines()[0][:80]}" if p.error else p.status)
+            errors = (f"{s['errors']}/{s['requests']}" + (f", {s['cancelled']} cut" if s.get("cancelled") else "")
+                      if s else "-")
+            spread = [f"{min(p.scores):,.0f}-{max(p.scores):,.0f}" if p.scores else "-"] if ranges else []
+            rows.append([*(str(p.params[k]) for k in keys),
+                         fmt(s.get("output_tps"), 1), fmt(s.get("input_tps"), 1), fmt(s.get("cache_tps"), 1),
+                         fmt(s.get("score"), 0), *spread, ms(s.get("ttft_p95_s")), ms(s.get("latency_p95_s")),
+                         errors,
+                         "-" if p.startup_seconds is None else f"{p.startup_seconds:.0f} s", fmt(p.load, 1),
+                         ", ".join(marks)])
+        return header, rows
+
+    def markdown(self) -> str:
+        header, rows = self.rows()
+        w = self.workload
+        lines = [
+            f"# Sweep {self.target}:{self.profile}  run {self.run_id}",
+            "",
+            f"{self.started_at}, {self.seconds:.0f} s; workload: {w.requests} requests at concurrency {w.concurrency}, "
+            f"prompt {w.prompt_tokens} tokens ({w.prefix_tokens} shared), output {w.output_tokens} tokens, "
+            f"api {w.api}, seed {w.seed}" + (f"; median of {w.repeat} runs per point" if w.repeat > 1 else "")
+            + (f"; --set {' '.join(self.base_sets)}" if self.base_sets else ""),
+            "",
+            "| " + " | ".join(header) + " |",
+            "| " + " | ".join("---" for _ in header) + " |",
+            *("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows),
+            "",
+            f"score = Output TPS x {SCORE_OUTPUT_WEIGHT} + Input TPS x {SCORE_INPUT_WEIGHT} + Cache TPS x "
+            f"{SCORE_CACHE_WEIGHT}; plateau = the first point whose Output TPS is within "
+            f"{PLATEAU_TOLERANCE:.0%} of the best (none when only the last point is); load = the host's 1-minute "
+            f"load average when the bench started ({os.cpu_count()} CPUs here).",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def write(self) -> tuple[Path, Path]:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        json_path = self.run_dir / "sweep.json"
+        json_path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        md_path = self.run_dir / "sweep.md"
+        md_path.write_text(self.markdown())
+        return json_path, md_path
+
+
+def print_sweep(result: SweepResult, console: Any = None) -> None:
+    from rich.table import Table
+
+    header, rows = result.rows()
+    table = Table(title=f"sweep {result.target}:{result.profile}")
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i >= len(header) - 1 else "right")
+    best = result.best
+    for i, row in enumerate(rows):
+        table.add_row(*row, style="bold green" if i == best else None)
+    (console or make_console()).print(table)
+
+
+def sweep_image(resolved: Any) -> Any:
+    """``resolved`` with the image name ``<image>-sweep``: sweep points never take the target's own tags.
+
+    Cache keys do not depend on the image name, so every layer below the serving config is shared.
+    """
+    target = dataclasses.replace(resolved.target, image=f"{resolved.target.image}-sweep")
+    return dataclasses.replace(resolved, target=target)
+
+
+def _first_line(exc: ImageforgeError) -> str:
+    text = exc.message
+    if exc.found:
+        text += f" ({exc.found})"
+    if exc.hint:
+        text += f"; hint: {exc.hint}"
+    return text
+
+
+@contextlib.contextmanager
+def _quiet_log(path: Path) -> Iterator[Log]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        def log(line: str) -> None:
+            fh.write(line + "\n")
+            fh.flush()
+
+        yield log
+
+
+def build_note(steps: Sequence[Any]) -> str:
+    """``'1 of 10 layers built (serving-config)'`` from a BuildResult's steps."""
+    built = [s.id for s in steps if s.cache != "HIT"]
+    if not built:
+        return f"0 of {len(steps)} layers built (all cached)"
+    return f"{len(built)} of {len(steps)} layers built ({', '.join(built)})"
+
+
+def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequence[tuple[str, Sequence[Any]]],
+          workload: Workload, *, sets: Sequence[str] = (), environ: Mapping[str, str] | None = None,
+          echo: Log = print, startup_timeout: float | None = None) -> SweepResult:
+    """One build + server + bench per combination of ``params``; a point that fails is recorded, not fatal."""
+    from ..build import build, new_run_id
+    from ..resolve import resolve
+
+    workload.validate()
+    environ = os.environ if environ is None else environ
+    points = combinations(params)
+    # every combination must resolve before anything starts (unknown keys, wrong types: exit 2 now)
+    resolved_points = [sweep_image(resolve(manifest, target, profile, environ=environ, sets=[*sets, *set_args(p)]))
+                       for p in points]
+    first = resolved_points[0]
+    run_id = new_run_id()
+    run_dir = first.manifest.root / ".imageforge" / "runs" / run_id
+    result = SweepResult(run_id=run_id, target=first.target.name, profile=first.profile_name, base_sets=list(sets),
+                         workload=workload, points=[SweepPoint(dict(p)) for p in points], run_dir=run_dir,
+                         started_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
+    seqs = [v for p in points for k, v in p.items() if k.removeprefix("serving.") == "max-num-seqs"
+            and isinstance(v, int)]
+    if seqs and max(seqs) > workload.concurrency:
+        echo(f"note: concurrency {workload.concurrency} < the largest max-num-seqs {max(seqs)}: the client cannot "
+             "fill the bigger batches (raise --concurrency)")
+    echo(f"sweep {result.target}:{result.profile}: {len(points)} points over "
+         f"{', '.join(k for k, _ in params)}  run {run_id}  (images tagged in {first.target.image})")
+    t0 = time.monotonic()
+    for i, (point, resolved) in enumerate(zip(result.points, resolved_points, strict=True), 1):
+        label = " ".join(f"{k}={v}" for k, v in point.params.items())
+        echo(f"[{i}/{len(points)}] {label}")
+        with _quiet_log(run_dir / f"point-{i}.log") as log:
+            try:
+                built = build(resolved, environ=environ, echo=log)
+            except ImageforgeError as exc:
+                point.status, point.error = "build-error", _first_line(exc)
+                echo(f"  build failed: {point.error}")
+                result.write()
+                continue
+            point.build, point.image_id = build_note(built.steps), built.image_id
+            echo(f"  build: {point.build}")
+            try:
+                bench = bench_target(resolved, workload, environ=environ, echo=log, image=built.image_id,
+                                     startup_timeout=startup_timeout, params=point.params)
+            except ImageforgeError as exc:
+                point.status, point.error = "no-start", _first_line(exc)
+                echo(f"  server failed: {point.error}")
+                result.write()
+                continue
+        point.summary, point.startup_seconds = bench.summary(), bench.startup_seconds
+        point.scores = [float(r["score"]) for r in bench.repeats]
+        before = bench.host.get("loadavg_before")
+        point.load = float(before[0]) if before else None
+        point.bench_json = str(bench.json_path) if bench.json_path else None
+        try:
+            verdict(bench)
+            point.status = "ok"
+        except SmokeError as exc:
+            point.status, point.error = "failed", exc.message
+        s = bench.summary()
+        echo(f"  ready after {bench.startup_seconds or 0:.0f}s; Output {s['output_tps']:.1f} / Input "
+             f"{s['input_tps']:.1f} / Cache {s['cache_tps']:.1f} TPS, score {s['score']:.0f}, errors "
+             f"{s['errors']}/{s['requests']}" + (f"  ({point.status}: {point.error})" if point.error else ""))
+        result.write()
+    result.seconds = time.monotonic() - t0
+    result.write()
+    return result
+
+
+def sweep_workload(params: Sequence[tuple[str, Sequence[Any]]], workload: Workload, *,
+                   requests_given: bool, concurrency_given: bool) -> Workload:
+    """Defaults that make a max-num-seqs sweep meaningful: concurrency = the largest max-num-seqs swept
+    (the client can fill every batch), requests = 4 x concurrency (a few batches each)."""
+    seqs = [v for k, values in params if k.removeprefix("serving.") == "max-num-seqs" for v in values
+            if isinstance(v, int) and not isinstance(v, bool)]
+    concurrency = workload.concurrency if concurrency_given or not seqs else max(max(seqs), 1)
+    requests = workload.requests if requests_given else max(workload.requests, 4 * concurrency)
+    return dataclasses.replace(workload, concurrency=concurrency, requests=requests)
+
+
+def sweep_for_cli(manifest: str | None, target: str | None, profile: str | None, param_items: Sequence[str],
+                  sets: Sequence[str], *, workload: Workload, requests_given: bool = True,
+                  concurrency_given: bool = True, echo: Log = print) -> SweepResult:
+    """``invoke sweep``: the table, sweep.json and sweep.md; exit 4 when no point produced a result."""
+    from ..manifest import load_manifest, manifest_path
+
+    params = parse_params(param_items)
+    workload = sweep_workload(params, workload, requests_given=requests_given, concurrency_given=concurrency_given)
+    m = load_manifest(manifest_path(manifest))
+    result = sweep(m, target, profile, params, workload, sets=sets, echo=echo)
+    print_sweep(result)
+    json_path, md_path = result.write()
+    best, plateau = result.best, result.plateau
+    if best is not None:
+        echo(f"best score: {' '.join(f'{k}={v}' for k, v in result.points[best].params.items())} "
+             f"({result.points[best].value('score'):.0f})")
+    if plateau is not None:
+        echo(f"Output TPS plateau (within {PLATEAU_TOLERANCE:.0%} of the max) from: "
+             f"{' '.join(f'{k}={v}' for k, v in result.points[plateau].params.items())}")
+    elif sum(1 for p in result.points if p.value("output_tps") is not None) > 1:
+        echo(f"no Output TPS plateau within the swept values: the last point is more than {PLATEAU_TOLERANCE:.0%} "
+             "above every earlier one (sweep further)")
+    echo(f"report: {json_path}  {md_path}  ({result.seconds:.0f}s)")
+    if best is None:
+        raise SmokeError(f"no point of the sweep produced a result ({len(result.points)} tried)",
+                         found="; ".join(f"{p.status}: {p.error}" for p in result.points)[:600],
+                         hint=f"each point's build and server log: {result.run_dir}/point-N.log")
+    return result
