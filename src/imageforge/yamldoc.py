@@ -24,7 +24,7 @@ import yaml
 from .errors import ConfigError, ErrorCollector, Location, Problem
 
 MAX_BYTES = 1024 * 1024
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schema"
+SCHEMA_PACKAGE = "imageforge"  # the JSON Schemas are package data: imageforge/schema/*.json
 
 KeyPath = tuple[str | int, ...]
 
@@ -190,7 +190,10 @@ def load_yaml(path: Path, *, what: str = "manifest") -> YamlDocument:
 
 @cache
 def load_schema(name: str) -> dict[str, Any]:
-    schema: dict[str, Any] = json.loads((SCHEMA_DIR / name).read_text())
+    """A JSON Schema shipped in the package (``imageforge/schema/NAME``), so an installed wheel validates too."""
+    from importlib.resources import files
+
+    schema: dict[str, Any] = json.loads(files(SCHEMA_PACKAGE).joinpath("schema", name).read_text(encoding="utf-8"))
     return schema
 
 
@@ -318,7 +321,7 @@ def _schema_problems(doc: YamlDocument, error: Any) -> Iterator[Problem]:
 
 
 def validate_schema(doc: YamlDocument, schema_name: str, *, what: str) -> None:
-    """Validate ``doc.data`` against ``schema/<schema_name>``; report every error at once."""
+    """Validate ``doc.data`` against the package's ``schema/<schema_name>``; report every error at once."""
     from jsonschema import Draft202012Validator
 
     validator = Draft202012Validator(load_schema(schema_name))

@@ -55,11 +55,11 @@ def test_aggressive_plan_lists_every_step_in_deploy_order() -> None:
 
 
 def test_build_without_vendor_image_fails_fast() -> None:
-    from imageforge.build import build
+    from imageforge.build import build_target
 
     resolved = resolve(load_manifest(REPO / "build.yaml"), "bi100", None, environ={})
     with pytest.raises(InfraError) as info:
-        build(resolved, environ={}, echo=lambda _line: None)
+        build_target(resolved, environ={}, echo=lambda _line: None)
     err = info.value
     assert err.exit_code == 5
     assert "$IMAGEFORGE_BI100_BASE, which is not set" in err.message

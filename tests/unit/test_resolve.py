@@ -93,7 +93,7 @@ def test_parse_assignments_types() -> None:
 
 
 def test_repo_manifest_profiles_match_the_notes() -> None:
-    summary = validate_all(str(Path(__file__).resolve().parents[2] / "build.yaml"))
+    summary = validate_all(load_manifest(Path(__file__).resolve().parents[2] / "build.yaml"))
     m = summary.manifest
     expect = {"baseline": (1, 8192, 0.9), "conservative": (8, 8192, 0.9), "aggressive": (256, 32768, 0.95)}
     for profile, (seqs, tokens, util) in expect.items():
