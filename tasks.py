@@ -1,7 +1,8 @@
 """imageforge: one YAML manifest -> a patched, layered, smoke-tested vLLM serving image.
 
 Thin invoke shell over the imageforge library: each task parses its options and calls one
-function. Run `invoke --list`, or `invoke --help TASK` for a task's options.
+function of the front door, `imageforge.app`. Run `invoke --list`, or `invoke --help TASK` for a
+task's options.
 Exit codes: 0 ok, 2 config, 3 build, 4 smoke/bench, 5 infrastructure, 130 interrupted.
 """
 
@@ -10,16 +11,49 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from invoke.collection import Collection
 from invoke.context import Context
-from invoke.tasks import task
+from invoke.tasks import Task
+from invoke.tasks import task as _invoke_task
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "src"))
 
+from imageforge import app  # noqa: E402
 from imageforge.cli import user_errors  # noqa: E402
+
+
+class ForgeTask(Task[Any]):
+    """invoke's Task with explicit short flags (``short={"output_tokens": "O"}``).
+
+    invoke picks each option's short flag from the letters of its name, first free one first; for
+    a dashed name whose letters are all taken it would pick "-" (``--=INT`` in the help). Here "-"
+    is never picked (such an option has only its long name) and explicit short flags are reserved
+    before any automatic choice.
+    """
+
+    def __init__(self, body: Callable[..., Any], *, short: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        self.short = dict(short or {})
+        super().__init__(body, **kwargs)
+
+    def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
+        taken_names.update(self.short.values())
+        taken_names.add("-")
+        opts: dict[str, Any] = super().arg_opts(name, default, taken_names)
+        if name in self.short:
+            opts["names"] = [opts["names"][0], self.short[name]]
+        return opts
+
+
+def task(**kwargs: Any) -> Callable[[Callable[..., Any]], ForgeTask]:
+    """``invoke.task(...)`` making :class:`ForgeTask` objects (``short=`` is passed on to them)."""
+    decorator: Callable[[Callable[..., Any]], ForgeTask] = _invoke_task(klass=ForgeTask, **kwargs)
+    return decorator
+
 
 TARGET_HELP = "Target name (default: the manifest's default_target)"
 PROFILE_HELP = "Profile name (default: the target's default_profile)"
@@ -30,6 +64,9 @@ HOST_ADDRESS_HELP = (
     "Address of the Docker host where ports are published and reached "
     "(default 127.0.0.1; also IMAGEFORGE_HOST_ADDRESS)"
 )
+#: The options that pick what is resolved, shared by plan and build.
+RESOLVE_HELP = {"target": TARGET_HELP, "profile": PROFILE_HELP, "set_": SET_HELP, "manifest": MANIFEST_HELP,
+                "traceback": TRACEBACK_HELP}
 
 
 @task(
@@ -37,40 +74,20 @@ HOST_ADDRESS_HELP = (
 )
 def validate(c: Context, manifest: str = "", json: bool = False, traceback: bool = False) -> None:
     """Check the manifest: YAML, schema, files, paths, profiles of every target. No daemon needed."""
-    from imageforge.resolve import validate_all
-
-    with user_errors(traceback):
-        summary = validate_all(manifest or None)
+    s = app.settings(manifest=manifest, traceback=traceback)
+    with user_errors(s.traceback):
+        summary = app.validate(s)
         _print(summary.to_json() if json else summary.text(), json)
 
 
-@task(
-    iterable=["set_"],
-    help={
-        "target": TARGET_HELP,
-        "profile": PROFILE_HELP,
-        "set_": SET_HELP,
-        "manifest": MANIFEST_HELP,
-        "json": "Print one JSON object",
-        "no_daemon": "Do not ask the Docker daemon for cache state",
-        "traceback": TRACEBACK_HELP,
-    },
-)
-def plan(
-    c: Context,
-    target: str = "",
-    profile: str = "",
-    set_: list[str] | None = None,
-    manifest: str = "",
-    json: bool = False,
-    no_daemon: bool = False,
-    traceback: bool = False,
-) -> None:
+@task(iterable=["set_"], help={**RESOLVE_HELP, "json": "Print one JSON object",
+                                "no_daemon": "Do not ask the Docker daemon for cache state"})
+def plan(c: Context, target: str = "", profile: str = "", set_: list[str] | None = None, manifest: str = "",
+         json: bool = False, no_daemon: bool = False, traceback: bool = False) -> None:
     """Show every resolved value (and where it came from), the ordered steps, cache keys and HIT/MISS."""
-    from imageforge.plan import plan_for_cli
-
-    with user_errors(traceback):
-        result = plan_for_cli(manifest or None, target or None, profile or None, set_ or [], use_daemon=not no_daemon)
+    s = app.settings(manifest=manifest, traceback=traceback)
+    with user_errors(s.traceback):
+        result = app.plan(s, target or None, profile or None, set_ or [], use_daemon=not no_daemon)
         _print(result.to_json() if json else result.text(), json)
 
 
@@ -80,14 +97,14 @@ def test(c: Context, unit: bool = False, k: str = "", lint: bool = True) -> None
     """Lint, type-check and run the tests (sets up the Docker engine and base images first)."""
     py = sys.executable
     if lint:
-        c.run(f"{py} -m ruff check src tests tasks.py benchmarks bench overlays images", pty=False)
+        lint_paths = [p for p in ("src", "tests", "tasks.py", "bench", "benchmarks", "overlays", "images")
+                      if (ROOT / p).exists()]  # ruff fails on a path that is not there
+        c.run(f"{py} -m ruff check {' '.join(lint_paths)}", pty=False)
         c.run(f"{py} -m mypy", pty=False)
     paths = "tests/unit tests/overlays" if unit else "tests"
     if not unit:
-        from imageforge.build import prepare_base
-
         with user_errors():
-            prepare_base(str(ROOT / "build.yaml"), "cpu")
+            app.base(app.settings(manifest=str(ROOT / "build.yaml")), "cpu")
     selector = f" -k {json_quote(k)}" if k else ""
     c.run(f"{py} -m pytest {paths}{selector}", pty=False)
 
@@ -96,43 +113,22 @@ def test(c: Context, unit: bool = False, k: str = "", lint: bool = True) -> None
             "traceback": TRACEBACK_HELP})
 def base(c: Context, target: str = "cpu", manifest: str = "", traceback: bool = False) -> None:
     """Make the target's base image from its recipe (OS image, wheelhouse, vLLM venv) and its model."""
-    from imageforge.build import prepare_base
-
-    with user_errors(traceback):
-        ref = prepare_base(manifest or None, target)
+    s = app.settings(manifest=manifest, traceback=traceback)
+    with user_errors(s.traceback):
+        ref = app.base(s, target)
         print(f"BASE={ref}")
 
 
-@task(
-    iterable=["set_"],
-    help={
-        "target": TARGET_HELP,
-        "profile": PROFILE_HELP,
-        "set_": SET_HELP,
-        "manifest": MANIFEST_HELP,
-        "verbose": "Show script and verification output live",
-        "json": "Print a JSON summary at the end",
-        "locked": "Fail (exit 2, nothing built) when anything differs from build.lock (see `invoke lock`)",
-        "traceback": TRACEBACK_HELP,
-    },
-)
-def build(
-    c: Context,
-    target: str = "",
-    profile: str = "",
-    set_: list[str] | None = None,
-    manifest: str = "",
-    verbose: bool = False,
-    json: bool = False,
-    locked: bool = False,
-    traceback: bool = False,
-) -> None:
+@task(iterable=["set_"], help={
+    **RESOLVE_HELP, "verbose": "Show script and verification output live", "json": "Print a JSON summary at the end",
+    "locked": "Fail (exit 2, nothing built) when anything differs from build.lock (see `invoke lock`)"})
+def build(c: Context, target: str = "", profile: str = "", set_: list[str] | None = None, manifest: str = "",
+          verbose: bool = False, json: bool = False, locked: bool = False, traceback: bool = False) -> None:
     """Build (or reuse from cache) every layer of TARGET:PROFILE, verify it, then move its tags."""
-    from imageforge.build import build_for_cli
-
-    with user_errors(traceback):
-        result = build_for_cli(manifest or None, target or None, profile or None, set_ or [], verbose=verbose,
-                               quiet=json, locked=locked)
+    s = app.settings(manifest=manifest, traceback=traceback)
+    with user_errors(s.traceback):
+        result = app.build(s, target or None, profile or None, set_ or [], verbose=verbose, quiet=json,
+                           locked=locked)
         if json:
             _print(result.to_json(), True)
 
@@ -153,12 +149,10 @@ def build(
 def check_patches(c: Context, target: str = "", profile: str = "", diff: bool = False, manifest: str = "",
                   json: bool = False, traceback: bool = False) -> None:
     """Dry-run every patch/overlay/symlink step against the real base image (nothing built). Exit 3 if any fails."""
-    from imageforge.checkpatches import check_patches_for_cli, fail_if_broken
-
-    with user_errors(traceback):
-        report = check_patches_for_cli(manifest or None, target or None, profile or None, diff=diff)
-        _print(report.to_json() if json else report.text(), json)
-        fail_if_broken(report)
+    s = app.settings(manifest=manifest, traceback=traceback)
+    with user_errors(s.traceback):
+        app.check_patches(s, target or None, profile or None, diff=diff,
+                          show=lambda report: _print(report.to_json() if json else report.text(), json))
 
 
 @task(
@@ -175,11 +169,9 @@ def check_patches(c: Context, target: str = "", profile: str = "", diff: bool = 
 def patch_from(c: Context, file: str, edited: str, target: str = "", base_only: bool = False, id_prefix: str = "",
                manifest: str = "", traceback: bool = False) -> None:
     """Print the fewest anchored `patch` steps (YAML to paste) that turn an image file into EDITED."""
-    from imageforge.checkpatches import patch_from_for_cli
-
-    with user_errors(traceback):
-        result = patch_from_for_cli(manifest or None, target or None, file, edited, against_base=base_only,
-                                    id_prefix=id_prefix)
+    s = app.settings(manifest=manifest, traceback=traceback)
+    with user_errors(s.traceback):
+        result = app.patch_from(s, target or None, file, edited, against_base=base_only, id_prefix=id_prefix)
         print(result.yaml, end="")
 
 
@@ -187,10 +179,9 @@ def patch_from(c: Context, file: str, edited: str, target: str = "", base_only: 
             "traceback": TRACEBACK_HELP})
 def lock(c: Context, target: str = "", manifest: str = "", traceback: bool = False) -> None:
     """Write build.lock: base image ID, package version, overlay/script sha256, manifest digest."""
-    from imageforge.housekeeping import write_lock
-
-    with user_errors(traceback):
-        path, entry = write_lock(manifest or None, target or None)
+    s = app.settings(manifest=manifest, traceback=traceback)
+    with user_errors(s.traceback):
+        path, entry = app.lock(s, target or None)
         print(f"locked {path}: base {entry['base']['reference']} ({entry['base']['image_id']}), "
               f"{entry['package']['distribution']} {entry['package']['version']}, "
               f"{len(entry['inputs'])} input(s), manifest {entry['manifest_digest'][:12]}")
@@ -212,11 +203,10 @@ def lock(c: Context, target: str = "", manifest: str = "", traceback: bool = Fal
 def export(c: Context, target: str = "", profile: str = "", out: str = "", gzip: bool = False, push: str = "",
            no_save: bool = False, manifest: str = "", json: bool = False, traceback: bool = False) -> None:
     """The deliverable: `docker save` tarball + .sha256 + .json description of TARGET:PROFILE; --push REPO."""
-    from imageforge.export import export as do_export
-
-    with user_errors(traceback):
-        result = do_export(manifest or None, target or None, profile or None, out=out or None, push=push or None,
-                           gzip_=gzip, save=not no_save, log=(lambda _l: None) if json else print)
+    s = app.settings(manifest=manifest, traceback=traceback)
+    with user_errors(s.traceback):
+        result = app.export(s, target or None, profile or None, out=out or None, push=push or None, gzip_=gzip,
+                            save=not no_save, quiet=json)
         _print(result.to_json() if json else result.text(), json)
 
 
@@ -234,10 +224,9 @@ def export(c: Context, target: str = "", profile: str = "", out: str = "", gzip:
 def clean(c: Context, keep: int = 3, dry_run: bool = False, target: str = "", min_age: float = 600.0,
           manifest: str = "", json: bool = False, traceback: bool = False) -> None:
     """Remove labelled build images and containers that no retention rule keeps; print what was freed."""
-    from imageforge.housekeeping import clean as do_clean
-
-    with user_errors(traceback):
-        result = do_clean(manifest or None, keep=keep, dry_run=dry_run, target=target or None, min_age=min_age)
+    s = app.settings(manifest=manifest, traceback=traceback)
+    with user_errors(s.traceback):
+        result = app.clean(s, keep=keep, dry_run=dry_run, target=target or None, min_age=min_age)
         _print(result.to_json() if json else result.text(), json)
 
 
@@ -262,11 +251,10 @@ def run(c: Context, target: str = "", profile: str = "", base: bool = False, por
         set_: list[str] | None = None, timeout: float = 0.0, manifest: str = "", host_address: str = "",
         traceback: bool = False) -> None:
     """Start TARGET's server on 127.0.0.1, wait until /health answers, leave it running; prints URL=..."""
-    from imageforge.run import run_for_cli
-
-    with user_errors(traceback):
-        server = run_for_cli(manifest or None, target or None, profile or None, set_ or [], base=base,
-                             port=port or None, timeout=timeout or None, host_address=host_address or None)
+    s = app.settings(manifest=manifest, traceback=traceback, host_address=host_address)
+    with user_errors(s.traceback):
+        server = app.run(s, target or None, profile or None, set_ or [], base=base, port=port or None,
+                         timeout=timeout or None)
         print(f"container {server.name} ({server.image}) is serving; `invoke stop` removes it")
         print(f"URL={server.url}")
 
@@ -275,10 +263,9 @@ def run(c: Context, target: str = "", profile: str = "", base: bool = False, por
             "all": "Also servers left by interrupted smoke runs or tests", "traceback": TRACEBACK_HELP})
 def stop(c: Context, target: str = "", all: bool = False, traceback: bool = False) -> None:
     """Stop and remove the server containers `invoke run` started (found by label)."""
-    from imageforge.run import stop_servers
-
-    with user_errors(traceback):
-        stop_servers(target or None, every=all)
+    s = app.settings(traceback=traceback)
+    with user_errors(s.traceback):
+        app.stop(target or None, every=all)
 
 
 @task(
@@ -303,20 +290,18 @@ def smoke(c: Context, url: str = "", target: str = "", profile: str = "", suite:
           host_address: str = "", traceback: bool = False) -> None:
     """Run the smoke suite: against --url, or build + start + test + remove TARGET:PROFILE. Exit 4 on a failure."""
     _use_host_address(host_address)
-    from imageforge.smoke import smoke_for_cli
-
-    with user_errors(traceback):
-        smoke_for_cli(manifest or None, target or None, profile or None, set_ or [], url=url or None,
-                      suite=suite or None, tags=tags or None, base=base, port=port or None, wait=wait)
+    s = app.settings(manifest=manifest, traceback=traceback, host_address=host_address)
+    with user_errors(s.traceback):
+        app.smoke(s, target or None, profile or None, set_ or [], url=url or None, suite=suite or None,
+                  tags=tags or None, base=base, port=port or None, wait=wait)
 
 
 @task(help={"manifest": MANIFEST_HELP, "traceback": TRACEBACK_HELP})
 def demo(c: Context, manifest: str = "", traceback: bool = False) -> None:
     """README command 1: from nothing, make the Docker engine, the cpu base, the cpu image, then smoke it."""
-    from imageforge.smoke import demo_for_cli
-
-    with user_errors(traceback):
-        demo_for_cli(manifest or None)
+    s = app.settings(manifest=manifest, traceback=traceback)
+    with user_errors(s.traceback):
+        app.demo(s)
 
 
 # --------------------------------------------------------------------------- bench and sweep
@@ -340,6 +325,7 @@ WORKLOAD_HELP = {
 
 @task(
     iterable=["set_"],
+    short={"output_tokens": "O"},  # invoke would pick "-" (all its letters are taken)
     help={
         "url": "Bench a server that is already running, e.g. http://127.0.0.1:8000",
         "target": TARGET_HELP,
@@ -361,19 +347,19 @@ def bench(c: Context, url: str = "", target: str = "", profile: str = "", set_: 
           traceback: bool = False) -> None:
     """Load-test --url, or build + serve + bench + remove TARGET:PROFILE: TPS, score, latencies. Exit 4 on failure."""
     _use_host_address(host_address)
-    from imageforge.bench import bench_for_cli, workload_from_cli
-
-    with user_errors(traceback):
-        workload = workload_from_cli(requests, concurrency, prompt_tokens, output_tokens, shared_prefix, seed, api,
-                                     model, duration, timeout, warmup, max_error_rate, repeat)
-        result = bench_for_cli(manifest or None, target or None, profile or None, set_ or [], url=url or None,
-                               workload=workload, port=port or None)
+    s = app.settings(manifest=manifest, traceback=traceback, host_address=host_address)
+    with user_errors(s.traceback):
+        workload = (requests, concurrency, prompt_tokens, output_tokens, shared_prefix, seed, api, model, duration,
+                    timeout, warmup, max_error_rate, repeat)
+        result = app.bench(s, target or None, profile or None, set_ or [], url=url or None, port=port or None,
+                           workload=workload)
         if json:
             _print(result.summary(), True)
 
 
 @task(
     iterable=["param", "set_"],
+    short={"host_address": "H"},  # invoke would pick "-" (all its letters are taken)
     help={
         "target": TARGET_HELP,
         "profile": "Profile the points start from (default: the target's default_profile)",
@@ -394,13 +380,12 @@ def sweep(c: Context, target: str = "", profile: str = "", param: list[str] | No
           host_address: str = "", traceback: bool = False) -> None:
     """For each --param combination: build (config layer only), serve, bench, remove; table + sweep.json/.md."""
     _use_host_address(host_address)
-    from imageforge.bench import sweep_for_cli, workload_from_cli
-
-    with user_errors(traceback):
-        workload = workload_from_cli(requests, concurrency, prompt_tokens, output_tokens, shared_prefix, seed, api,
-                                     model, duration, timeout, warmup, max_error_rate, repeat)
-        result = sweep_for_cli(manifest or None, target or None, profile or None, param or [], set_ or [],
-                               workload=workload, requests_given=bool(requests), concurrency_given=bool(concurrency))
+    s = app.settings(manifest=manifest, traceback=traceback, host_address=host_address)
+    with user_errors(s.traceback):
+        workload = (requests, concurrency, prompt_tokens, output_tokens, shared_prefix, seed, api, model, duration,
+                    timeout, warmup, max_error_rate, repeat)
+        result = app.sweep(s, target or None, profile or None, param or [], set_ or [], workload=workload,
+                           requests_given=bool(requests), concurrency_given=bool(concurrency))
         if json:
             _print(result.to_json(), True)
 
@@ -412,7 +397,11 @@ def json_quote(text: str) -> str:
 
 
 def _use_host_address(value: str) -> None:
-    """--host-address wins over $IMAGEFORGE_HOST_ADDRESS for everything this task starts."""
+    """--host-address wins over $IMAGEFORGE_HOST_ADDRESS for what smoke and bench start.
+
+    Only for those two: they still read the address from the environment (every other task gets it
+    from Settings); it goes when they take Settings too.
+    """
     if value:
         os.environ["IMAGEFORGE_HOST_ADDRESS"] = value
 

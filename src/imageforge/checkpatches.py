@@ -4,35 +4,34 @@
   :class:`ImageFS` -- the real base image through a created, never started container, or a
   dict in unit tests.  Steps that touch the same file see each other's result, in manifest
   order, on an in-memory copy; nothing is written, nothing is built.
-* :func:`derive_patch_steps` turns an original and an edited text into the fewest anchored
-  ``patch`` steps (one per changed region; neighbours merge when their context would
-  overlap) whose anchors are grown, line by line, until each occurs exactly once.
-  :func:`render_steps_yaml` prints them as manifest YAML.
+* :func:`patch_from` reads a file of the base image (after the target's steps) and derives the
+  anchored steps that turn it into an edited copy (:func:`imageforge.patching.derive_patch_steps`).
 
-The pure parts (everything but :func:`check_patches_for_cli` / :func:`patch_from_for_cli`
+The pure parts (everything but :func:`check_patches`, :func:`patch_from`, :func:`image_session`
 and :class:`ContainerFS`) need no daemon.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
-import os
 import posixpath
-import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-import yaml
-
 from . import labels as lb
+from .base import base_reference, discover_package, missing_variable_error
+from .docker_engine import client, daemon_errors, ensure_daemon
+from .docker_engine import containers as dc
 from .errors import BuildError, ConfigError, Location
-from .manifest import Step, Target, resolve_image_path
+from .manifest import Manifest, Step, Target, resolve_image_path
+from .patchfrom import apply_steps, derive_patch_steps, render_steps_yaml
 from .patching import NearMatch, apply_patch, unified_diff
+from .resolve import resolve
+from .scripts import IDLE_LOOP, exec_script
 
 Log = Callable[[str], None]
 
@@ -42,9 +41,6 @@ RowStatus = Literal[
 ]
 OK_STATUSES: frozenset[str] = frozenset({"applies", "already applied", "not checked", "ran"})
 AFTER_FAILED_SCRIPT = "not checked (a script before failed)"
-#: Lines of context an anchor may grow beyond the smallest unique one to make the step idempotent.
-SOFT_CONTEXT = 6
-STEP_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 
 
 # --------------------------------------------------------------------------- the image's file system
@@ -477,174 +473,6 @@ class CheckReport:
         return "\n".join(out)
 
 
-# --------------------------------------------------------------------------- deriving patch steps
-
-
-def _lines(text: str) -> list[str]:
-    """Lines with their "\\n" kept (only "\\n" splits; joining gives ``text`` back)."""
-    parts = text.split("\n")
-    out = [p + "\n" for p in parts[:-1]]
-    if parts[-1]:
-        out.append(parts[-1])
-    return out
-
-
-def occurrences(text: str, needle: str) -> int:
-    """Occurrences of ``needle`` in ``text``, overlapping ones included."""
-    if not needle:
-        return len(text) + 1
-    count, start = 0, 0
-    while True:
-        idx = text.find(needle, start)
-        if idx < 0:
-            return count
-        count += 1
-        start = idx + 1
-
-
-@dataclass
-class _Hunk:
-    a1: int  # original lines [a1, a2) become edited lines [b1, b2)
-    a2: int
-    b1: int
-    b2: int
-
-
-def _hunks(a: Sequence[str], b: Sequence[str]) -> list[_Hunk]:
-    import difflib
-
-    sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
-    return [_Hunk(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in sm.get_opcodes() if tag != "equal"]
-
-
-def derive_patch_steps(original: str, edited: str, *, file: str, id_prefix: str = "edit",
-                       why: str | None = None, taken: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """The fewest anchored ``patch`` steps that turn ``original`` into ``edited``, in order.
-
-    One step per changed region of lines.  Each anchor starts as the changed lines (plus one
-    line of context for a pure insertion) and grows a line at a time, alternately above and
-    below, until it occurs exactly once in the text it will be applied to (earlier steps
-    already applied).  It keeps growing, up to SOFT_CONTEXT more lines, until the step is
-    also idempotent: in the edited text ``old`` no longer occurs and ``new`` occurs once (a
-    rebuild on a patched file then reports "already applied"); where that is out of reach
-    (an append at the end of the file) the smallest unique anchor is used.  When a region's
-    context would reach the next region the two merge.
-    Applying the steps with :func:`imageforge.patching.apply_patch` yields ``edited`` exactly.
-    """
-    if not original and edited:
-        raise BuildError("the original file is empty: a patch needs an anchor", hint="use an overlay step")
-    a, b = _lines(original), _lines(edited)
-    hunks = _hunks(a, b)
-    steps: list[dict[str, Any]] = []
-    current_b: list[str] = []  # edited lines before the aligned point
-    done_a = 0  # original lines [0, done_a) are already replaced by current_b
-    k = 0
-    while k < len(hunks):
-        h = _Hunk(hunks[k].a1, hunks[k].a2, hunks[k].b1, hunks[k].b2)
-        k += 1
-        # context above comes from the text as it is now (edited lines up to the aligned point, then original)
-        up = 0  # lines of context above
-        down = 0  # lines of context below (original == edited there)
-        first_ok: tuple[_Hunk, int, int, int, str, str] | None = None  # the smallest unique anchor
-        grown = 0  # lines added since first_ok, looking for an idempotent anchor
-        while True:
-            head = current_b + a[done_a:h.a1]  # the current text before the hunk
-            next_a1 = hunks[k].a1 if k < len(hunks) else len(a)
-            room_down = next_a1 - h.a2
-            above = head[len(head) - up:] if up else []
-            below = a[h.a2:h.a2 + down]
-            old = "".join(above + a[h.a1:h.a2] + below)
-            new = "".join(above + b[h.b1:h.b2] + below)
-            current = "".join(head + a[h.a1:])
-            hard_ok = bool(old) and occurrences(current, old) == 1
-            if hard_ok and first_ok is None:
-                first_ok = (h, k, up, down, old, new)
-            if hard_ok and bool(new) and occurrences(edited, new) == 1 and occurrences(edited, old) == 0:
-                break
-            can_up = up < len(head)
-            can_down = down < room_down or k < len(hunks)
-            if first_ok is not None and (grown >= SOFT_CONTEXT or not (can_up or can_down)):
-                h, k, up, down, old, new = first_ok  # idempotence out of reach: the smallest unique anchor
-                break
-            if not (can_up or can_down):  # pragma: no cover - the whole text is always a unique anchor
-                raise AssertionError("no unique anchor")
-            if first_ok is not None:
-                grown += 1
-            if can_up and (up <= down or not can_down):
-                up += 1
-            elif down < room_down:
-                down += 1
-            else:  # the context reaches the next changed region: merge it
-                nxt = hunks[k]
-                k += 1
-                h = _Hunk(h.a1, nxt.a2, h.b1, nxt.b2)
-                down = 0
-        steps.append({"old": old, "new": new})
-        # the aligned point moves past the hunk and its context below
-        current_b = current_b + a[done_a:h.a1] + b[h.b1:h.b2] + a[h.a2:h.a2 + down]
-        done_a = h.a2 + down
-    out: list[dict[str, Any]] = []
-    used = set(taken)
-    for i, s in enumerate(steps, 1):
-        ident = _unique_id(f"{id_prefix}-{i}" if len(steps) > 1 else id_prefix, used)
-        used.add(ident)
-        step: dict[str, Any] = {"id": ident, "kind": "patch"}
-        step["why"] = why or f"patch-from: change {i} of {len(steps)} in {posixpath.basename(file)}"
-        step["file"] = file
-        step["old"] = s["old"]
-        step["new"] = s["new"]
-        out.append(step)
-    return out
-
-
-def _unique_id(base: str, used: set[str]) -> str:
-    base = re.sub(r"[^a-z0-9_.-]+", "-", base.lower()).strip("-._") or "edit"
-    base = base[:56]
-    if not base[0].isalnum():  # pragma: no cover - strip above leaves an alnum first
-        base = "p" + base
-    ident, n = base, 2
-    while ident in used:
-        ident = f"{base}-{n}"
-        n += 1
-    assert STEP_ID.match(ident), ident
-    return ident
-
-
-def apply_steps(text: str, steps: Sequence[Mapping[str, Any]]) -> str:
-    """Apply patch steps in order; raise BuildError when one does not apply (for tests and checks)."""
-    for step in steps:
-        outcome = apply_patch(text, step["old"], step["new"], int(step.get("count", 1)))
-        if outcome.status != "applies" or outcome.result is None:
-            raise BuildError(f"patch {step.get('id')} does not apply: {outcome.status}")
-        text = outcome.result
-    return text
-
-
-class _BlockDumper(yaml.SafeDumper):
-    pass
-
-
-def _str_presenter(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    # "|" / "|-" only: a "|+" scalar would swallow the blank lines that follow it once pasted.
-    if "\n" in value and not value.endswith("\n\n") and value.strip("\n"):
-        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value)
-
-
-_BlockDumper.add_representer(str, _str_presenter)
-
-
-def render_steps_yaml(steps: Sequence[Mapping[str, Any]], *, header: Sequence[str] = (), indent: int = 6) -> str:
-    """Steps as a YAML list, indented to paste under ``targets.<T>.steps`` (block scalars for code)."""
-    body = yaml.dump([dict(s) for s in steps], Dumper=_BlockDumper, sort_keys=False, allow_unicode=True,
-                     default_flow_style=False, width=1 << 16)
-    body = body.removesuffix("...\n")
-    pad = " " * indent
-    lines = [f"{pad}# {h}" if h else f"{pad}#" for h in header]
-    lines += [(pad + ln) if ln else ln for ln in body.splitlines()]
-    return "\n".join(lines) + "\n"
-
-
 # --------------------------------------------------------------------------- against the daemon
 
 
@@ -655,26 +483,20 @@ class ContainerFS:
         self.container = container
 
     def stat(self, path: str) -> Entry | None:
-        from .build import is_dir, is_symlink, path_stat
-
-        st = path_stat(self.container, path)
+        st = dc.path_stat(self.container, path)
         if st is None:
             return None
-        if is_symlink(st):
+        if dc.is_symlink(st):
             return Entry("link", str(st.get("linkTarget", "")))
-        return Entry("dir" if is_dir(st) else "file")
+        return Entry("dir" if dc.is_dir(st) else "file")
 
     def read(self, path: str) -> bytes | None:
-        from .build import read_file
-
-        found = read_file(self.container, path)
+        found = dc.read_file(self.container, path)
         return None if found is None else found[0]
 
     def list_dir(self, directory: str) -> list[tuple[str, Entry]]:
-        from .build import list_dir
-
         out: list[tuple[str, Entry]] = []
-        for name, info in list_dir(self.container, directory):
+        for name, info in dc.list_dir(self.container, directory):
             if info.issym():
                 out.append((name, Entry("link", info.linkname)))
             else:
@@ -693,26 +515,22 @@ class ScriptSandbox:
     """
 
     def __init__(self, base_id: str, environ: Mapping[str, str], labels: Mapping[str, str]) -> None:
-        from . import build as b
-
         self.image = base_id
         self.environ = environ
         self.labels = {**labels, lb.L_KIND: "check-patches-script"}
         self.images: list[str] = []
-        self.scope = b.Containers(self.labels)
+        self.scope = dc.Containers(self.labels)
 
     def __call__(self, step: Step, state: Overlay) -> ScriptOutcome:
         import docker.errors
 
-        from . import build as b
-
-        parent_config = b.client().images.get(self.image).attrs["Config"] or {}
+        parent_config = client().images.get(self.image).attrs["Config"] or {}
         container = self.scope.create(self.image, network_disabled=True,
-                                      **b.process_overrides(parent_config, b.IDLE_LOOP))
+                                      **dc.process_overrides(parent_config, IDLE_LOOP))
         try:
             container.start()
             self._materialise(container, state)
-            code, lines = b.exec_script(container, step, self.environ)
+            code, lines = exec_script(container, step, self.environ)
             if code != 0:
                 tail = tuple(lines[-20:])
                 return ScriptOutcome(code, None, f"exit code {code}" + (f": {tail[-1].strip()[:100]}" if tail else ""),
@@ -731,8 +549,6 @@ class ScriptSandbox:
     @staticmethod
     def _materialise(container: Any, state: Overlay) -> None:
         """Write the file steps' in-memory results into the container (modes of replaced files kept)."""
-        from . import build as b
-
         if not state.files and not state.links:
             return
         entries = []
@@ -740,20 +556,18 @@ class ScriptSandbox:
         for path, data in sorted(state.files.items()):
             mode = 0o644
             with contextlib.suppress(BuildError):
-                found = b.read_file(container, path)
+                found = dc.read_file(container, path)
                 if found is not None:
                     mode = found[1].mode
-            entries.append(b.file_entry(path, data, mode=mode))
+            entries.append(dc.file_entry(path, data, mode=mode))
             payloads[entries[-1].name] = data
-        entries += [b.symlink_entry(link, target) for link, target in sorted(state.links.items())]
-        if not container.put_archive("/", b.tar_of(entries, payloads)):
+        entries += [dc.symlink_entry(link, target) for link, target in sorted(state.links.items())]
+        if not container.put_archive("/", dc.tar_of(entries, payloads)):
             raise BuildError("the daemon refused to write the checked files into the script's container")
 
     def close(self) -> None:
-        from . import build as b
-
         self.scope.close()
-        api = b.client().api
+        api = client().api
         for image in reversed(self.images):
             with contextlib.suppress(Exception):
                 api.remove_image(image, force=True, noprune=False)
@@ -761,8 +575,8 @@ class ScriptSandbox:
 
 
 @contextlib.contextmanager
-def script_sandbox(base_id: str, target: Target) -> Iterator[ScriptSandbox]:
-    sandbox = ScriptSandbox(base_id, os.environ, {lb.L_TOOL: lb.TOOL, lb.L_TARGET: target.name})
+def script_sandbox(base_id: str, target: Target, environ: Mapping[str, str]) -> Iterator[ScriptSandbox]:
+    sandbox = ScriptSandbox(base_id, environ, {lb.L_TOOL: lb.TOOL, lb.L_TARGET: target.name})
     try:
         yield sandbox
     finally:
@@ -783,28 +597,21 @@ class _Session:
 
 
 @contextlib.contextmanager
-def image_session(manifest: str | None, target_name: str | None, profile: str | None,
+def image_session(manifest: Manifest, target_name: str | None, profile: str | None, *, environ: Mapping[str, str],
                   log: Log) -> Iterator[_Session]:
     """Open the target's base image for reading: resolve, discover the package, create one container."""
-    from . import build as b
-    from .docker_engine import ensure_daemon
-    from .manifest import load_manifest, manifest_path
-    from .resolve import resolve
-
-    m = load_manifest(manifest_path(manifest))
-    target = m.target(target_name)
+    target = manifest.target(target_name)
     names: list[str | None] = [profile] if profile else [*sorted(target.profiles)] or [None]
-    resolved_all = [resolve(m, target.name, name, environ=os.environ) for name in names]
+    resolved_all = [resolve(manifest, target.name, name, environ=environ) for name in names]
     resolved = resolved_all[0]
-    with b.daemon_errors("reading the base image"):
-        if target.base.recipe is None and target.base.reference(os.environ) is None:
-            b.base_reference(resolved, os.environ, log, make=False)  # the clean "variable unset" error
+    with daemon_errors("reading the base image"):
+        if target.base.recipe is None and target.base.reference(environ) is None:
+            raise missing_variable_error(target)
         ensure_daemon(log=log)
-        base_ref, base_id = b.base_reference(resolved, os.environ, log, make=False)
+        base_ref, base_id = base_reference(resolved, environ, log, make=False)
         labels = {lb.L_TOOL: lb.TOOL, lb.L_TARGET: target.name, lb.L_KIND: "check-patches"}
-        with b.containers(labels) as scope:
-            loose = dataclasses.replace(target, package=dataclasses.replace(target.package, version="*"))
-            info = b.discover_package(base_id, loose, scope, log)
+        with dc.containers(labels) as scope:
+            info = discover_package(base_id, target, scope, log, check_version=False)
             problem = None
             if target.package.version != "*" and info.version != target.package.version:
                 problem = (f"{target.package.distribution} in the base image is {info.version}, the manifest says "
@@ -819,13 +626,11 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def check_patches_for_cli(manifest: str | None, target: str | None, profile: str | None, *,
-                          diff: bool) -> CheckReport:
+def check_patches(manifest: Manifest, target: str | None, profile: str | None, *, environ: Mapping[str, str],
+                  diff: bool, log: Log = _stderr) -> CheckReport:
     """`invoke check-patches`: the report (the caller prints it, then fails when it is not ok)."""
-    from .build import daemon_errors
-
-    with image_session(manifest, target, profile, _stderr) as s, daemon_errors("reading files of the base image"), \
-            script_sandbox(s.base_id, s.target) as sandbox:
+    with image_session(manifest, target, profile, environ=environ, log=log) as s, \
+            daemon_errors("reading files of the base image"), script_sandbox(s.base_id, s.target, environ) as sandbox:
         rows, _ = check_steps(s.shared, s.profiles, s.fs, s.site, with_diff=diff, run_script=sandbox)
         return CheckReport(s.target.name, s.base_ref, s.base_id, s.site, s.version, s.version_problem,
                            tuple(rows), diff)
@@ -862,16 +667,14 @@ def package_file(path: str, site: str) -> str:
     return posixpath.normpath(path)
 
 
-def patch_from_for_cli(manifest: str | None, target: str | None, file: str, edited: str, *,
-                       against_base: bool = False, id_prefix: str = "") -> PatchFromResult:
+def patch_from(manifest: Manifest, target: str | None, file: str, edited: str, *, environ: Mapping[str, str],
+               against_base: bool = False, id_prefix: str = "", log: Log = _stderr) -> PatchFromResult:
     """`invoke patch-from`: steps that turn the image's file into ``edited``.
 
     The original is the file as the target's existing steps leave it (they are applied in
     memory first), so the printed steps go at the end of ``targets.<T>.steps``; with
     ``against_base`` it is the file in the base image as is.
     """
-    from .build import daemon_errors
-
     edited_path = Path(edited)
     try:
         edited_text = edited_path.read_bytes().decode("utf-8")
@@ -879,8 +682,8 @@ def patch_from_for_cli(manifest: str | None, target: str | None, file: str, edit
         raise ConfigError(f"cannot read the edited file {edited}", found=str(exc)) from None
     except UnicodeDecodeError:
         raise ConfigError(f"{edited} is not UTF-8 text; patch steps hold text") from None
-    with image_session(manifest, target, None, _stderr) as s, daemon_errors("reading files of the base image"), \
-            script_sandbox(s.base_id, s.target) as sandbox:
+    with image_session(manifest, target, None, environ=environ, log=log) as s, \
+            daemon_errors("reading files of the base image"), script_sandbox(s.base_id, s.target, environ) as sandbox:
         rel = package_file(file, s.site)
         path = resolve_image_path(rel, s.site)
         state = Overlay(s.fs)
@@ -890,7 +693,7 @@ def patch_from_for_cli(manifest: str | None, target: str | None, file: str, edit
             touching = [r for r in rows if r.path == path]
             for r in touching:
                 if not r.ok:
-                    _stderr(f"warning: existing step {r.step} does not apply ({r.status}); ignored")
+                    log(f"warning: existing step {r.step} does not apply ({r.status}); ignored")
             before = [r.step for r in rows if r in touching or r.status in ("ran", "script failed")]
             if before:
                 against = "the base image after step(s) " + ", ".join(before)

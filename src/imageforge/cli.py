@@ -10,11 +10,12 @@ from contextlib import contextmanager
 
 from invoke.exceptions import Exit
 
+from . import settings
 from .errors import EXIT_INTERRUPTED, ImageforgeError
 
 
 def traceback_wanted(flag: bool = False) -> bool:
-    return flag or os.environ.get("IMAGEFORGE_TRACEBACK", "") not in ("", "0", "false", "no")
+    return settings.traceback_wanted(flag, os.environ)
 
 
 @contextmanager

@@ -12,7 +12,7 @@ Exit codes (also in the README):
 2     config error: manifest, smoke suite, ``--set`` values
 3     build error: patch anchors, script steps, verification
 4     smoke or bench failure
-5     infrastructure: no Docker daemon, missing base image, disk
+5     infrastructure: no Docker daemon, a refused daemon request, missing base image, disk
 130   interrupted (Ctrl-C)
 ====  ==========================================================
 """

@@ -32,7 +32,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from . import labels as lb
+from .base import DaemonProbe
+from .docker_engine import DiskNeed, check_disk, client, daemon_errors, ensure_daemon, human_bytes
 from .errors import BuildError, ConfigError, InfraError
+from .plan import Plan, make_plan
+from .resolve import Resolved
+from .runs import image_lock
 
 Log = Callable[[str], None]
 CHUNK = 1 << 20
@@ -56,8 +61,6 @@ class ExportResult:
                 "pushed": self.pushed}
 
     def text(self) -> str:
-        from .docker_engine import human_bytes
-
         out = [f"exported {', '.join(self.tags)} ({self.image_id.split(':')[-1][:12]}) in {self.seconds:.1f}s"]
         if self.tarball is not None:
             out.append(f"  tarball      {self.tarball}  ({human_bytes(self.bytes)})")
@@ -160,19 +163,11 @@ def describe(resolved: Any, plan: Any, image_attrs: Mapping[str, Any], *, tarbal
 # --------------------------------------------------------------------------- daemon side
 
 
-def _resolve_for_export(manifest: str | None, target: str | None, profile: str | None) -> tuple[Any, Any, Any]:
-    """(resolved, plan, image) for the tagged image of TARGET:PROFILE; stale tags refused."""
+def _plan_for_export(resolved: Resolved, environ: Mapping[str, str]) -> tuple[Plan, Any]:
+    """(plan, image) for the tagged image of TARGET:PROFILE; stale tags refused."""
     import docker.errors
 
-    from . import build as b
-    from .docker_engine import client
-    from .manifest import load_manifest, manifest_path
-    from .plan import make_plan
-    from .resolve import resolve
-
-    m = load_manifest(manifest_path(manifest))
-    resolved = resolve(m, target, profile, environ=os.environ)
-    plan = make_plan(resolved, environ=os.environ, probe=b.DaemonProbe())
+    plan = make_plan(resolved, environ=environ, probe=DaemonProbe())
     tag = plan.tags[0]
     try:
         image = client().images.get(tag)
@@ -191,13 +186,11 @@ def _resolve_for_export(manifest: str | None, target: str | None, profile: str |
     if want is None:
         raise InfraError(f"the base image of {resolved.target.name!r} is not on the daemon, so {tag} cannot be "
                          "checked against the manifest", hint=plan.base_problem or "")
-    return resolved, plan, image
+    return plan, image
 
 
 def _save_stream(tags: Iterable[str]) -> Iterable[bytes]:
     """`docker save TAG...` through the SDK (one tarball naming every tag)."""
-    from .docker_engine import client
-
     api = client().api
     response = api._get(api._url("/images/get"), params={"names": list(tags)}, stream=True)
     chunks: Iterable[bytes] = api._stream_raw_result(response, CHUNK, False)
@@ -259,8 +252,6 @@ def push_image(image: Any, tags: Iterable[str], repository: str, log: Log) -> li
     """Tag ``image`` as ``repository:<tag part>`` for each tag, push, untag what we added."""
     import docker.errors
 
-    from .docker_engine import client
-
     api = client().api
     out: list[dict[str, str]] = []
     if "@" in repository or repository.rsplit("/", 1)[-1].count(":"):
@@ -296,21 +287,16 @@ def push_image(image: Any, tags: Iterable[str], repository: str, log: Log) -> li
     return out
 
 
-def export(manifest: str | None, target: str | None, profile: str | None, *, out: str | None = None,
-           push: str | None = None, gzip_: bool = False, save: bool = True, log: Log = print) -> ExportResult:
+def export(resolved: Resolved, *, environ: Mapping[str, str], out: str | None = None, push: str | None = None,
+           gzip_: bool = False, save: bool = True, log: Log = print) -> ExportResult:
     """`invoke export`: see the module docstring."""
     import time
 
-    from .build import daemon_errors, image_lock
-    from .docker_engine import DiskNeed, check_disk, ensure_daemon
-    from .manifest import load_manifest, manifest_path
-
     t0 = time.monotonic()
     ensure_daemon(log=log)
-    m = load_manifest(manifest_path(manifest))
     # builds of this checkout move tags under this lock: hold it so the tag cannot move mid-export
-    with daemon_errors("exporting the image"), image_lock(m.root, m.target(target).image):
-        resolved, plan, image = _resolve_for_export(manifest, target, profile)
+    with daemon_errors("exporting the image"), image_lock(resolved.manifest.root, resolved.target.image):
+        plan, image = _plan_for_export(resolved, environ)
         out_dir = Path(out) if out else resolved.manifest.root / "dist"
         out_dir.mkdir(parents=True, exist_ok=True)
         stem = file_stem(resolved.target.image, resolved.profile_name)

@@ -31,28 +31,27 @@ pruning, so what is printed is exactly what was removed.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import datetime as _dt
-import fcntl
 import json
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .base import base_reference, discover_package, missing_variable_error
+from .docker_engine import client, daemon_errors, ensure_daemon, explanation, human_bytes
+from .docker_engine.containers import containers
 from .errors import ConfigError, Problem
 from .labels import L_FINAL, L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL, TOOL
 from .manifest import Manifest, Target
 from .plan import step_inputs
 from .resolve import Resolved
+from .runs import free_image_locks, runs_dir
 
 Log = Callable[[str], None]
 LOCK_FILE = "build.lock"
 LOCK_VERSION = 1
-
 
 
 # --------------------------------------------------------------------------- lock
@@ -140,36 +139,26 @@ def read_lock(path: Path) -> dict[str, Any]:
 def _current(resolved: Resolved, environ: Mapping[str, str], log: Log, *, version_of_locked: Mapping[str, Any] | None,
              ) -> dict[str, Any]:
     """The lock entry the daemon and the files describe now (base must exist; never made)."""
-    from . import build as b
-
     target = resolved.target
-    with b.daemon_errors("reading the base image"):
-        base_ref, base_id = b.base_reference(resolved, environ, log, make=False)
+    with daemon_errors("reading the base image"):
+        base_ref, base_id = base_reference(resolved, environ, log, make=False)
         if version_of_locked is not None and version_of_locked.get("base", {}).get("image_id") == base_id:
             version = str(version_of_locked.get("package", {}).get("version"))  # same image, same package
         else:
             labels = {L_TOOL: TOOL, L_TARGET: target.name, L_KIND: "lock"}
-            with b.containers(labels) as scope:
-                loose = dataclasses.replace(target, package=dataclasses.replace(target.package, version="*"))
-                version = b.discover_package(base_id, loose, scope, log).version
+            with containers(labels) as scope:
+                version = discover_package(base_id, target, scope, log, check_version=False).version
     return lock_entry(resolved.manifest, target, base_ref, base_id, version)
 
 
-def write_lock(manifest: str | None, target: str | None, *, log: Log = print) -> tuple[Path, dict[str, Any]]:
+def write_lock(resolved: Resolved, environ: Mapping[str, str], *, log: Log = print) -> tuple[Path, dict[str, Any]]:
     """`invoke lock`: record the target's facts in build.lock (other targets' entries are kept)."""
-    from .docker_engine import ensure_daemon
-    from .manifest import load_manifest, manifest_path
-    from .resolve import resolve
-
-    m = load_manifest(manifest_path(manifest))
-    resolved = resolve(m, target, None, environ=os.environ)
-    if resolved.target.base.recipe is None and resolved.target.base.reference(os.environ) is None:
-        from .build import base_reference
-
-        base_reference(resolved, os.environ, log, make=False)  # raises the "variable unset" InfraError
+    if resolved.target.base.recipe is None and resolved.target.base.reference(environ) is None:
+        raise missing_variable_error(resolved.target)
     ensure_daemon(log=log)
-    entry = _current(resolved, os.environ, log, version_of_locked=None)
+    entry = _current(resolved, environ, log, version_of_locked=None)
     entry["locked_at"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    m = resolved.manifest
     path = lock_path(m)
     data = read_lock(path)
     data["version"] = LOCK_VERSION
@@ -356,8 +345,6 @@ class CleanResult:
         return sum(r.bytes for r in self.removed_images)
 
     def text(self) -> str:
-        from .docker_engine import human_bytes
-
         out: list[str] = []
         verb = "would remove" if self.dry_run else "removed"
         items = (self.plan.containers + self.plan.images) if self.dry_run else (
@@ -385,51 +372,21 @@ class CleanResult:
                 "bytes": self.plan.bytes if self.dry_run else self.freed, "kept": dict(self.plan.kept)}
 
 
-@contextlib.contextmanager
-def _held_locks(root: Path, images: Iterable[str]) -> Iterator[set[str]]:
-    """Take each image's build lock without waiting; yield the image names whose lock we hold."""
-    lock_dir = root / ".imageforge" / "locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    held: dict[str, Any] = {}
-    try:
-        for image in sorted(set(images)):
-            fh = open(lock_dir / (image.replace("/", "_") + ".lock"), "w")  # noqa: SIM115
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                fh.close()
-                continue
-            held[image] = fh
-        yield set(held)
-    finally:
-        for fh in held.values():
-            with contextlib.suppress(OSError):
-                fcntl.flock(fh, fcntl.LOCK_UN)
-            fh.close()
-
-
-def clean(manifest: str | None, *, keep: int = 3, dry_run: bool = False, target: str | None = None,
+def clean(m: Manifest, *, keep: int = 3, dry_run: bool = False, target: str | None = None,
           min_age: float = 600.0, log: Log = print) -> CleanResult:
     """`invoke clean`: remove what no retention rule keeps (see the module docstring)."""
-    import docker.errors
-
-    from .build import daemon_errors
-    from .docker_engine import client, ensure_daemon
-    from .manifest import load_manifest, manifest_path
-
     if keep < 0:
         raise ConfigError("--keep must be 0 or more", found=str(keep))
-    m = load_manifest(manifest_path(manifest))
     targets = [m.target(target)] if target else list(m.targets.values())
     images_of = {t.name: t.image for t in targets}
     ensure_daemon(log=log)
     api = client().api
-    runs_dir = m.root / ".imageforge" / "runs"
-    with _held_locks(m.root, images_of.values()) as free_images, daemon_errors("cleaning up"):
+    runs = runs_dir(m.root)
+    with free_image_locks(m.root, images_of.values()) as free_images, daemon_errors("cleaning up"):
 
         def removable(c: ContainerInfo) -> bool:
             run = c.labels.get(L_RUN)
-            if not run or not (runs_dir / run).is_dir():
+            if not run or not (runs / run).is_dir():
                 return False  # not a build of this checkout
             return images_of.get(c.labels.get(L_TARGET, "")) in free_images
 
@@ -441,20 +398,23 @@ def clean(manifest: str | None, *, keep: int = 3, dry_run: bool = False, target:
         if dry_run:
             return result
         for r in plan.containers:
-            try:
-                api.remove_container(r.id, force=True, v=True)
-                result.removed_containers.append(r)
-            except docker.errors.NotFound:
-                continue
-            except docker.errors.APIError as exc:
-                result.failed.append((r, str(getattr(exc, "explanation", exc))[:200]))
+            _remove(r, lambda ident: api.remove_container(ident, force=True, v=True), result.removed_containers,
+                    result.failed)
         for r in plan.images:
-            try:
-                api.remove_image(r.id, force=False, noprune=True)
-                result.removed_images.append(r)
-            except docker.errors.NotFound:
-                continue
-            except docker.errors.APIError as exc:  # in use by a container or a child made meanwhile
-                result.failed.append((r, str(getattr(exc, "explanation", exc))[:200]))
+            _remove(r, lambda ident: api.remove_image(ident, force=False, noprune=True), result.removed_images,
+                    result.failed)
         return result
 
+
+def _remove(removal: Removal, remove: Callable[[str], Any], done: list[Removal],
+            failed: list[tuple[Removal, str]]) -> None:
+    """Remove one container or image; one already gone is skipped, one the daemon refuses is kept (and said)."""
+    import docker.errors
+
+    try:
+        remove(removal.id)
+        done.append(removal)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:  # in use by a container or a child made meanwhile
+        failed.append((removal, explanation(exc)[:200]))

@@ -3,7 +3,8 @@
 Three passes, each reporting every problem it finds:
 
 1. safe YAML load with positions (:mod:`imageforge.yamldoc`);
-2. JSON Schema ``schema/build.schema.json`` (strict: unknown keys -> "did you mean");
+2. JSON Schema ``build.schema.json`` (package data, ``src/imageforge/schema/``; strict: unknown
+   keys -> "did you mean");
 3. semantic checks: default target/profile exist, step ids unique, sources exist,
    destinations stay inside their root, ``extends`` resolves without cycles,
    a patch's ``old`` differs from ``new``, a step's ``requires:`` names only EARLIER step ids
@@ -25,11 +26,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
+from . import settings
 from .errors import ConfigError, ErrorCollector, Location
 from .tolerances import EquivSettings, equiv_settings
 from .yamldoc import YamlDocument, did_you_mean, load_yaml, validate_schema
 
-DEFAULT_MANIFEST = "build.yaml"
+DEFAULT_MANIFEST = settings.DEFAULT_MANIFEST
 StepKind = Literal["overlay", "patch", "script", "symlink"]
 _ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 
@@ -699,5 +701,8 @@ def load_manifest(path: Path | str = DEFAULT_MANIFEST) -> Manifest:
 
 
 def manifest_path(explicit: str | None = None) -> Path:
-    """The manifest to use: ``--manifest``, ``$IMAGEFORGE_MANIFEST`` or ./build.yaml."""
-    return Path(explicit or os.environ.get("IMAGEFORGE_MANIFEST") or DEFAULT_MANIFEST)
+    """``--manifest``, ``$IMAGEFORGE_MANIFEST`` or ./build.yaml (:mod:`imageforge.settings`).
+
+    For smoke and bench, which load their manifest themselves until they take a Settings object.
+    """
+    return settings.manifest_path(explicit, os.environ)

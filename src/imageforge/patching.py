@@ -1,8 +1,12 @@
-"""Anchored text patches: pure functions shared by the build and `check-patches`.
+"""Anchored text patches: pure functions shared by the build, `check-patches` and the submission.
 
 A patch replaces ``old`` by ``new`` in one file and expects ``old`` exactly ``count`` times.
 It is idempotent: a file that already holds ``new`` (and no ``old``) is "already applied".
 Anything else fails with the closest lines, so an anchor that drifted is found in seconds.
+
+Standard library only: the submission's build-time patch applier embeds this module's source, so the
+platform's `docker build` counts anchors exactly as imageforge does. Deriving steps from an edited file
+(`patch-from`) lives in :mod:`imageforge.patchfrom`.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ CacheState = Literal["HIT", "MISS", "UNKNOWN"]
 
 
 class CacheProbe(Protocol):
-    """What plan needs from a daemon (implemented in :mod:`imageforge.build`)."""
+    """What plan needs from a daemon (implemented by :class:`imageforge.base.DaemonProbe`)."""
 
     def base_image_id(self, reference: str) -> str | None: ...
 
@@ -157,15 +157,18 @@ def render_serving_config(resolved: Resolved) -> bytes:
     return (header + body).encode()
 
 
-def fit_command(entrypoint: Sequence[str] | None, command: Sequence[str], config_path: str) -> list[str]:
-    """CMD that runs ``command --config FILE`` under the base image's ENTRYPOINT.
+def fit_command(entrypoint: Sequence[str] | None, command: Sequence[str], config_path: str | None = None) -> list[str]:
+    """The CMD that runs ``command`` (``command --config FILE`` with ``config_path``) under an ENTRYPOINT.
+
+    The one fitter: a build's final CMD and ``run --base``'s command both come from here.
 
     * no ENTRYPOINT: the full argv;
     * ENTRYPOINT already is the program (``["vllm"]``): only the arguments;
     * a shell ENTRYPOINT ending in ``-c``: one command string;
     * any other ENTRYPOINT (a wrapper that execs "$@"): the full argv.
     """
-    return fit_argv(entrypoint, [*command, "--config", config_path])
+    argv = [*command, "--config", config_path] if config_path is not None else list(command)
+    return fit_argv(entrypoint, argv)
 
 
 def fit_argv(entrypoint: Sequence[str] | None, argv: Sequence[str]) -> list[str]:
@@ -428,22 +431,3 @@ class PlanReport:
 
     def text(self) -> str:
         return format_plan(self.plan)
-
-
-def plan_for_cli(
-    manifest: str | None, target: str | None, profile: str | None, sets: Sequence[str], *, use_daemon: bool
-) -> PlanReport:
-    """`invoke plan`: resolve, then ask the daemon (when one answers) what is cached."""
-    import os
-
-    from .manifest import load_manifest, manifest_path
-    from .resolve import resolve
-
-    m = load_manifest(manifest_path(manifest))
-    resolved = resolve(m, target, profile, environ=os.environ, sets=sets)
-    probe: CacheProbe | None = None
-    if use_daemon:
-        from .build import daemon_probe
-
-        probe = daemon_probe(resolved)
-    return PlanReport(make_plan(resolved, environ=os.environ, probe=probe))

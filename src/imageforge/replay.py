@@ -732,7 +732,7 @@ def main(argv: Sequence[str] | None = None, *, out: Log = print) -> int:
             return 0
         if not args.url:
             raise ConfigError("run needs --url (the server to replay against)")
-        from .build import new_run_id
+        from .runs import new_run_id
 
         model, server_len = discover_model(args.url, args.model or None)
         run_dir = Path(args.run_dir) if args.run_dir else Path.cwd() / ".imageforge" / "runs" / new_run_id()

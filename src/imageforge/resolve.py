@@ -268,11 +268,8 @@ class ValidationSummary:
         return "\n".join(lines)
 
 
-def validate_all(path: str | None) -> ValidationSummary:
-    """Load the manifest and resolve every profile of every target (no daemon, no environment)."""
-    from .manifest import load_manifest, manifest_path
-
-    manifest = load_manifest(manifest_path(path))
+def validate_all(manifest: Manifest) -> ValidationSummary:
+    """Resolve every profile of every target of a loaded manifest (no daemon, no environment)."""
     resolved: list[Resolved] = []
     for name, target in manifest.targets.items():
         names: list[str | None] = list(target.profiles) or [None]

@@ -1,14 +1,14 @@
 """Start a target's serving container, wait until it is ready, stop it again.
 
-* :func:`container_spec` turns a resolved target/profile into the keyword arguments of the
-  docker SDK's ``containers.create`` (pure: unit-tested without a daemon).  The image is the
-  built ``<image>:<profile>`` (its CMD already serves the rendered config), or with
-  ``base=True`` the base image with the serving arguments as ``vllm serve MODEL --flag value``.
-* The container port is published on 127.0.0.1 only, on ``port`` or on a free port.
+* :func:`start_server` creates the container :func:`imageforge.server_spec.container_spec`
+  describes (the built ``<image>:<profile>``, or the base image with ``base=True``) and starts it.
+* The container port is published on 127.0.0.1 only (or ``--host-address``), on ``port`` or on a
+  free port.
 * :func:`wait_ready` polls ``GET /health`` with a progress line; a container that exits or a
   timeout raises with the state, the exit code, the last 50 log lines and a hint.
 * :func:`serving` is the context manager the smoke runner and the tests use: the container is
   always stopped and removed (errors and Ctrl-C included), its log kept in the run directory.
+* :func:`start_detached` is ``invoke run``: start, wait, leave running.
 * :func:`stop_servers` removes what ``invoke run`` left running, found by label.
 """
 
@@ -28,198 +28,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .build import new_run_id
+from . import settings
+from .base import base_reference
+from .build import build_target
+from .docker_engine import (
+    client,
+    daemon_errors,
+    docker_host,
+    ensure_daemon,
+    explanation,
+    image_or_none,
+    is_local_default_host,
+)
 from .errors import ConfigError, InfraError, SmokeError
-from .labels import L_KIND, L_PROFILE, L_RUN, L_STARTED_BY, L_TARGET, L_TOOL, TOOL
+from .labels import L_KIND, L_STARTED_BY, L_TARGET, L_TOOL, TOOL
 from .resolve import Resolved
+from .runs import new_run_id, run_dir
+from .server_spec import KIND_SERVER, container_port, container_spec
 
 Log = Callable[[str], None]
 
-KIND_SERVER = "server"
 STARTED_BY_RUN = "invoke-run"
-HOST = "127.0.0.1"
+HOST = settings.DEFAULT_HOST_ADDRESS
 LOG_TAIL = 50
 STOP_TIMEOUT = 5  # seconds of SIGTERM before SIGKILL (vLLM stops in ~1.3 s once serving)
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-# --------------------------------------------------------------------------- pure helpers
-
-
-def cli_args(args: Mapping[str, Any]) -> list[str]:
-    """Serving arguments as ``vllm serve`` flags: ``model`` positional first, then ``--key value``.
-
-    ``True`` -> ``--key``; ``False`` -> ``--no-key``; lists -> ``--key a b``; mappings -> JSON.
-    """
-    out: list[str] = []
-    if "model" in args and args["model"] is not None:
-        out.append(str(args["model"]))
-    for key, value in args.items():
-        if key == "model" or value is None:
-            continue
-        flag = f"--{key}"
-        if isinstance(value, bool):
-            out.append(flag if value else f"--no-{key}")
-        elif isinstance(value, list | tuple):
-            out.append(flag)
-            out.extend(_scalar(v) for v in value)
-        else:
-            out.extend([flag, _scalar(value)])
-    return out
-
-
-def _scalar(value: Any) -> str:
-    if isinstance(value, Mapping):
-        return json.dumps(dict(value), separators=(",", ":"))
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-def expand_vars(text: str, environ: Mapping[str, str], *, what: str) -> str:
-    """Replace ``${VAR}`` from ``environ``; InfraError naming the variable when it is unset."""
-
-    def sub(match: re.Match[str]) -> str:
-        name = match.group(1)
-        value = environ.get(name, "")
-        if not value:
-            raise InfraError(
-                f"{what} uses ${{{name}}}, which is not set",
-                found=text,
-                hint=f"export {name}=<path> before running",
-            )
-        return value
-
-    return _ENV_REF.sub(sub, text)
-
-
-def volume_binds(resolved: Resolved, environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
-    """``{host_path: {"bind": target, "mode": ro|rw}}``; relative sources are under the manifest root."""
-    binds: dict[str, dict[str, str]] = {}
-    for i, volume in enumerate(resolved.run.volumes):
-        where = f"targets.{resolved.target.name}.run.volumes[{i}].source"
-        source = Path(expand_vars(volume.source, environ, what=where))
-        if not source.is_absolute():
-            source = resolved.manifest.root / source
-        if not source.exists():
-            hint = "export the variable with an existing path" if "${" in volume.source else (
-                f"run `invoke base --target {resolved.target.name}` (it writes the model directory)"
-                if resolved.target.base.recipe is not None else "create it, or fix the manifest"
-            )
-            raise InfraError(
-                f"volume source {source} does not exist",
-                key_path=where,
-                expected=f"a file or directory to mount at {volume.target}",
-                found="nothing there",
-                hint=hint,
-            )
-        binds[str(source.resolve())] = {"bind": volume.target, "mode": "ro" if volume.read_only else "rw"}
-    return binds
-
-
-def device_requests(gpus: str | int | None) -> list[Any]:
-    """``docker run --gpus`` as DeviceRequests: ``all``, a count, or ``device=0,1`` / ``0,1``."""
-    if gpus is None or gpus == "":
-        return []
-    from docker.types import DeviceRequest
-
-    caps = [["gpu"]]
-    if isinstance(gpus, int) and not isinstance(gpus, bool):
-        return [DeviceRequest(count=gpus, capabilities=caps)]
-    text = str(gpus).strip()
-    if text == "all":
-        return [DeviceRequest(count=-1, capabilities=caps)]
-    if text.isdigit():
-        return [DeviceRequest(count=int(text), capabilities=caps)]
-    ids = text.split("=", 1)[1] if text.startswith("device=") else text
-    return [DeviceRequest(device_ids=[d.strip() for d in ids.split(",") if d.strip()], capabilities=caps)]
-
-
-def ulimits(resolved: Resolved) -> list[Any]:
-    from docker.types import Ulimit
-
-    return [Ulimit(name=name, soft=int(soft), hard=int(hard)) for name, (soft, hard) in resolved.run.ulimits.items()]
-
-
-def container_port(resolved: Resolved) -> int:
-    """The port vLLM listens on inside the container (serving ``port``, else ``run.port``)."""
-    port = resolved.serving_args().get("port")
-    if isinstance(port, int) and not isinstance(port, bool):
-        return port
-    return resolved.run.port
-
-
-def server_labels(resolved: Resolved, run_id: str, *, base: bool) -> dict[str, str]:
-    return {
-        L_TOOL: TOOL,
-        L_KIND: KIND_SERVER,
-        L_RUN: run_id,
-        L_TARGET: resolved.target.name,
-        L_PROFILE: "base" if base else resolved.profile_name,
-    }
-
-
-def base_command(resolved: Resolved, entrypoint: Sequence[str] | None) -> list[str]:
-    """``vllm serve MODEL --flag value ...`` for a base image (fitted to its ENTRYPOINT).
-
-    Serving style ``argv``: the image's own CMD list (``command`` + every flag, see plan.serving_argv).
-    """
-    if resolved.target.serving.style == "argv":
-        from .plan import serving_argv
-
-        argv = serving_argv(resolved)
-    else:
-        argv = [*resolved.target.serving.command, *cli_args(resolved.serving_args())]
-    ep = list(entrypoint or [])
-    if ep and ep[-1].rsplit("/", 1)[-1] == argv[0].rsplit("/", 1)[-1]:
-        return argv[1:]
-    return argv
-
-
-def container_spec(
-    resolved: Resolved,
-    image: str,
-    *,
-    host_port: int | None,
-    run_id: str,
-    environ: Mapping[str, str],
-    base: bool = False,
-    entrypoint: Sequence[str] | None = None,
-    host_address: str = HOST,
-) -> dict[str, Any]:
-    """Keyword arguments for ``client.containers.create`` (pure apart from the volume checks)."""
-    run = resolved.run
-    env: dict[str, str] = {}
-    if base:
-        env.update(resolved.serving_env())  # a built image carries them in its config already
-    env.update({k: str(v) for k, v in run.env.items()})
-    cport = container_port(resolved)
-    kwargs: dict[str, Any] = {
-        "image": image,
-        "name": f"imageforge-{resolved.target.name}-{run_id}",
-        "labels": server_labels(resolved, run_id, base=base),
-        "environment": env,
-        # host_port None: the daemon picks a free port on host_address (read back after start).
-        "ports": {f"{cport}/tcp": (host_address, host_port)},
-        "volumes": volume_binds(resolved, environ),
-        "privileged": bool(run.privileged),
-        "detach": True,
-    }
-    if base:
-        kwargs["command"] = base_command(resolved, entrypoint)
-    if run.shm_size:
-        kwargs["shm_size"] = run.shm_size
-    if run.ipc:
-        kwargs["ipc_mode"] = run.ipc
-    if run.devices:
-        kwargs["devices"] = list(run.devices)
-    requests = device_requests(run.gpus)
-    if requests:
-        kwargs["device_requests"] = requests
-    limits = ulimits(resolved)
-    if limits:
-        kwargs["ulimits"] = limits
-    return kwargs
 
 
 def default_host_address(environ: Mapping[str, str] | None = None) -> str:
@@ -228,8 +60,7 @@ def default_host_address(environ: Mapping[str, str] | None = None) -> str:
     With a remote ``DOCKER_HOST``, set it (or ``--host-address``) to an address of that host this
     machine can reach; ports are then published there and picked by the daemon.
     """
-    environ = os.environ if environ is None else environ
-    return environ.get("IMAGEFORGE_HOST_ADDRESS", "").strip() or HOST
+    return settings.host_address(None, os.environ if environ is None else environ)
 
 
 def port_in_use(port: int, host: str = HOST) -> bool:
@@ -373,31 +204,15 @@ class Server:
         return ", ".join(parts)
 
 
-def runs_dir(root: Path) -> Path:
-    return root / ".imageforge" / "runs"
-
-
-def _api_errors() -> tuple[type[BaseException], ...]:
-    import docker.errors
-    import requests.exceptions
-
-    return (docker.errors.APIError, requests.exceptions.ConnectionError)
-
-
 def image_for(resolved: Resolved, environ: Mapping[str, str], log: Log, *, base: bool, build_image: bool) -> str:
     """The image to run: the base image, or ``<image>:<profile>`` (built or reused first)."""
-    from .build import base_reference, build, daemon_errors
-
     if base:
         with daemon_errors("finding the base image"):
-            ref, _ = base_reference(resolved, environ, log, make=True)
-        return ref
+            return base_reference(resolved, environ, log, make=True).ref
     if build_image:
-        result = build(resolved, environ=environ, echo=log)
+        result = build_target(resolved, environ=environ, echo=log)
         return str(result.tags[0])
     tag = f"{resolved.target.image}:{resolved.profile_name}"
-    from .docker_engine import image_or_none
-
     if image_or_none(tag) is None:
         raise InfraError(f"image {tag} does not exist",
                          hint=f"build it: invoke build --target {resolved.target.name} "
@@ -424,8 +239,6 @@ def start_server(
     uses the same address. With a local daemon a free port is chosen here; with a remote ``DOCKER_HOST`` the
     daemon picks one and it is read back.
     """
-    from .docker_engine import client, docker_host, ensure_daemon, is_local_default_host
-
     environ = os.environ if environ is None else environ
     host_address = host_address or default_host_address(environ)
     ensure_daemon(log=log)
@@ -450,21 +263,19 @@ def start_server(
     image_name = kwargs.pop("image")
     kwargs.pop("detach")
     kwargs["labels"] = {**kwargs["labels"], **(labels or {})}
-    try:
+    with daemon_errors("creating the serving container"):
         container = cli.containers.create(image_name, **kwargs)
-    except docker.errors.APIError as exc:
-        raise InfraError("Docker refused to create the serving container",
-                         found=str(getattr(exc, "explanation", None) or exc)[:500]) from None
-    try:
-        container.start()
-    except docker.errors.APIError as exc:
-        explanation = str(getattr(exc, "explanation", None) or exc)
-        with contextlib.suppress(Exception):
-            container.remove(force=True, v=True)
-        if "port is already allocated" in explanation or "address already in use" in explanation.lower():
-            raise port_taken_error(host_port or 0, host_address) from None
-        raise InfraError("Docker refused to start the serving container", found=explanation[:500],
-                         hint="check run options (devices, gpus, shm_size) in the manifest") from None
+    with daemon_errors("starting the serving container", hint="check run options (devices, gpus, shm_size) in the "
+                       "manifest"):
+        try:
+            container.start()
+        except docker.errors.APIError as exc:
+            text = explanation(exc)
+            with contextlib.suppress(Exception):
+                container.remove(force=True, v=True)
+            if "port is already allocated" in text or "address already in use" in text.lower():
+                raise port_taken_error(host_port or 0, host_address) from None
+            raise
     if host_port is None:
         host_port = published_port(container, container_port(resolved))
     server = Server(
@@ -475,7 +286,7 @@ def start_server(
         target=resolved.target.name,
         profile="base" if base else resolved.profile_name,
         image=ref,
-        run_dir=runs_dir(resolved.manifest.root) / run_id,
+        run_dir=run_dir(resolved.manifest.root, run_id),
     )
     log(f"started {server.name} from {ref} on {server.url} (container port {container_port(resolved)})")
     return server
@@ -641,18 +452,12 @@ def serving(
         remove_server(server, log=log)
 
 
-def run_for_cli(manifest: str | None, target: str | None, profile: str | None, sets: Sequence[str], *,
-                base: bool, port: int | None, timeout: float | None, log: Log = print,
-                host_address: str | None = None) -> Server:
-    """``invoke run``: start, wait until ready, leave running. A failed start is removed again."""
-    from .manifest import load_manifest, manifest_path
-    from .resolve import resolve
+def start_detached(resolved: Resolved, *, base: bool, port: int | None, timeout: float | None,
+                   host_address: str, log: Log = print) -> Server:
+    """``invoke run``: start, wait until ready, leave running. A failed start is removed again.
 
-    m = load_manifest(manifest_path(manifest))
-    resolved = resolve(m, target, profile, environ=os.environ, sets=sets)
-    host_address = host_address or default_host_address()
-    from .docker_engine import docker_host, is_local_default_host
-
+    Without ``port`` (and with a local daemon) the target's ``run.port`` is used when it is free.
+    """
     if port is None and is_local_default_host(docker_host()):
         configured = resolved.run.port
         port = None if port_in_use(configured, host_address) else configured
@@ -670,8 +475,6 @@ def run_for_cli(manifest: str | None, target: str | None, profile: str | None, s
 
 def list_servers(target: str | None = None, *, every: bool = False) -> list[Any]:
     """Server containers ``invoke run`` started (``every``: also those of smoke runs and tests)."""
-    from .docker_engine import client
-
     filters = [f"{L_TOOL}={TOOL}", f"{L_KIND}={KIND_SERVER}"]
     if not every:
         filters.append(f"{L_STARTED_BY}={STARTED_BY_RUN}")
@@ -685,8 +488,6 @@ def stop_servers(target: str | None = None, *, every: bool = False, log: Log = p
 
     ``every`` also removes servers of smoke runs and tests (normally removed by their own run).
     """
-    from .docker_engine import ensure_daemon
-
     ensure_daemon(log=log)
     names: list[str] = []
     for container in list_servers(target, every=every):

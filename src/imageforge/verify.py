@@ -22,12 +22,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .docker_engine.containers import process_overrides
 from .errors import BuildError
+from .labels import L_KIND
 from .manifest import Target, resolve_image_path
 from .plan import Plan
 
 if TYPE_CHECKING:
-    from .build import Containers, PackageInfo
+    from .base import PackageInfo
+    from .docker_engine.containers import Containers
 
 MARK = "IMAGEFORGE-VERIFY "
 
@@ -200,11 +203,9 @@ def verify_image(scope: Containers, parent: str, parent_config: Mapping[str, Any
     """Run the checks in a container from ``parent``; raise BuildError (no tag moves) on failure."""
     import time
 
-    from .build import process_overrides
-
     t0 = time.monotonic()
     argv = [info.python, "-c", IN_IMAGE, json.dumps(spec.to_json())]
-    container = scope.create(parent, labels={"org.imageforge.kind": "verify"}, **process_overrides(parent_config, argv))
+    container = scope.create(parent, labels={L_KIND: "verify"}, **process_overrides(parent_config, argv))
     container.start()
     status = container.wait(timeout=900)
     output = container.logs(stdout=True, stderr=True).decode(errors="replace")

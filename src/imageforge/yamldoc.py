@@ -36,7 +36,7 @@ from .errors import ConfigError, ErrorCollector, Location, Problem
 MAX_BYTES = 1024 * 1024
 MAX_DEPTH = 64  # nesting of mappings/lists; manifests and suites use < 15
 MAX_NODES = 100_000  # nodes counted with aliases expanded; the repo's largest file has ~3000
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schema"
+SCHEMA_PACKAGE = "imageforge"  # the JSON Schemas are package data: imageforge/schema/*.json
 
 KeyPath = tuple[str | int, ...]
 
@@ -517,7 +517,10 @@ def _previous_line(lines: list[str], line: int) -> str | None:
 
 @cache
 def load_schema(name: str) -> dict[str, Any]:
-    schema: dict[str, Any] = json.loads((SCHEMA_DIR / name).read_text())
+    """A JSON Schema shipped in the package (``imageforge/schema/NAME``), so an installed wheel validates too."""
+    from importlib.resources import files
+
+    schema: dict[str, Any] = json.loads(files(SCHEMA_PACKAGE).joinpath("schema", name).read_text(encoding="utf-8"))
     return schema
 
 
@@ -720,7 +723,7 @@ def _dates(data: Any, path: KeyPath = ()) -> Iterator[tuple[KeyPath, Any]]:
 
 
 def validate_schema(doc: YamlDocument, schema_name: str, *, what: str) -> None:
-    """Validate ``doc.data`` against ``schema/<schema_name>``; report every error at once."""
+    """Validate ``doc.data`` against the package's ``schema/<schema_name>``; report every error at once."""
     from jsonschema import Draft202012Validator
 
     validator = Draft202012Validator(load_schema(schema_name))

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from imageforge.build import build
+from imageforge.build import build_target
 from imageforge.errors import BuildError, InfraError
 from imageforge.labels import L_KEY, L_TOOL, L_VERIFIED
 from imageforge.manifest import load_manifest
@@ -126,7 +126,7 @@ def project(tmp_path: Path, probe_base: str) -> Iterator[Path]:
 
 def do_build(path: Path, profile: str | None = None, sets: list[str] | None = None) -> Any:
     r = resolve(load_manifest(path / "build.yaml"), None, profile, environ={}, sets=sets or [])
-    return build(r, environ={}, echo=lambda _line: None)
+    return build_target(r, environ={}, echo=lambda _line: None)
 
 
 def run_in(image: str, *argv: str) -> str:
@@ -147,7 +147,7 @@ def test_first_build_then_all_hit_and_plan_agrees(project: Path) -> None:
     assert states(again) == ["HIT"] * 5
     assert again.image_id == first.image_id
     r = resolve(load_manifest(project / "build.yaml"), None, None, environ={})
-    from imageforge.build import DaemonProbe
+    from imageforge.base import DaemonProbe
 
     plan = make_plan(r, environ={}, probe=DaemonProbe())
     assert [s["cache"] for s in plan.to_json()["steps"]] == ["HIT"] * 5
@@ -289,7 +289,7 @@ def test_missing_base_image_is_infra_error(project: Path) -> None:
 
 def test_real_cpu_target_patches_vllm() -> None:
     r = resolve(load_manifest(REPO / "build.yaml"), "cpu", "conservative", environ=os.environ)
-    result = build(r, environ=os.environ, echo=lambda _line: None)
+    result = build_target(r, environ=os.environ, echo=lambda _line: None)
     code = ("import vllm.v1.attention.ops.prefix_prefill as p, inspect; src = inspect.getsource(p); "
             "print(p.__file__); print('BASE_BLOCK = 64' in src, 'NUM_WARPS = 4  #' in src)")
     out = run_in(result.tags[0], "python3", "-c", code).splitlines()

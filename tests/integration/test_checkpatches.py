@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from imageforge.checkpatches import apply_steps
+from imageforge.patchfrom import apply_steps
 from tests.integration.forge_fixtures import (
     ATTN,
     REPO,

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from imageforge.checkpatches import apply_steps
 from imageforge.docker_engine import client
+from imageforge.patchfrom import apply_steps
 
 pytestmark = pytest.mark.integration
 

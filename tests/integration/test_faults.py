@@ -213,6 +213,7 @@ def test_base_image_deleted_between_plan_and_build(tmp_path: Path) -> None:
 
 def test_base_image_deleted_after_the_build_planned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The base vanishes inside the build, between planning and the first step (in-process)."""
+    from imageforge import app
     from imageforge import build as b
     from imageforge.errors import InfraError
 
@@ -227,7 +228,7 @@ def test_base_image_deleted_after_the_build_planned(tmp_path: Path, monkeypatch:
 
     monkeypatch.setattr(b, "make_plan", make_plan_then_delete)
     with pytest.raises(InfraError) as info:
-        b.build_for_cli(str(manifest), None, None, [], verbose=False, quiet=True)
+        app.build(app.settings(manifest=str(manifest)), None, None, [], verbose=False, quiet=True)
     assert "disappeared" in info.value.message or "not on the Docker daemon" in info.value.message
     assert info.value.exit_code == 5
     assert labelled_containers(target=target) == []

@@ -28,12 +28,12 @@ os.environ["TESTCONTAINERS_HOST_OVERRIDE"] = "127.0.0.1"
 
 @pytest.fixture(scope="module")
 def aggressive_image(docker_ready: None) -> str:
-    from imageforge.build import build
+    from imageforge.build import build_target
     from imageforge.manifest import load_manifest
     from imageforge.resolve import resolve
 
     resolved = resolve(load_manifest(REPO / "build.yaml"), "cpu", "aggressive", environ=os.environ)
-    result = build(resolved, environ=os.environ, echo=lambda _line: None)
+    result = build_target(resolved, environ=os.environ, echo=lambda _line: None)
     return result.tags[0]
 
 

@@ -20,8 +20,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from imageforge.checkpatches import apply_steps
 from imageforge.manifest import load_manifest
+from imageforge.patchfrom import apply_steps
 
 REPO = Path(__file__).resolve().parents[2]
 BASELINE = REPO / "tests" / "fixtures" / "bi100-baseline" / "qwen3_6_scripts"

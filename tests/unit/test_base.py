@@ -183,7 +183,7 @@ def test_host_sources_files(tmp_path: Path) -> None:
     (etc / "sources.list.d" / "b.list.disabled").write_text("deb http://x.invalid/ bookworm main\n")
     out = tmp_path / "out"
     out.mkdir()
-    files = base._host_sources_files("bookworm", out, etc)
+    files = base.images._host_sources_files("bookworm", out, etc)
     assert files == [str(out / "host.sources")]
     assert "Suites: bookworm" in Path(files[0]).read_text()
 

@@ -449,7 +449,7 @@ def test_sweep_continues_past_failing_points_and_builds_under_a_sweep_image(
         b.json_path = tmp_path / f"b{seqs}.json"
         return b
 
-    monkeypatch.setattr(build_mod, "build", fake_build)
+    monkeypatch.setattr(build_mod, "build_target", fake_build)
     monkeypatch.setattr(bench_mod.sweeps, "bench_target", fake_bench)
     lines: list[str] = []
     result = bench_mod.sweep(manifest, "t", None, [("max-num-seqs", [1, 4, 8, 16])],

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from imageforge.checkpatches import apply_steps
 from imageforge.errors import InfraError
 from imageforge.manifest import load_manifest
+from imageforge.patchfrom import apply_steps
 from imageforge.plan import make_plan, render_serving_config, serving_argv
 from imageforge.resolve import resolve
 
@@ -129,11 +129,11 @@ def test_plan_without_the_folder_and_the_base() -> None:
 
 
 def test_build_without_vendor_image_fails_fast() -> None:
-    from imageforge.build import build
+    from imageforge.build import build_target
 
     r = resolve(load_manifest(REPO / "build.yaml"), "bi100", None, environ={})
     with pytest.raises(InfraError) as info:
-        build(r, environ={}, echo=lambda _line: None)
+        build_target(r, environ={}, echo=lambda _line: None)
     err = info.value
     assert err.exit_code == 5
     assert "$IMAGEFORGE_BI100_BASE, which is not set" in err.message
@@ -141,11 +141,11 @@ def test_build_without_vendor_image_fails_fast() -> None:
 
 
 def test_build_without_the_scripts_folder_fails_fast() -> None:
-    from imageforge.build import build
+    from imageforge.build import build_target
 
     r = resolve(load_manifest(REPO / "build.yaml"), "bi100", None, environ={})
     with pytest.raises(InfraError) as info:
-        build(r, environ={"IMAGEFORGE_BI100_BASE": "vendor:never-looked-up"}, echo=lambda _line: None)
+        build_target(r, environ={"IMAGEFORGE_BI100_BASE": "vendor:never-looked-up"}, echo=lambda _line: None)
     err = info.value
     assert err.exit_code == 5 and "$IMAGEFORGE_BI100_SCRIPTS, which is not set" in err.message
     assert err.hint is not None and "qwen3_6_scripts" in err.hint

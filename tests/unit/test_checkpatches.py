@@ -11,16 +11,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imageforge.checkpatches import (
-    DictFS,
-    apply_steps,
-    check_steps,
-    derive_patch_steps,
-    occurrences,
-    package_file,
-    render_steps_yaml,
-)
+from imageforge.checkpatches import DictFS, check_steps, package_file
 from imageforge.manifest import load_manifest
+from imageforge.patchfrom import apply_steps, derive_patch_steps, occurrences, render_steps_yaml
 from imageforge.patching import apply_patch
 from imageforge.resolve import resolve
 

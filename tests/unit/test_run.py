@@ -16,21 +16,14 @@ import pytest
 from imageforge.errors import InfraError, SmokeError
 from imageforge.manifest import Volume, frozen_map, load_manifest
 from imageforge.resolve import Resolved, resolve
-from imageforge.run import (
-    HOST,
-    Progress,
-    Server,
+from imageforge.run import HOST, Progress, Server, exit_hint, free_port, port_in_use, port_taken_error, wait_ready
+from imageforge.server_spec import (
     base_command,
     cli_args,
     container_port,
     container_spec,
     device_requests,
-    exit_hint,
     expand_vars,
-    free_port,
-    port_in_use,
-    port_taken_error,
-    wait_ready,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,6 +56,17 @@ def test_base_command_fits_the_entrypoint(cpu: Resolved) -> None:
     assert argv[:3] == ["vllm", "serve", "/models/tiny-qwen3-moe"]
     assert "--max-num-seqs" in argv and argv[argv.index("--max-num-seqs") + 1] == "8"
     assert base_command(cpu, ["/opt/venv/bin/vllm"])[:2] == ["serve", "/models/tiny-qwen3-moe"]
+
+
+def test_base_command_under_a_shell_entrypoint_is_one_string(write_manifest: Any) -> None:
+    """A base whose ENTRYPOINT is ``sh -c`` runs its CMD as one command line (as a build's CMD does)."""
+    resolved = resolve(load_manifest(write_manifest()), "t", "big", environ={})
+    assert base_command(resolved, ["/bin/sh", "-c"]) == [
+        "vllm serve /m --max-num-seqs 64 --gpu-memory-utilization 0.95 --enforce-eager"]
+    assert base_command(resolved, ["bash", "-c"]) == [
+        "vllm serve /m --max-num-seqs 64 --gpu-memory-utilization 0.95 --enforce-eager"]
+    assert base_command(resolved, ["/entrypoint.sh"]) == [
+        "vllm", "serve", "/m", "--max-num-seqs", "64", "--gpu-memory-utilization", "0.95", "--enforce-eager"]
 
 
 def test_spec_for_built_image_publishes_on_localhost_only(cpu: Resolved, tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ Log = Callable[[str], None]
 METRICS_SETTLE = 5.0  # seconds to wait for /metrics counters to catch up with the last response
 
 async def _run(url: str, workload: Workload, echo: Log, transport: Any = None) -> BenchResult:
-    from ..build import new_run_id
+    from ..runs import new_run_id
 
     client = BenchClient(url, workload, transport)
     try:
@@ -200,8 +200,8 @@ def bench_target(resolved: Any, workload: Workload, *, environ: Mapping[str, str
                  echo: Log = print, port: int | None = None, image: str | None = None,
                  startup_timeout: float | None = None, params: Mapping[str, Any] | None = None) -> BenchResult:
     """Build (or reuse) TARGET:PROFILE, serve it, bench it, always remove the server."""
-    from ..build import new_run_id
     from ..run import serving
+    from ..runs import new_run_id
 
     workload.validate()
     environ = os.environ if environ is None else environ

@@ -235,8 +235,9 @@ def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequen
           workload: Workload, *, sets: Sequence[str] = (), environ: Mapping[str, str] | None = None,
           echo: Log = print, startup_timeout: float | None = None) -> SweepResult:
     """One build + server + bench per combination of ``params``; a point that fails is recorded, not fatal."""
-    from ..build import build, new_run_id
+    from ..build import build_target
     from ..resolve import resolve
+    from ..runs import new_run_id
 
     workload.validate()
     environ = os.environ if environ is None else environ
@@ -263,7 +264,7 @@ def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequen
         echo(f"[{i}/{len(points)}] {label}")
         with _quiet_log(run_dir / f"point-{i}.log") as log:
             try:
-                built = build(resolved, environ=environ, echo=log)
+                built = build_target(resolved, environ=environ, echo=log)
             except ImageforgeError as exc:
                 point.status, point.error = "build-error", _first_line(exc)
                 echo(f"  build failed: {point.error}")

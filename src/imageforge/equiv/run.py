@@ -129,8 +129,8 @@ def serving_pair(candidate: Side, reference: Side, *, environ: Mapping[str, str]
                  run_id: str | None = None, startup_timeout: float | None = None,
                  candidate_image: str | None = None) -> Iterator[tuple[Server, Server]]:
     """Start both servers at once (distinct free ports), wait for both, always remove both."""
-    from ..build import new_run_id
     from ..run import remove_server, sigterm_as_interrupt, start_server, wait_ready
+    from ..runs import new_run_id
 
     environ = os.environ if environ is None else environ
     run_id = run_id or new_run_id()
@@ -198,7 +198,8 @@ def equiv_target(resolved: Resolved, *, against: str = "base", dtype: str | None
                  environ: Mapping[str, str] | None = None, echo: Log = print,
                  startup_timeout: float | None = None) -> EquivRun:
     """Build what is needed, serve both sides at once, compare, write the reports; never raises on a gate."""
-    from ..build import build, new_run_id
+    from ..build import build_target
+    from ..runs import new_run_id
 
     environ = os.environ if environ is None else environ
     settings = settings or resolved.target.equiv
@@ -208,10 +209,10 @@ def equiv_target(resolved: Resolved, *, against: str = "base", dtype: str | None
     run_dir = resolved.manifest.root / ".imageforge" / "runs" / run_id
     echo(f"equiv {candidate.label} vs {reference.label}: {len(settings.prompts)} prompts, top-{settings.top_k}, "
          f"{settings.greedy_tokens} greedy tokens, both in {chosen}  run {run_id}")
-    built = build(candidate.resolved, environ=environ, echo=echo)
+    built = build_target(candidate.resolved, environ=environ, echo=echo)
     ref_image = reference.image
     if not reference.base and ref_image is None:
-        ref_image = build(reference.resolved, environ=environ, echo=echo).image_id
+        ref_image = build_target(reference.resolved, environ=environ, echo=echo).image_id
     reference = dataclasses.replace(reference, image=ref_image)
     with serving_pair(candidate, reference, environ=environ, log=echo, run_id=run_id,
                       startup_timeout=startup_timeout, candidate_image=built.image_id) as (cand, ref):

@@ -94,9 +94,9 @@ def subset_resolved(resolved: Resolved, keep: Sequence[str], *, suffix: str) -> 
 
 def build_subset(resolved: Resolved, keep: Sequence[str], *, suffix: str, environ: Mapping[str, str],
                  log: Log) -> BuildResult:
-    from ..build import build
+    from ..build import build_target
 
-    return build(subset_resolved(resolved, keep, suffix=suffix), environ=environ, echo=log)
+    return build_target(subset_resolved(resolved, keep, suffix=suffix), environ=environ, echo=log)
 
 
 def step_label(step: Step, k: int) -> str:
@@ -191,7 +191,7 @@ def bisect_target(resolved: Resolved, *, checks: Sequence[str] = (), suite_path:
                   environ: Mapping[str, str] | None = None, echo: Log = print,
                   startup_timeout: float | None = None) -> BisectRun:
     """Binary search over the images after step k for the first one failing the selected checks."""
-    from ..build import new_run_id
+    from ..runs import new_run_id
     from ..smoke import DEFAULT_TAGS, load_suite, suite_for
 
     environ = os.environ if environ is None else environ
@@ -387,8 +387,8 @@ def ablate_target(resolved: Resolved, workload: Workload, *, steps: Sequence[str
                   echo: Log = print, startup_timeout: float | None = None) -> AblationRun:
     """Build every variant, then bench full/variant ABAB per block, equiv each variant; table + JSON/CSV."""
     from ..bench import run_bench
-    from ..build import new_run_id
     from ..run import serving
+    from ..runs import new_run_id
 
     workload.validate()
     environ = os.environ if environ is None else environ

@@ -45,7 +45,7 @@ def run_suite(
     Returns the report (``report.ok`` says whether everything passed); raises SmokeError only
     when no server answers at all.
     """
-    from ..build import new_run_id
+    from ..runs import new_run_id
 
     run_id = run_id or new_run_id()
     t0 = time.monotonic()
@@ -123,7 +123,7 @@ def suite_for(resolved: Any, explicit: str | None) -> Path:
 def smoke_url(url: str, *, suite_path: Path, tags: Sequence[str], run_root: Path, echo: Log = print,
               vars: Mapping[str, Any] | None = None, wait: float = 0.0) -> SmokeReport:
     """``invoke smoke --url``: a server somebody else started."""
-    from ..build import new_run_id
+    from ..runs import new_run_id
 
     check_url(url)
     suite = load_suite(suite_path)
@@ -144,8 +144,8 @@ def smoke_target(resolved: Any, *, environ: Mapping[str, str] | None = None, sui
                  build_image: bool = True, port: int | None = None, live: bool | None = None,
                  startup_timeout: float | None = None) -> SmokeReport:
     """``invoke smoke --target T --profile P``: build if needed, serve, run the suite, always remove."""
-    from ..build import new_run_id
     from ..run import serving
+    from ..runs import new_run_id
 
     environ = os.environ if environ is None else environ
     suite = load_suite(suite_for(resolved, str(suite_path) if suite_path else None))

@@ -8,7 +8,8 @@
 
 from __future__ import annotations
 
-from .emit import EMITTERS, BaseFacts, ContextFile, EmitContext, Emitted, emitter
+from .emit import EMITTERS, BaseFacts, ContextFile, EmitContext, Emitted
+from .kinds import emitter
 from .runyaml import RUN_YAML, run_yaml_doc
 from .tree import (
     RECORD,

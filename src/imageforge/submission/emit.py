@@ -81,16 +81,6 @@ def register(kind: str) -> Callable[[Emitter], Emitter]:
     return wrap
 
 
-def emitter(kind: str) -> Emitter:
-    from . import kinds  # noqa: F401  (registers every kind)
-
-    try:
-        return EMITTERS[kind]
-    except KeyError:
-        raise ConfigError(f"step kind {kind!r} has no Dockerfile emitter",
-                          hint="add one in src/imageforge/submission/kinds/") from None
-
-
 # --------------------------------------------------------------------------- instruction helpers
 
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")

@@ -34,7 +34,8 @@ from ..errors import BuildError, ConfigError, InfraError, Problem
 from ..plan import Plan, make_plan
 from ..resolve import Resolved
 from .applier import applier_source
-from .emit import APPLIER, HELPER_DIR, BaseFacts, ContextFile, EmitContext, Emitted, emitter, env_value
+from .emit import APPLIER, HELPER_DIR, BaseFacts, ContextFile, EmitContext, Emitted, env_value
+from .kinds import emitter
 from .runyaml import RUN_YAML, read_run_yaml, render_run_yaml
 
 Log = Callable[[str], None]
@@ -59,8 +60,9 @@ class SubmissionResult:
 
 def discover_base(resolved: Resolved, environ: Mapping[str, str], log: Log) -> tuple[str, BaseFacts]:
     """The base reference and what the Dockerfile needs from the base image (read through the daemon)."""
-    from ..build import base_reference, client, containers, daemon_errors, discover_package
-    from ..docker_engine import ensure_daemon
+    from ..base import base_reference, discover_package
+    from ..docker_engine import client, daemon_errors, ensure_daemon
+    from ..docker_engine.containers import containers
     from ..labels import L_KIND, L_TOOL, TOOL
 
     if resolved.target.base.recipe is None and resolved.target.base.reference(environ) is None:

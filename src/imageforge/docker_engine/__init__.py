@@ -1,8 +1,12 @@
-"""The Docker engine: make sure a daemon answers, hand out one SDK client, small helpers.
+"""The Docker engine: make sure a daemon answers, hand out one SDK client, translate its errors.
 
 Every task that talks to Docker calls :func:`ensure_daemon` first.  On a machine without
 Docker it installs Debian's ``docker.io`` (apt-get), starts ``dockerd`` in the background
 (there is no systemd here) and waits until the daemon answers a ping.
+
+:func:`daemon_errors` is the one place where SDK and connection failures become imageforge
+errors (exit 5, infrastructure), never a traceback.  Reading and writing files of containers
+(``get_archive``/``put_archive``) is in :mod:`imageforge.docker_engine.containers`.
 
 The ``docker`` package is imported lazily inside the functions: the CLI's fast paths
 (``--help``, ``validate``) must not pay for it.
@@ -11,7 +15,6 @@ The ``docker`` package is imported lazily inside the functions: the CLI's fast p
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import os
 import shutil
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from imageforge.errors import BuildError, InfraError
 from imageforge.labels import L_KIND, L_RECIPE_KEY, L_TOOL, TOOL
+from imageforge.runs import file_lock
 
 if TYPE_CHECKING:  # pragma: no cover
     import docker
@@ -326,9 +330,7 @@ def ensure_daemon(*, install: bool = True, timeout: float = 60, log: Callable[[s
             found=reason,
             hint="start it as root (sudo dockerd &) or give this user access to a running daemon",
         )
-    DOCKERD_LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with open(DOCKERD_LOCK, "w") as lock_fh:
-        fcntl.flock(lock_fh, fcntl.LOCK_EX)  # two tasks at once start one dockerd
+    with file_lock(DOCKERD_LOCK):  # two tasks at once start one dockerd
         if _ping() is None:
             return
         proc: subprocess.Popen[bytes] | None = None
@@ -369,6 +371,40 @@ def ensure_daemon(*, install: bool = True, timeout: float = 60, log: Callable[[s
                     log_tail=_log_tail(),
                 )
             time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def daemon_errors(what: str, *, hint: str | None = None) -> Iterator[None]:
+    """Map SDK/connection failures to InfraError (exit 5), never a traceback.
+
+    The one translator of daemon errors: a refusal (an API error) is the same exit code in every
+    task, whether a build step, a serving container or a clean-up asked.  ``what`` completes
+    "lost the Docker daemon while ..." and "Docker refused ..."; ``hint`` goes with a refusal.
+    """
+    import docker.errors
+    import requests.exceptions
+
+    try:
+        yield
+    except (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError, ConnectionError) as exc:
+        raise InfraError(f"lost the Docker daemon while {what}", found=(str(exc).splitlines() or [""])[0][:200],
+                         hint="is dockerd still running? `docker info` tells") from None
+    except docker.errors.ImageNotFound as exc:
+        raise InfraError(f"an image disappeared from the Docker daemon while {what}",
+                         found=explanation(exc)[:300],
+                         hint="was it removed meanwhile (docker rmi, invoke clean)? Run the build again; a removed "
+                         "base image must be made or loaded again") from None
+    except docker.errors.APIError as exc:
+        text = explanation(exc)
+        if "no space left" in text.lower():
+            raise InfraError(f"out of disk space while {what}", found=text[:300],
+                             hint="free space (invoke clean) or move Docker's data root") from None
+        raise InfraError(f"Docker refused {what}", found=text[:500], hint=hint) from None
+
+
+def explanation(exc: BaseException) -> str:
+    """The daemon's own words for an SDK error (``APIError.explanation``), else the error text."""
+    return str(getattr(exc, "explanation", None) or exc)
 
 
 @functools.lru_cache(maxsize=4)
