@@ -188,3 +188,12 @@ def test_the_cache_file_round_trips_a_table() -> None:
     dtype, tp = again.get("dtype"), again.get("tensor-parallel-size")
     assert dtype is not None and dtype.type == "choice" and "bfloat16" in dtype.choices
     assert tp is not None and tp.aliases == ("-tp",)
+
+
+def test_the_static_reader_resolves_choices_named_by_a_module_constant() -> None:
+    from imageforge.flags import flags_from_source
+
+    source = 'PARSERS = ["hermes", "qwen3_coder"]\nparser.add_argument("--tool-call-parser", type=str, choices=PARSERS)\n'
+    (spec,) = flags_from_source(source, "cli_args.py")
+    assert (spec.name, spec.type, spec.choices, spec.origin) == ("tool-call-parser", "choice",
+                                                                 ("hermes", "qwen3_coder"), "cli_args.py:2")
