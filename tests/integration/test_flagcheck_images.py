@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,10 +123,28 @@ def test_cpu_flags_by_introspection_then_validate_finds_the_issue_mistakes(tmp_p
         ("max-num-seq: 8", "targets.cpu.serving.args.max-num-seq: unknown serving flag 'max-num-seq'"),
         ("gpu-memory-utilization: 1.5", "targets.cpu.serving.args.gpu-memory-utilization: "
                                         "gpu-memory-utilization is out of range"),
-        ('max-num-seqs: "8"', "targets.cpu.profiles.conservative.args.max-num-seqs: max-num-seqs takes an integer >= 1"),
-        ("max-num-seqs: many", "targets.cpu.profiles.aggressive.args.max-num-seqs: max-num-seqs takes an integer >= 1"),
+        ('max-num-seqs: "8"', "targets.cpu.profiles.conservative.args.max-num-seqs: "
+                              "max-num-seqs takes an integer >= 1"),
+        ("max-num-seqs: many", "targets.cpu.profiles.aggressive.args.max-num-seqs: "
+                               "max-num-seqs takes an integer >= 1"),
     ]
     for line_text, message in expected:
         assert f"{variant.name}:{line_of(variant, line_text)}:" in err and message in err, (line_text, err)
     assert "did you mean 'max-num-seqs'" in err
     assert "write it without quotes: 8" in err
+
+    # plan (daemon or not), build and the submission entry point refuse the same manifest before any build work
+    quoted = 'max-num-seqs: "8"'
+    conservative_line = f"{variant.name}:{line_of(variant, quoted)}:"
+    for args in (["plan", "--target", "cpu", "--manifest", str(variant), "--no-daemon"],
+                 ["plan", "--target", "cpu", "--manifest", str(variant)],
+                 ["build", "--target", "cpu", "--manifest", str(variant)]):
+        proc = invoke(*args, env=env)
+        assert_clean_failure(proc, 2)
+        assert conservative_line in proc.stderr and "unknown serving flag 'max-num-seq'" in proc.stderr, proc.stderr
+    out = tmp_path / "submission"
+    proc = subprocess.run([sys.executable, "-m", "imageforge.submission", "--manifest", str(variant), "--target",
+                           "cpu", "--out", str(out)], cwd=REPO, env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert conservative_line in proc.stderr and not out.exists()

@@ -193,7 +193,8 @@ def test_the_cache_file_round_trips_a_table() -> None:
 def test_the_static_reader_resolves_choices_named_by_a_module_constant() -> None:
     from imageforge.flags import flags_from_source
 
-    source = 'PARSERS = ["hermes", "qwen3_coder"]\nparser.add_argument("--tool-call-parser", type=str, choices=PARSERS)\n'
+    source = ('PARSERS = ["hermes", "qwen3_coder"]\n'
+              'parser.add_argument("--tool-call-parser", type=str, choices=PARSERS)\n')
     (spec,) = flags_from_source(source, "cli_args.py")
     assert (spec.name, spec.type, spec.choices, spec.origin) == ("tool-call-parser", "choice",
                                                                  ("hermes", "qwen3_coder"), "cli_args.py:2")
