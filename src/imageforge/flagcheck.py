@@ -336,8 +336,8 @@ def check_resolved(resolved: Resolved, environ: Mapping[str, str], *, use_daemon
     if use_daemon:
         try:
             table = learn_flags(manifest, target.name, environ=environ, log=log)
-        except InfraError as exc:
-            note = f"{exc.message}"
+        except (InfraError, BuildError) as exc:  # no base yet, a ${VAR} unset, a step that does not apply
+            note = exc.message
     if table is None:
         table = cached_flags(target, environ)
         if table is None:

@@ -465,7 +465,7 @@ class _Builder:
                         load_hint=b.get("load_hint"))
         p = raw["package"]
         package = PackageSpec(import_name=p["import"], distribution=p["distribution"], version=str(p["version"]),
-                              flags=p.get("flags"))
+                              flags="off" if p.get("flags") is False else p.get("flags"))
 
         r = raw.get("run", {})
         ulimits: dict[str, tuple[int, int]] = {}

@@ -198,3 +198,12 @@ def test_the_static_reader_resolves_choices_named_by_a_module_constant() -> None
     (spec,) = flags_from_source(source, "cli_args.py")
     assert (spec.name, spec.type, spec.choices, spec.origin) == ("tool-call-parser", "choice",
                                                                  ("hermes", "qwen3_coder"), "cli_args.py:2")
+
+
+@pytest.mark.parametrize("written", ["off", '"off"'])
+def test_flags_off_unquoted_or_quoted_turns_the_check_off(tmp_path: Path, written: str) -> None:
+    manifest = write(tmp_path, "        max-num-seq: 8\n")
+    manifest.write_text(manifest.read_text().replace("flags: static", f"flags: {written}"))
+    assert flag_method(load_manifest(manifest).targets["vendor"]) == "off"
+    proc = validate(manifest, tmp_path / "cache")
+    assert proc.returncode == 0 and "flags not checked" not in proc.stdout, proc.stdout + proc.stderr
