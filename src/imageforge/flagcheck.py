@@ -3,7 +3,7 @@
 :mod:`imageforge.flags` reads and checks; this module wires it to the image and a cache:
 
 * :func:`flag_method` -- ``package.flags`` (``introspect`` | ``static`` | ``off``); when not written,
-  ``introspect`` for a recipe base (this project's image: its vLLM imports without a device) and
+  ``off`` when the package is not ``vllm``, ``introspect`` for a recipe base (this project's image: its vLLM imports without a device) and
   ``static`` for an image base (the vendor image needs the card to import vLLM).
 * :func:`parser_steps` -- the steps up to and including the last one that can change the parser: a
   script step, or a patch/overlay writing one of :data:`PARSER_FILES` (bi100's baseline script replaces
@@ -75,10 +75,12 @@ def _stderr(line: str) -> None:
 
 
 def flag_method(target: Target) -> FlagMethod:
-    """``package.flags``, else introspect for a recipe base and static for an image base."""
+    """``package.flags``, else off for a package other than vllm, introspect for a recipe base, static else."""
     written = target.package.flags
     if written in ("introspect", "static", "off"):
         return written  # type: ignore[return-value]
+    if target.package.import_name != "vllm":
+        return "off"  # the flags checked are vLLM's
     return "introspect" if target.base.recipe is not None else "static"
 
 
