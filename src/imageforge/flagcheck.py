@@ -3,8 +3,8 @@
 :mod:`imageforge.flags` reads and checks; this module wires it to the image and a cache:
 
 * :func:`flag_method` -- ``package.flags`` (``introspect`` | ``static`` | ``off``); when not written,
-  ``off`` when the package is not ``vllm``, ``introspect`` for a recipe base (this project's image: its vLLM imports without a device) and
-  ``static`` for an image base (the vendor image needs the card to import vLLM).
+  ``off`` when the package is not ``vllm``, ``introspect`` for a recipe base (this project's image: its
+  vLLM imports without a device) and ``static`` for an image base (the vendor image needs the card).
 * :func:`parser_steps` -- the steps up to and including the last one that can change the parser: a
   script step, or a patch/overlay writing one of :data:`PARSER_FILES` (bi100's baseline script replaces
   ``cli_args.py``). The cache key (:func:`flags_key`) is the plan's chain key of that step: the base
