@@ -13,6 +13,7 @@ modules below are imported inside the functions so that ``invoke --help`` stays 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,19 +59,24 @@ def _resolve(s: Settings, manifest: Manifest, target: str | None, profile: str |
 
 def validate(s: Settings) -> ValidationSummary:
     """`validate`: YAML, schema, files, paths and every profile of every target."""
+    from .flagcheck import check_validate
     from .resolve import validate_all
 
-    return validate_all(load(s))
+    summary = validate_all(load(s))
+    return replace(summary, notes=tuple(check_validate(summary.manifest, s.environ)))
 
 
 def plan(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *,
          use_daemon: bool) -> PlanReport:
     """`plan`: resolve, then ask the daemon (when one answers) what is cached."""
     from .base import daemon_probe
+    from .flagcheck import check_resolved
     from .plan import PlanReport, make_plan
 
     resolved = _resolve(s, load(s), target, profile, sets)
-    return PlanReport(make_plan(resolved, environ=s.environ, probe=daemon_probe() if use_daemon else None))
+    probe = daemon_probe() if use_daemon else None
+    note = check_resolved(resolved, s.environ, use_daemon=probe is not None)
+    return PlanReport(make_plan(resolved, environ=s.environ, probe=probe), notes=(note,) if note else ())
 
 
 def base(s: Settings, target: str | None, log: Log = print) -> str:
@@ -84,8 +90,12 @@ def build(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
           quiet: bool, locked: bool = False) -> BuildResult:
     """`build`: every layer of TARGET:PROFILE built or reused, verified, tagged."""
     from .build import build_target
+    from .flagcheck import check_resolved
 
     resolved = _resolve(s, load(s), target, profile, sets)
+    note = check_resolved(resolved, s.environ)  # exit 2 before any build work
+    if note and not quiet:
+        print(note)
     return build_target(resolved, environ=s.environ, echo=_quiet if quiet else print, verbose=verbose,
                         locked=locked)
 
@@ -98,10 +108,13 @@ def check_patches(s: Settings, target: str | None, profile: str | None, *, diff:
     """`check-patches`: ``show`` the report, then fail (exit 3) when a step would not apply."""
     from .checkpatches import check_patches as check
     from .checkpatches import fail_if_broken
+    from .flagcheck import check_target
 
-    report = check(load(s), target, profile, environ=s.environ, diff=diff)
+    manifest = load(s)
+    report = check(manifest, target, profile, environ=s.environ, diff=diff)
     show(report)
     fail_if_broken(report)
+    check_target(manifest, target, s.environ)  # the serving flags against the parser after the steps
     return report
 
 

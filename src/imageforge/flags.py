@@ -202,6 +202,7 @@ def flags_from_source(text: str, filename: str) -> list[FlagSpec]:
             expected="Python source with parser.add_argument(...) calls",
             found=f"a syntax error: {exc.msg}",
         ) from None
+    constants = _module_constants(tree)
     out: list[FlagSpec] = []
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
@@ -214,11 +215,23 @@ def flags_from_source(text: str, filename: str) -> list[FlagSpec]:
         long = [o for o in options if o.startswith("--")]
         main = long[0] if long else options[0]
         kw = {k.arg: k.value for k in node.keywords if k.arg is not None}
-        out.append(_spec_from_call(main, options, kw, f"{filename}:{node.lineno}"))
+        out.append(_spec_from_call(main, options, kw, f"{filename}:{node.lineno}", constants))
     return sorted(out, key=lambda s: s.origin or "")
 
 
-def _spec_from_call(main: str, options: list[str], kw: Mapping[str, ast.expr], origin: str) -> FlagSpec:
+def _module_constants(tree: ast.Module) -> dict[str, Any]:
+    """Top-level ``NAME = <literal>`` assignments (``choices=TOOL_PARSERS`` names one)."""
+    out: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = _literal(node.value)
+            if value is not _NOT_LITERAL:
+                out[node.targets[0].id] = value
+    return out
+
+
+def _spec_from_call(main: str, options: list[str], kw: Mapping[str, ast.expr], origin: str,
+                    constants: Mapping[str, Any] | None = None) -> FlagSpec:
     name = main.lstrip("-")
     aliases = tuple(o for o in options if o != main)
     action = kw.get("action")
@@ -239,7 +252,9 @@ def _spec_from_call(main: str, options: list[str], kw: Mapping[str, ast.expr], o
     if action_text not in (None, "store", "append"):
         flag_type = "any"  # a custom action parses the text itself
     choices: tuple[str, ...] = ()
-    raw_choices = _literal(kw.get("choices"))
+    choices_node = kw.get("choices")
+    raw_choices = (constants or {}).get(choices_node.id) if isinstance(choices_node, ast.Name) else _literal(
+        choices_node)
     if isinstance(raw_choices, list | tuple):
         choices = tuple(str(c) for c in raw_choices)
         if all(isinstance(c, str) for c in raw_choices):

@@ -66,6 +66,7 @@ class PackageSpec:
     import_name: str
     distribution: str
     version: str
+    flags: str | None = None  # introspect | static | off; None: by the base (imageforge.flagcheck.flag_method)
 
 
 @dataclass(frozen=True)
@@ -463,7 +464,8 @@ class _Builder:
         base = BaseSpec(image=image, image_env=image_env, image_id=b.get("image_id"), recipe=recipe,
                         load_hint=b.get("load_hint"))
         p = raw["package"]
-        package = PackageSpec(import_name=p["import"], distribution=p["distribution"], version=str(p["version"]))
+        package = PackageSpec(import_name=p["import"], distribution=p["distribution"], version=str(p["version"]),
+                              flags="off" if p.get("flags") is False else p.get("flags"))
 
         r = raw.get("run", {})
         ulimits: dict[str, tuple[int, int]] = {}

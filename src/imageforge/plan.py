@@ -425,9 +425,10 @@ def format_plan(plan: Plan) -> str:
 @dataclass(frozen=True)
 class PlanReport:
     plan: Plan
+    notes: tuple[str, ...] = ()  # e.g. "flags not checked: ..." (imageforge.flagcheck)
 
     def to_json(self) -> dict[str, Any]:
-        return self.plan.to_json()
+        return {**self.plan.to_json(), **({"notes": list(self.notes)} if self.notes else {})}
 
     def text(self) -> str:
-        return format_plan(self.plan)
+        return "\n".join([format_plan(self.plan), *self.notes])

@@ -235,6 +235,7 @@ def resolve(
 class ValidationSummary:
     manifest: Manifest
     resolved: tuple[Resolved, ...]
+    notes: tuple[str, ...] = ()  # what the serving-flag check said per target (imageforge.flagcheck)
 
     def to_json(self) -> dict[str, Any]:
         targets: dict[str, Any] = {}
@@ -252,6 +253,7 @@ class ValidationSummary:
             "digest": self.manifest.digest,
             "default_target": self.manifest.default_target,
             "targets": targets,
+            "notes": list(self.notes),
         }
 
     def text(self) -> str:
@@ -265,7 +267,7 @@ class ValidationSummary:
             lines.append(
                 f"  target {name}{default}: {len(target.steps)} steps; profiles {profiles}"
             )
-        return "\n".join(lines)
+        return "\n".join([*lines, *(f"  {note}" for note in self.notes)])
 
 
 def validate_all(manifest: Manifest) -> ValidationSummary:

@@ -25,15 +25,19 @@ import docker
 REPO = Path(__file__).resolve().parents[2]
 VENDOR_ROOT = REPO / "tests" / "fixtures" / "bi100-vendor"
 BASELINE = REPO / "tests" / "fixtures" / "bi100-baseline" / "qwen3_6_scripts"
+PARSER_ROOT = REPO / "tests" / "fixtures" / "vllm-0.6.3-parser" / "vendor"
 SITE = "/usr/local/corex/lib64/python3/dist-packages"
 VENDOR_ENV = {"PYTHONPATH": SITE, "LD_LIBRARY_PATH": "/usr/local/corex/lib64:/usr/local/openmpi/lib"}
 REPOSITORY = "imageforge-test/bi100-vendor"
 
 
 def vendor_files(overrides: Mapping[str, str] | None = None) -> dict[str, bytes]:
-    """Fixture path (relative to the root, e.g. ``usr/local/...``) -> bytes."""
+    """Fixture path (relative to the root, e.g. ``usr/local/...``) -> bytes; the parser files (arg_utils.py,
+    the vendor's cli_args.py without --reasoning-parser) come from tests/fixtures/vllm-0.6.3-parser/vendor/."""
     files = {p.relative_to(VENDOR_ROOT).as_posix(): p.read_bytes()
              for p in sorted(VENDOR_ROOT.rglob("*")) if p.is_file()}
+    files.update({site_file(p.relative_to(PARSER_ROOT).as_posix()): p.read_bytes()
+                  for p in sorted(PARSER_ROOT.rglob("*.py"))})
     for rel, text in (overrides or {}).items():
         assert rel in files, f"{rel} is not a fixture file"
         files[rel] = text.encode()

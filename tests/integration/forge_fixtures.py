@@ -186,7 +186,7 @@ default_target: {target}
 targets:
   {target}:
     base: {{image: "{base}"}}
-    package: {{import: vllm, distribution: vllm, version: "1.0"}}
+    package: {{import: vllm, distribution: vllm, version: "1.0", flags: off}}  # the tiny base has no vLLM parser
     image: imageforge-test/{target}
     run:
       port: 8000

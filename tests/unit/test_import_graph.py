@@ -28,7 +28,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("plan", "flags"),  # content keys; serving flags learnt from the target's vLLM and checked
     ("base", "scripts"),  # which image a target builds on (identity, discovery, probe), the cpu recipe; script steps
     ("verify", "housekeeping"),  # the verify layer's checks; build.lock and clean
-    ("build", "checkpatches"),  # the layers; dry runs of the steps against the base
+    ("build", "checkpatches", "flagcheck"),  # the layers; dry runs of the steps; serving flags learnt, cached
     ("server_spec", "run"),  # the serving container
     ("smoke", "bench", "replay", "evalmetrics", "plots"),  # checks and load against a server
     ("equiv", "forensics"),  # teacher-forced comparison; bisect and ablate over the step chain

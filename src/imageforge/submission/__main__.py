@@ -13,6 +13,7 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     from ..errors import ImageforgeError
+    from ..flagcheck import check_resolved
     from ..manifest import load_manifest, manifest_path
     from ..resolve import resolve
     from .tree import check_submission, write_submission
@@ -29,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         m = load_manifest(manifest_path(args.manifest))
         resolved = resolve(m, args.target, args.profile, environ=os.environ, sets=args.sets)
+        note = check_resolved(resolved, os.environ)  # serving flags vs the image's vLLM (exit 2), issue 16
+        if note:
+            print(note, file=sys.stderr)
         if args.check:
             check_submission(resolved, args.out, environ=os.environ)
         else:
