@@ -393,6 +393,7 @@ def sweep(c: Context, target: str = "", profile: str = "", param: list[str] | No
 
 @task(
     iterable=["set_"],
+    short={"top_k": "k", "prompts": "n"},  # invoke would pick -o and -r
     help={
         "target": TARGET_HELP,
         "profile": "Profile under test (default: the target's default_profile)",
