@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from imageforge import app  # noqa: E402
 from imageforge.cli import user_errors  # noqa: E402
+from imageforge.errors import ConfigError  # noqa: E402
 
 
 class ForgeTask(Task[Any]):
@@ -289,7 +290,6 @@ def smoke(c: Context, url: str = "", target: str = "", profile: str = "", suite:
           base: bool = False, port: int = 0, wait: float = 0.0, set_: list[str] | None = None, manifest: str = "",
           host_address: str = "", traceback: bool = False) -> None:
     """Run the smoke suite: against --url, or build + start + test + remove TARGET:PROFILE. Exit 4 on a failure."""
-    _use_host_address(host_address)
     s = app.settings(manifest=manifest, traceback=traceback, host_address=host_address)
     with user_errors(s.traceback):
         app.smoke(s, target or None, profile or None, set_ or [], url=url or None, suite=suite or None,
@@ -346,7 +346,6 @@ def bench(c: Context, url: str = "", target: str = "", profile: str = "", set_: 
           repeat: int = 1, manifest: str = "", json: bool = False, host_address: str = "",
           traceback: bool = False) -> None:
     """Load-test --url, or build + serve + bench + remove TARGET:PROFILE: TPS, score, latencies. Exit 4 on failure."""
-    _use_host_address(host_address)
     s = app.settings(manifest=manifest, traceback=traceback, host_address=host_address)
     with user_errors(s.traceback):
         workload = (requests, concurrency, prompt_tokens, output_tokens, shared_prefix, seed, api, model, duration,
@@ -379,7 +378,6 @@ def sweep(c: Context, target: str = "", profile: str = "", param: list[str] | No
           max_error_rate: float = 0.0, repeat: int = 1, manifest: str = "", json: bool = False,
           host_address: str = "", traceback: bool = False) -> None:
     """For each --param combination: build (config layer only), serve, bench, remove; table + sweep.json/.md."""
-    _use_host_address(host_address)
     s = app.settings(manifest=manifest, traceback=traceback, host_address=host_address)
     with user_errors(s.traceback):
         workload = (requests, concurrency, prompt_tokens, output_tokens, shared_prefix, seed, api, model, duration,
@@ -390,20 +388,140 @@ def sweep(c: Context, target: str = "", profile: str = "", param: list[str] | No
             _print(result.to_json(), True)
 
 
+# --------------------------------------------------------------------------- issue 15: accuracy gate, forensics
+
+
+@task(
+    iterable=["set_"],
+    short={"top_k": "k", "prompts": "n"},  # invoke would pick -o and -r
+    help={
+        "target": TARGET_HELP,
+        "profile": "Profile under test (default: the target's default_profile)",
+        "against": "Reference: base (the target's base image, nothing patched; default), a PROFILE or an IMAGE",
+        "dtype": "float32 or bfloat16 on both sides (default: the target's equiv.dtype, else float32)",
+        "top_k": "prompt_logprobs per position (default: the target's equiv.top_k)",
+        "greedy_tokens": "Greedy continuation tokens, for the first divergence (default: equiv.greedy_tokens)",
+        "prompts": "Use only the first N prompts of the target's equiv prompt set (default: all)",
+        "set_": SET_HELP,
+        "manifest": MANIFEST_HELP,
+        "host_address": HOST_ADDRESS_HELP,
+        "traceback": TRACEBACK_HELP,
+    },
+)
+def equiv(c: Context, target: str = "", profile: str = "", against: str = "base", dtype: str = "", top_k: int = 0,
+          greedy_tokens: int = 0, prompts: int = 0, set_: list[str] | None = None, manifest: str = "",
+          host_address: str = "", traceback: bool = False) -> None:
+    """Accuracy gate: serve TARGET:PROFILE and the reference at once, compare teacher-forced logprobs. Exit 4 over."""
+    s = app.settings(manifest=manifest, traceback=traceback, host_address=host_address)
+    with user_errors(s.traceback):
+        app.equiv(s, target or None, profile or None, set_ or [], against=against, dtype=dtype, top_k=top_k,
+                  greedy_tokens=greedy_tokens, prompts=prompts)
+
+
+@task(
+    iterable=["check", "set_"],
+    help={
+        "target": TARGET_HELP,
+        "profile": "Profile whose steps are searched (default: the target's default_profile)",
+        "check": "Smoke check id to bisect on (repeatable), or 'equiv' for the accuracy gate",
+        "suite": "Suite file whose checks (with --tags) are run instead (default: the target's smoke.suite)",
+        "tags": "Comma-separated tags selecting the suite's checks (default: the target's smoke.tags)",
+        "repeat": "Runs per probed point; the flip rate is reported (default 1)",
+        "flaky": "A point that flips: 'fail' (counts as failing, default) or 'unknown'",
+        "set_": SET_HELP,
+        "manifest": MANIFEST_HELP,
+        "host_address": HOST_ADDRESS_HELP,
+        "traceback": TRACEBACK_HELP,
+    },
+)
+def bisect(c: Context, target: str = "", profile: str = "", check: list[str] | None = None, suite: str = "",
+           tags: str = "", repeat: int = 1, flaky: str = "fail", set_: list[str] | None = None, manifest: str = "",
+           host_address: str = "", traceback: bool = False) -> None:
+    """Find the first step whose image fails --check (or the suite), by binary search over the steps. Exit 4 if one."""
+    s = app.settings(manifest=manifest, traceback=traceback, host_address=host_address)
+    with user_errors(s.traceback):
+        app.bisect(s, target or None, profile or None, set_ or [], check=check or [], suite=suite, tags=tags,
+                   repeat=repeat, flaky=flaky)
+
+
+ABLATE_WORKLOAD_HELP = {k: v for k, v in WORKLOAD_HELP.items() if k != "repeat"}  # one run per ABAB round
+
+
+@task(
+    iterable=["set_"],
+    short={"output_tokens": "O", "host_address": "H"},  # invoke would pick "-" (all their letters are taken)
+    help={
+        "target": TARGET_HELP,
+        "profile": "Profile of the full image (default: the target's default_profile)",
+        "steps": "Comma-separated step ids to ablate (default: every step not marked required)",
+        "repeat": "ABAB rounds per variant: full, variant, full, variant ... (default 3)",
+        "out": "Directory for ablate.txt/.json/.csv (default: the run directory)",
+        "no_equiv": "Do not compare each variant with the full image by equiv",
+        "set_": SET_HELP,
+        **ABLATE_WORKLOAD_HELP,
+        "manifest": MANIFEST_HELP,
+        "host_address": HOST_ADDRESS_HELP,
+        "traceback": TRACEBACK_HELP,
+    },
+)
+def ablate(c: Context, target: str = "", profile: str = "", steps: str = "", repeat: int = 3, out: str = "",
+           no_equiv: bool = False, set_: list[str] | None = None, requests: int = 32, concurrency: int = 8,
+           prompt_tokens: int = 256, output_tokens: int = 64, shared_prefix: float = 0.5, seed: int = 0,
+           api: str = "completions", model: str = "", duration: float = 300.0, timeout: float = 120.0,
+           warmup: int = 1, max_error_rate: float = 0.0, manifest: str = "", host_address: str = "",
+           traceback: bool = False) -> None:
+    """For each step: the image without it, benched ABAB against the full image, and its equiv verdict; a table."""
+    s = app.settings(manifest=manifest, traceback=traceback, host_address=host_address)
+    with user_errors(s.traceback):
+        workload = (requests, concurrency, prompt_tokens, output_tokens, shared_prefix, seed, api, model, duration,
+                    timeout, warmup, max_error_rate)
+        app.ablate(s, target or None, profile or None, set_ or [], workload=workload, steps=steps, repeat=repeat,
+                   out=out, equiv=not no_equiv)
+
+
+# --------------------------------------------------------------------------- issue 13: what the platform builds
+
+
+@task(
+    iterable=["set_"],
+    help={
+        "target": TARGET_HELP,
+        "profile": PROFILE_HELP,
+        "out": "Directory of the tree (written, or with --check read)",
+        "check": "Only compare the tree at --out with the manifest (files, hashes, yaml argv/env, bash -n, LF); exit 2",
+        "git": "git init (once) and commit the written tree, ready to push as the submission repository",
+        "set_": SET_HELP,
+        "manifest": MANIFEST_HELP,
+        "json": "Print one JSON object",
+        "traceback": TRACEBACK_HELP,
+    },
+)
+def submission(c: Context, out: str, target: str = "", profile: str = "", check: bool = False, git: bool = False,
+               set_: list[str] | None = None, manifest: str = "", json: bool = False, traceback: bool = False) -> None:
+    """Write the tree the platform builds: root Dockerfile, computility-run.yaml, context; --check an existing one."""
+    s = app.settings(manifest=manifest, traceback=traceback)
+    with user_errors(s.traceback):
+        if check and git:
+            raise ConfigError("submission: --check only reads the tree; --git writes it", hint="drop one of them")
+        log = _quiet if json else print
+        if check:
+            files = app.check_submission(s, target or None, profile or None, set_ or [], out=out, log=log)
+            if json:
+                _print({"out_dir": out, "ok": True, "files_checked": files}, True)
+        else:
+            result = app.submission(s, target or None, profile or None, set_ or [], out=out, git=git, log=log)
+            if json:
+                _print(result.to_json(), True)
+
+
+def _quiet(_line: str) -> None:
+    return None
+
+
 def json_quote(text: str) -> str:
     import shlex
 
     return shlex.quote(text)
-
-
-def _use_host_address(value: str) -> None:
-    """--host-address wins over $IMAGEFORGE_HOST_ADDRESS for what smoke and bench start.
-
-    Only for those two: they still read the address from the environment (every other task gets it
-    from Settings); it goes when they take Settings too.
-    """
-    if value:
-        os.environ["IMAGEFORGE_HOST_ADDRESS"] = value
 
 
 def _print(payload: object, as_json: bool) -> None:
@@ -414,6 +532,6 @@ def _print(payload: object, as_json: bool) -> None:
 
 
 ns = Collection(validate, plan, base, build, test, check_patches, patch_from, lock, export, clean, run, stop,
-                smoke, demo, bench, sweep)
+                smoke, demo, bench, sweep, equiv, bisect, ablate, submission)
 ns.configure({"run": {"echo": True}})
 os.environ.setdefault("PYTHONUNBUFFERED", "1")

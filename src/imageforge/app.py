@@ -4,7 +4,8 @@ Each function takes the command's :class:`~imageforge.settings.Settings` (the to
 once from the command line and the environment), loads the manifest once, resolves the target
 and hands frozen values to the stage functions, lowest stage first::
 
-    manifest -> resolve -> plan -> base -> build (verify inside) -> run -> smoke/bench -> export
+    manifest -> resolve -> plan -> base -> build (verify inside) -> run -> smoke/bench -> equiv/forensics
+        -> export/submission
 
 Nothing here reads ``os.environ`` directly: it comes in through ``Settings.environ``.  The
 modules below are imported inside the functions so that ``invoke --help`` stays fast.
@@ -20,14 +21,19 @@ from typing import TYPE_CHECKING, Any
 from .settings import Settings
 
 if TYPE_CHECKING:
+    from .bench import BenchResult, SweepResult, Workload
     from .build import BuildResult
     from .checkpatches import CheckReport, PatchFromResult
+    from .equiv.run import EquivRun
     from .export import ExportResult
+    from .forensics.run import AblationRun, BisectRun
     from .housekeeping import CleanResult
     from .manifest import Manifest
     from .plan import PlanReport
     from .resolve import Resolved, ValidationSummary
     from .run import Server
+    from .smoke import SmokeReport
+    from .submission import SubmissionResult
 
 Log = Callable[[str], None]
 
@@ -168,39 +174,171 @@ def stop(target: str | None, *, every: bool) -> list[str]:
     return stop_servers(target, every=every)
 
 
-# The smoke and bench tasks still load their manifest and read the host address from the
-# environment themselves (tasks.py sets it from --host-address); they move onto Settings next.
-
-
 def smoke(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, url: str | None,
-          suite: str | None, tags: str | None, base: bool, port: int | None, wait: float) -> Any:
-    """`smoke`: the suite against --url, or build + start + check + remove TARGET:PROFILE."""
-    from .smoke import smoke_for_cli
+          suite: str | None, tags: str | None, base: bool, port: int | None, wait: float,
+          echo: Log = print) -> SmokeReport:
+    """`smoke`: the suite against --url, or build + start + check + remove TARGET:PROFILE (exit 4 on a failure)."""
+    from .errors import ConfigError
+    from .smoke import DEFAULT_TAGS, parse_tags, smoke_target, smoke_url, suite_for, target_vars, verdict
 
-    return smoke_for_cli(str(s.manifest), target, profile, sets, url=url, suite=suite, tags=tags, base=base,
-                         port=port, wait=wait)
+    tag_list = parse_tags(tags)
+    if url:
+        if base or profile:
+            raise ConfigError("--url tests a running server: --profile and --base do not apply",
+                              hint="drop --url to build, start and stop the target's server")
+        resolved = _resolve(s, load(s), target, None, sets) if target or not suite else None
+        suite_path = suite_for(resolved, suite) if resolved is not None else Path(suite or "")
+        root = resolved.manifest.root if resolved is not None else Path.cwd()
+        chosen = tag_list or (tuple(resolved.target.smoke.tags) if resolved is not None else ()) or DEFAULT_TAGS
+        report = smoke_url(url, suite_path=suite_path, tags=chosen, run_root=root, echo=echo,
+                           vars=target_vars(resolved) if resolved is not None and target else None, wait=wait)
+    else:
+        resolved = _resolve(s, load(s), target, profile, sets)
+        report = smoke_target(resolved, environ=s.environ, suite_path=Path(suite) if suite else None, tags=tag_list,
+                              echo=echo, base=base, port=port, host_address=s.host_address)
+    verdict(report)
+    return report
 
 
-def demo(s: Settings) -> Any:
+def demo(s: Settings, *, target: str = "cpu", echo: Log = print) -> SmokeReport:
     """`demo`: Docker engine, cpu base, build and smoke of the cpu target, from nothing."""
-    from .smoke import demo_for_cli
+    import time
 
-    return demo_for_cli(str(s.manifest))
+    from .docker_engine import ensure_daemon
+    from .smoke import smoke_target, verdict
+
+    t0 = time.monotonic()
+    resolved = _resolve(s, load(s), target, None)
+    echo(f"demo: {target}:{resolved.profile_name} -- Docker engine, base image, build, serve, smoke")
+    ensure_daemon(log=echo)
+    # the build makes the base image (and model) first
+    report = smoke_target(resolved, environ=s.environ, echo=echo, host_address=s.host_address)
+    echo(f"demo: {report.summary_line()} in {time.monotonic() - t0:.0f}s")
+    verdict(report)
+    return report
+
+
+def _workload(workload: Workload | Sequence[Any]) -> Workload:
+    """A checked Workload: given, or made from the tasks' workload options (in workload_from_cli's order)."""
+    from .bench import Workload, workload_from_cli
+
+    return workload.validate() if isinstance(workload, Workload) else workload_from_cli(*workload)
 
 
 def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, url: str | None,
-          port: int | None, workload: Sequence[Any]) -> Any:
-    """`bench`: load-test --url, or build + serve + bench + remove TARGET:PROFILE."""
-    from .bench import bench_for_cli, workload_from_cli
+          port: int | None, workload: Workload | Sequence[Any], echo: Log = print) -> BenchResult:
+    """`bench`: load-test --url, or build + serve + bench + remove TARGET:PROFILE (exit 4 on a failure)."""
+    from .bench import bench_target, print_bench, run_bench, verdict, write_bench
+    from .errors import ConfigError
+    from .runs import run_dir
 
-    return bench_for_cli(str(s.manifest), target, profile, sets, url=url, workload=workload_from_cli(*workload),
-                         port=port)
+    w = _workload(workload)
+    if url:
+        if target or profile or sets:
+            raise ConfigError("--url benches a running server: --target, --profile and --set do not apply",
+                              hint="drop --url to build, start and stop the target's server")
+        root = s.manifest.resolve().parent if s.manifest.exists() else Path.cwd()
+        result = run_bench(url, w, echo=echo, run_dir=None, write=False)
+        result.run_dir = run_dir(root, result.run_id)
+        write_bench(result)
+    else:
+        result = bench_target(_resolve(s, load(s), target, profile, sets), w, environ=s.environ, echo=echo,
+                              port=port, host_address=s.host_address)
+    print_bench(result, echo)
+    verdict(result)
+    return result
 
 
 def sweep(s: Settings, target: str | None, profile: str | None, params: Sequence[str], sets: Sequence[str], *,
-          workload: Sequence[Any], requests_given: bool, concurrency_given: bool) -> Any:
-    """`sweep`: one build + serve + bench per combination of --param values."""
-    from .bench import sweep_for_cli, workload_from_cli
+          workload: Workload | Sequence[Any], requests_given: bool, concurrency_given: bool,
+          echo: Log = print) -> SweepResult:
+    """`sweep`: one build + serve + bench per combination of --param values; exit 4 when no point gave a result."""
+    from .bench import parse_params, report_sweep, sweep_workload
+    from .bench import sweep as run_sweep
 
-    return sweep_for_cli(str(s.manifest), target, profile, params, sets, workload=workload_from_cli(*workload),
-                         requests_given=requests_given, concurrency_given=concurrency_given)
+    parsed = parse_params(params)
+    w = sweep_workload(parsed, _workload(workload), requests_given=requests_given,
+                       concurrency_given=concurrency_given)
+    result = run_sweep(load(s), target, profile, parsed, w, sets=sets, environ=s.environ, echo=echo,
+                       host_address=s.host_address)
+    return report_sweep(result, echo)
+
+
+# --------------------------------------------------------------------------- accuracy gate and step forensics
+
+
+def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, against: str = "base",
+          dtype: str = "", top_k: int = 0, greedy_tokens: int = 0, prompts: int = 0,
+          echo: Log = print) -> EquivRun:
+    """`equiv`: TARGET:PROFILE against --against (base, a profile or an image), teacher-forced; exit 4 when exceeded."""
+    from .equiv import raise_if_failed
+    from .equiv.run import equiv_target, settings_from_cli
+
+    resolved = _resolve(s, load(s), target, profile, sets)
+    chosen = settings_from_cli(resolved.target.equiv, top_k=top_k, greedy_tokens=greedy_tokens, prompts=prompts)
+    result = equiv_target(resolved, against=against or "base", dtype=dtype or None, settings=chosen, sets=sets,
+                          environ=s.environ, echo=echo, host_address=s.host_address)
+    raise_if_failed(result.verdict)
+    return result
+
+
+def bisect(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *,
+           check: Sequence[str] = (), suite: str = "", tags: str = "", repeat: int = 1, flaky: str = "fail",
+           echo: Log = print) -> BisectRun:
+    """`bisect`: the first step whose image fails the selected checks; exit 4 when one did (or the base fails)."""
+    from .errors import ConfigError
+    from .forensics import raise_for
+    from .forensics.run import bisect_target
+    from .smoke import parse_tags
+
+    if not check and not suite:
+        raise ConfigError("bisect needs --check NAME (repeatable; 'equiv' for the accuracy gate) or --suite FILE")
+    if flaky not in ("fail", "unknown"):
+        raise ConfigError("bisect --flaky must be 'fail' or 'unknown'", found=repr(flaky))
+    resolved = _resolve(s, load(s), target, profile, sets)
+    run = bisect_target(resolved, checks=list(check), suite_path=suite or None, tags=parse_tags(tags),
+                        repeat=repeat, flaky="unknown" if flaky == "unknown" else "fail", environ=s.environ,
+                        echo=echo, host_address=s.host_address)
+    step = run.culprit
+    raise_for(run.result, None if step is None else f"{step.id} ({step.location})")
+    return run
+
+
+def ablate(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *,
+           workload: Workload | Sequence[Any], steps: str = "", repeat: int = 3, out: str = "", equiv: bool = True,
+           echo: Log = print) -> AblationRun:
+    """`ablate`: each chosen step's variant without it, benched ABAB against the full image, equiv each."""
+    from .forensics.run import ablate_target
+
+    resolved = _resolve(s, load(s), target, profile, sets)
+    chosen = [name.strip() for name in steps.split(",") if name.strip()] or None
+    return ablate_target(resolved, _workload(workload), steps=chosen, repeats=repeat, out=Path(out) if out else None,
+                         equiv=equiv, environ=s.environ, echo=echo, host_address=s.host_address)
+
+
+# --------------------------------------------------------------------------- what the platform builds
+
+
+def submission(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, out: str,
+               git: bool = False, log: Log = print) -> SubmissionResult:
+    """`submission`: write (or rewrite) the tree the platform builds: root Dockerfile, computility-run.yaml, context."""
+    from .flagcheck import check_resolved
+    from .submission import write_submission
+
+    resolved = _resolve(s, load(s), target, profile, sets)
+    note = check_resolved(resolved, s.environ)  # serving flags vs the image's own vLLM (exit 2), issue 16
+    if note:
+        log(note)
+    return write_submission(resolved, Path(out), environ=s.environ, git=git, log=log)
+
+
+def check_submission(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, out: str,
+                     log: Log = print) -> int:
+    """`submission --check`: compare the tree at OUT with the manifest (exit 2 listing every difference).
+
+    Returns the number of files checked; no daemon needed (the base facts come from the tree's record).
+    """
+    from .submission import check_submission as check
+
+    resolved = _resolve(s, load(s), target, profile, sets)
+    return check(resolved, Path(out), environ=s.environ, log=log)

@@ -421,11 +421,13 @@ def syntax_error(path: Path, text: str, exc: yaml.MarkedYAMLError) -> ConfigErro
     lines = text.splitlines()
     noticed = f"{_found_token(problem)} at {_at(pmark)}" if pmark is not None else _found_token(problem)
 
-    def error(message: str, mark: Any, *, expected: str | None, hint: str, found: str | None = None) -> ConfigError:
+    def error(message: str, mark: Any, *, expected: str | None, hint: str, found: str | None = None,
+              header: Any = None) -> ConfigError:
+        """``mark`` gives the key path; the file:line header is ``header`` when given (where the parser noticed)."""
         kp = key_path_at(text, mark.line, mark.column) if mark is not None else ()
         return ConfigError(
             f"invalid YAML: {message}",
-            location=_mark_location(path, mark),
+            location=_mark_location(path, header if header is not None else mark),
             key_path=format_key_path(kp) if kp else None,
             expected=expected,
             found=found or f"{noticed}, where the parser noticed",
@@ -437,6 +439,7 @@ def syntax_error(path: Path, text: str, exc: yaml.MarkedYAMLError) -> ConfigErro
         return error(
             f"the {quote} opened at {_at(cmark)} is never closed",
             cmark,
+            header=pmark,
             expected=f"a closing {quote} on the same value",
             hint=f"add the closing {quote}; inside {quote}...{quote} write a {quote} as "
             + ("\\\"" if quote == '"' else "''"),
@@ -447,6 +450,7 @@ def syntax_error(path: Path, text: str, exc: yaml.MarkedYAMLError) -> ConfigErro
         return error(
             f"the '{opener}' opened at {_at(at)} is never closed",
             at,
+            header=pmark,
             expected=f"',' or '{closer}' before the next key",
             hint=f"close it with '{closer}', or write the items as a block list/mapping on their own lines",
         )

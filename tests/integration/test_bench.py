@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from imageforge.bench import Workload, run_bench, sweep_for_cli, verdict
+from imageforge import app
+from imageforge.bench import Workload, run_bench, verdict
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -74,8 +75,8 @@ def test_two_point_sweep_of_the_cpu_target(docker_ready: None, containers_labell
 
     w = Workload(requests=8, concurrency=4, prompt_tokens=128, output_tokens=16, seed=7, duration=120)
     lines: list[str] = []
-    result = sweep_for_cli(None, "cpu", "conservative", ["max-num-seqs=1,4"], [], workload=w,
-                           echo=lines.append)
+    result = app.sweep(app.settings(), "cpu", "conservative", ["max-num-seqs=1,4"], [], workload=w,
+                       requests_given=True, concurrency_given=True, echo=lines.append)
     out = capsys.readouterr().out
     assert [p.status for p in result.points] == ["ok", "ok"], [p.error for p in result.points]
     for point in result.points:

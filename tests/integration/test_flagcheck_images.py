@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -143,8 +141,6 @@ def test_cpu_flags_by_introspection_then_validate_finds_the_issue_mistakes(tmp_p
         assert_clean_failure(proc, 2)
         assert conservative_line in proc.stderr and "unknown serving flag 'max-num-seq'" in proc.stderr, proc.stderr
     out = tmp_path / "submission"
-    proc = subprocess.run([sys.executable, "-m", "imageforge.submission", "--manifest", str(variant), "--target",
-                           "cpu", "--out", str(out)], cwd=REPO, env={**os.environ, **env}, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    proc = invoke("submission", "--target", "cpu", "--manifest", str(variant), "--out", str(out), env=env)
+    assert_clean_failure(proc, 2)
     assert conservative_line in proc.stderr and not out.exists()

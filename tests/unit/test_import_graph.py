@@ -133,7 +133,8 @@ def _append(root: Path, module: str, code: str) -> None:
 def test_a_planted_upward_import_inside_a_function_fails(tmp_path: Path) -> None:
     root = _copy(tmp_path)
     _append(root, "errors", "def _planted() -> None:\n    from .app import settings\n")
-    assert f"upward import: {PACKAGE}.errors (stage 0) -> {PACKAGE}.app (stage {STAGE['app']})" in problems(import_graph(root))
+    expected = f"upward import: {PACKAGE}.errors (stage 0) -> {PACKAGE}.app (stage {STAGE['app']})"
+    assert expected in problems(import_graph(root))
 
 
 def test_a_planted_cycle_under_type_checking_fails(tmp_path: Path) -> None:

@@ -43,10 +43,12 @@ def test_workflow_calls_only_existing_tasks(path: Path) -> None:
     if path.name == "ci.yml":
         assert runs == ["bash .ci/run"]
     else:
-        assert called == ["validate", "check-patches", "build", "smoke", "export", "smoke"]
+        assert called == ["validate", "check-patches", "build", "smoke", "export", "submission", "submission",
+                          "smoke"]
         # the submission tree: written, checked, built with plain docker build, uploaded
         text = path.read_text()
-        assert "-m imageforge.submission --target bi100" in text and "--check" in text
+        assert 'submission --target bi100 --profile "$PROFILE" --out submission/ --git' in text
+        assert 'submission --target bi100 --profile "$PROFILE" --out submission/ --check' in text
         assert 'docker build --tag "imageforge-submission/bi100:$PROFILE" submission/' in text
         assert any(step.get("with", {}).get("path") == "submission/"
                    for job in data["jobs"].values() for step in job["steps"])

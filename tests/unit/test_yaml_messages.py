@@ -64,7 +64,7 @@ def test_tab_names_its_position(write_manifest: Write) -> None:
 def test_unclosed_bracket_reports_where_it_opened_and_where_it_was_noticed(write_manifest: Write) -> None:
     text = "version: 1\ntargets:\n  t:\n    steps:\n      - id: a\n        args: [1, 2\n      - id: b\n"
     assert only(error_of(write_manifest(text))) == (
-        "config error: build.yaml:6:15: targets.t.steps[0].args: invalid YAML: the '[' opened at line 6, column 15"
+        "config error: build.yaml:7:11: targets.t.steps[0].args: invalid YAML: the '[' opened at line 6, column 15"
         " is never closed\n"
         "  expected: ',' or ']' before the next key\n"
         "  found:    ':' at line 7, column 11, where the parser noticed\n"
@@ -75,7 +75,7 @@ def test_unclosed_bracket_reports_where_it_opened_and_where_it_was_noticed(write
 def test_unclosed_brace_at_end_of_file(write_manifest: Write) -> None:
     text = "version: 1\ntargets:\n  t:\n    base: {image: x\n"
     assert only(error_of(write_manifest(text))) == (
-        "config error: build.yaml:4:11: targets.t.base: invalid YAML: the '{' opened at line 4, column 11"
+        "config error: build.yaml:5:1: targets.t.base: invalid YAML: the '{' opened at line 4, column 11"
         " is never closed\n"
         "  expected: ',' or '}' before the next key\n"
         "  found:    the end of the file at line 5, column 1, where the parser noticed\n"
@@ -86,7 +86,7 @@ def test_unclosed_brace_at_end_of_file(write_manifest: Write) -> None:
 def test_unclosed_quote_reports_where_it_opened(write_manifest: Write) -> None:
     text = 'version: 1\ndefault_target: "t\ntargets: {}\n'
     assert only(error_of(write_manifest(text))) == (
-        'config error: build.yaml:2:17: default_target: invalid YAML: the " opened at line 2, column 17'
+        'config error: build.yaml:4:1: default_target: invalid YAML: the " opened at line 2, column 17'
         " is never closed\n"
         '  expected: a closing " on the same value\n'
         "  found:    the end of the file at line 4, column 1, where the parser noticed\n"

@@ -41,7 +41,7 @@ from .metrics import (
 )
 from .report import bench_rows, print_bench, write_bench
 from .results import BenchResult, RequestResult
-from .runner import bench_for_cli, bench_target, median_run, run_bench, verdict
+from .runner import bench_target, median_run, run_bench, verdict
 from .sweeps import (
     SweepPoint,
     SweepResult,
@@ -49,9 +49,9 @@ from .sweeps import (
     combinations,
     parse_params,
     print_sweep,
+    report_sweep,
     set_args,
     sweep,
-    sweep_for_cli,
     sweep_image,
     sweep_workload,
 )
@@ -73,7 +73,6 @@ __all__ = [
     "SweepPoint",
     "SweepResult",
     "Workload",
-    "bench_for_cli",
     "bench_rows",
     "bench_target",
     "build_note",
@@ -87,11 +86,11 @@ __all__ = [
     "print_bench",
     "print_sweep",
     "prompt_words",
+    "report_sweep",
     "run_bench",
     "score",
     "set_args",
     "sweep",
-    "sweep_for_cli",
     "sweep_image",
     "sweep_workload",
     "verdict",

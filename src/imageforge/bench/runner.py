@@ -17,7 +17,7 @@ from ..serving_client import check_url
 from ..waits import await_until
 from .client import BenchClient
 from .metrics import CACHED_TOKEN_COUNTERS, GENERATION_TOKEN_COUNTERS, PROMPT_TOKEN_COUNTERS, counter_delta
-from .report import print_bench, write_bench
+from .report import write_bench
 from .results import BenchResult, RequestResult
 from .workload import Prompt, Workload
 
@@ -198,8 +198,9 @@ def verdict(bench: BenchResult) -> None:
 
 def bench_target(resolved: Any, workload: Workload, *, environ: Mapping[str, str] | None = None,
                  echo: Log = print, port: int | None = None, image: str | None = None,
-                 startup_timeout: float | None = None, params: Mapping[str, Any] | None = None) -> BenchResult:
-    """Build (or reuse) TARGET:PROFILE, serve it, bench it, always remove the server."""
+                 startup_timeout: float | None = None, params: Mapping[str, Any] | None = None,
+                 host_address: str | None = None) -> BenchResult:
+    """Build (or reuse) TARGET:PROFILE, serve it on ``host_address``, bench it, always remove the server."""
     from ..run import serving
     from ..runs import new_run_id
 
@@ -207,7 +208,7 @@ def bench_target(resolved: Any, workload: Workload, *, environ: Mapping[str, str
     environ = os.environ if environ is None else environ
     run_id = new_run_id()
     with serving(resolved, environ=environ, port=port, image=image, run_id=run_id,
-                 startup_timeout=startup_timeout, log=echo) as server:
+                 startup_timeout=startup_timeout, log=echo, host_address=host_address) as server:
         bench = run_bench(server.url, workload, echo=echo, write=False)
         bench.run_dir = server.run_dir
         bench.target, bench.profile = resolved.target.name, resolved.profile_name
@@ -217,28 +218,3 @@ def bench_target(resolved: Any, workload: Workload, *, environ: Mapping[str, str
             bench.notes.append(f"the server stopped during the bench: {server.describe_state()}")
         write_bench(bench)
         return bench
-
-
-def bench_for_cli(manifest: str | None, target: str | None, profile: str | None, sets: Sequence[str], *,
-                  url: str | None, workload: Workload, port: int | None = None, echo: Log = print) -> BenchResult:
-    """``invoke bench``: against --url, or build + serve + bench + remove TARGET:PROFILE. Exit 4 on failure."""
-    from ..manifest import load_manifest, manifest_path
-    from ..resolve import resolve
-
-    workload.validate()
-    if url:
-        if target or profile or sets:
-            raise ConfigError("--url benches a running server: --target, --profile and --set do not apply",
-                              hint="drop --url to build, start and stop the target's server")
-        path = manifest_path(manifest)
-        root = path.resolve().parent if path.exists() else Path.cwd()
-        bench = run_bench(url, workload, echo=echo, run_dir=None, write=False)
-        bench.run_dir = root / ".imageforge" / "runs" / bench.run_id
-        write_bench(bench)
-    else:
-        m = load_manifest(manifest_path(manifest))
-        resolved = resolve(m, target, profile, environ=os.environ, sets=sets)
-        bench = bench_target(resolved, workload, echo=echo, port=port)
-    print_bench(bench, echo)
-    verdict(bench)
-    return bench

@@ -233,8 +233,11 @@ def build_note(steps: Sequence[Any]) -> str:
 
 def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequence[tuple[str, Sequence[Any]]],
           workload: Workload, *, sets: Sequence[str] = (), environ: Mapping[str, str] | None = None,
-          echo: Log = print, startup_timeout: float | None = None) -> SweepResult:
-    """One build + server + bench per combination of ``params``; a point that fails is recorded, not fatal."""
+          echo: Log = print, startup_timeout: float | None = None, host_address: str | None = None) -> SweepResult:
+    """One build + server + bench per combination of ``params``; a point that fails is recorded, not fatal.
+
+    Each point's server is published on and reached at ``host_address`` (default: from ``environ``).
+    """
     from ..build import build_target
     from ..resolve import resolve
     from ..runs import new_run_id
@@ -274,7 +277,8 @@ def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequen
             echo(f"  build: {point.build}")
             try:
                 bench = bench_target(resolved, workload, environ=environ, echo=log, image=built.image_id,
-                                     startup_timeout=startup_timeout, params=point.params)
+                                     startup_timeout=startup_timeout, params=point.params,
+                                     host_address=host_address)
             except ImageforgeError as exc:
                 point.status, point.error = "no-start", _first_line(exc)
                 echo(f"  server failed: {point.error}")
@@ -311,16 +315,8 @@ def sweep_workload(params: Sequence[tuple[str, Sequence[Any]]], workload: Worklo
     return dataclasses.replace(workload, concurrency=concurrency, requests=requests)
 
 
-def sweep_for_cli(manifest: str | None, target: str | None, profile: str | None, param_items: Sequence[str],
-                  sets: Sequence[str], *, workload: Workload, requests_given: bool = True,
-                  concurrency_given: bool = True, echo: Log = print) -> SweepResult:
-    """``invoke sweep``: the table, sweep.json and sweep.md; exit 4 when no point produced a result."""
-    from ..manifest import load_manifest, manifest_path
-
-    params = parse_params(param_items)
-    workload = sweep_workload(params, workload, requests_given=requests_given, concurrency_given=concurrency_given)
-    m = load_manifest(manifest_path(manifest))
-    result = sweep(m, target, profile, params, workload, sets=sets, echo=echo)
+def report_sweep(result: SweepResult, echo: Log = print) -> SweepResult:
+    """The table, sweep.json and sweep.md, the best point and the plateau; exit 4 when no point produced a result."""
     print_sweep(result)
     json_path, md_path = result.write()
     best, plateau = result.best, result.plateau

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError
 from ..tolerances import DTYPES, Dtype, EquivSettings
 from .client import collect_against, collect_reference
-from .compare import Verdict, compare, gate, raise_if_failed
+from .compare import Verdict, compare, gate
 from .evidence import Evidence
 
 if TYPE_CHECKING:
@@ -127,8 +127,9 @@ def sides(resolved: Resolved, against: str, *, dtype: Dtype, sets: Sequence[str]
 @contextlib.contextmanager
 def serving_pair(candidate: Side, reference: Side, *, environ: Mapping[str, str] | None = None, log: Log = print,
                  run_id: str | None = None, startup_timeout: float | None = None,
-                 candidate_image: str | None = None) -> Iterator[tuple[Server, Server]]:
-    """Start both servers at once (distinct free ports), wait for both, always remove both."""
+                 candidate_image: str | None = None,
+                 host_address: str | None = None) -> Iterator[tuple[Server, Server]]:
+    """Start both servers at once (distinct free ports on ``host_address``), wait for both, always remove both."""
     from ..run import remove_server, sigterm_as_interrupt, start_server, wait_ready
     from ..runs import new_run_id
 
@@ -140,7 +141,7 @@ def serving_pair(candidate: Side, reference: Side, *, environ: Mapping[str, str]
             for side, suffix, image in ((reference, "ref", reference.image), (candidate, "cand",
                                                                                candidate_image or candidate.image)):
                 started.append(start_server(side.resolved, environ=environ, base=side.base, image=image,
-                                            run_id=f"{run_id}-{suffix}", log=log))
+                                            run_id=f"{run_id}-{suffix}", log=log, host_address=host_address))
             for side, server in zip((reference, candidate), started, strict=True):
                 wait_ready(server, timeout=startup_timeout or side.resolved.target.smoke.startup_timeout, log=log,
                            resolved=side.resolved)
@@ -196,7 +197,7 @@ def compare_urls(reference_url: str, candidate_url: str, settings: EquivSettings
 def equiv_target(resolved: Resolved, *, against: str = "base", dtype: str | None = None,
                  settings: EquivSettings | None = None, sets: Sequence[str] = (),
                  environ: Mapping[str, str] | None = None, echo: Log = print,
-                 startup_timeout: float | None = None) -> EquivRun:
+                 startup_timeout: float | None = None, host_address: str | None = None) -> EquivRun:
     """Build what is needed, serve both sides at once, compare, write the reports; never raises on a gate."""
     from ..build import build_target
     from ..runs import new_run_id
@@ -215,7 +216,8 @@ def equiv_target(resolved: Resolved, *, against: str = "base", dtype: str | None
         ref_image = build_target(reference.resolved, environ=environ, echo=echo).image_id
     reference = dataclasses.replace(reference, image=ref_image)
     with serving_pair(candidate, reference, environ=environ, log=echo, run_id=run_id,
-                      startup_timeout=startup_timeout, candidate_image=built.image_id) as (cand, ref):
+                      startup_timeout=startup_timeout, candidate_image=built.image_id,
+                      host_address=host_address) as (cand, ref):
         result = compare_urls(ref.url, cand.url, settings, chosen, labels=(candidate.label, reference.label),
                               run_dir=run_dir)
     echo(result.text())
@@ -236,28 +238,11 @@ def settings_from_cli(settings: EquivSettings, *, top_k: int = 0, greedy_tokens:
     )
 
 
-def equiv_for_cli(manifest: str | None, target: str | None, profile: str | None, sets: Sequence[str], *,
-                  against: str = "base", dtype: str = "", top_k: int = 0, greedy_tokens: int = 0, prompts: int = 0,
-                  echo: Log = print) -> EquivRun:
-    """``invoke equiv --target T --profile P [--against base|PROFILE|IMAGE] [--dtype D]``: exit 4 when exceeded."""
-    from ..manifest import load_manifest, manifest_path
-    from ..resolve import resolve
-
-    m = load_manifest(manifest_path(manifest))
-    resolved = resolve(m, target, profile, environ=os.environ, sets=sets)
-    settings = settings_from_cli(resolved.target.equiv, top_k=top_k, greedy_tokens=greedy_tokens, prompts=prompts)
-    result = equiv_target(resolved, against=against or "base", dtype=dtype or None, settings=settings, sets=sets,
-                          echo=echo)
-    raise_if_failed(result.verdict)
-    return result
-
-
 __all__ = [
     "EquivRun",
     "Side",
     "check_dtype",
     "compare_urls",
-    "equiv_for_cli",
     "equiv_target",
     "renamed",
     "served_dtype",

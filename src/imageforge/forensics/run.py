@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, ImageforgeError, SmokeError
 from .ablate import FULL, AblationPlan, AblationTable, Metrics, RunResult, plan_ablation, summarize
-from .search import BisectResult, FlakyPolicy, Outcome, bisect, raise_for
+from .search import BisectResult, FlakyPolicy, Outcome, bisect
 
 if TYPE_CHECKING:
     from ..bench import BenchResult, Workload
@@ -189,8 +189,11 @@ class BisectRun:
 def bisect_target(resolved: Resolved, *, checks: Sequence[str] = (), suite_path: str | None = None,
                   tags: Sequence[str] | None = None, repeat: int = 1, flaky: FlakyPolicy = "fail",
                   environ: Mapping[str, str] | None = None, echo: Log = print,
-                  startup_timeout: float | None = None) -> BisectRun:
-    """Binary search over the images after step k for the first one failing the selected checks."""
+                  startup_timeout: float | None = None, host_address: str | None = None) -> BisectRun:
+    """Binary search over the images after step k for the first one failing the selected checks.
+
+    Every server is published on and reached at ``host_address`` (default: from ``environ``).
+    """
     from ..runs import new_run_id
     from ..smoke import DEFAULT_TAGS, load_suite, suite_for
 
@@ -212,12 +215,12 @@ def bisect_target(resolved: Resolved, *, checks: Sequence[str] = (), suite_path:
 
     if use_equiv:
         selection = "--check equiv (accuracy gate against the base)"
-        with _equiv_reference(resolved, environ=environ, echo=echo, run_id=run_id,
-                              startup_timeout=startup_timeout) as (ref_url, subject, settings, dtype):
+        with _equiv_reference(resolved, environ=environ, echo=echo, run_id=run_id, startup_timeout=startup_timeout,
+                              host_address=host_address) as (ref_url, subject, settings, dtype):
 
             def probe(k: int) -> Outcome:
                 return _equiv_probe(k, subject, ref_url, settings, dtype, build_cut, run_dir, reports, environ,
-                                    echo, startup_timeout)
+                                    echo, startup_timeout, host_address)
 
             result = bisect(len(steps), probe, repeat=repeat, flaky=flaky, log=echo)
     else:
@@ -230,7 +233,8 @@ def bisect_target(resolved: Resolved, *, checks: Sequence[str] = (), suite_path:
              f"run {run_id}")
 
         def probe(k: int) -> Outcome:
-            return _smoke_probe(k, resolved, selected, build_cut, run_dir, reports, environ, echo, startup_timeout)
+            return _smoke_probe(k, resolved, selected, build_cut, run_dir, reports, environ, echo, startup_timeout,
+                                host_address)
 
         result = bisect(len(steps), probe, repeat=repeat, flaky=flaky, log=echo)
     run = BisectRun(result, steps, labels, run_dir, selection, reports)
@@ -253,7 +257,7 @@ def _quiet(path: Path) -> Log:
 
 def _smoke_probe(k: int, resolved: Resolved, suite: Suite, build_cut: Callable[[int, Log, Resolved], str],
                  run_dir: Path, reports: dict[int, list[str]], environ: Mapping[str, str], echo: Log,
-                 startup_timeout: float | None) -> Outcome:
+                 startup_timeout: float | None, host_address: str | None = None) -> Outcome:
     from ..run import serving
     from ..smoke import FAIL, ServerHooks, failure_text, interesting_lines, run_suite, target_vars
 
@@ -265,7 +269,8 @@ def _smoke_probe(k: int, resolved: Resolved, suite: Suite, build_cut: Callable[[
         return Outcome(False, f"the image after step {k} did not build: {_first_line(exc)}")
     try:
         with serving(subset_resolved(resolved, [s.id for s in resolved.steps[:k]], suffix="bisect"),
-                     environ=environ, image=image, startup_timeout=startup_timeout, log=log) as server:
+                     environ=environ, image=image, startup_timeout=startup_timeout, log=log,
+                     host_address=host_address) as server:
             hooks = ServerHooks(alive=lambda: None if server.running() else server.describe_state(),
                                 log_tail=lambda n: interesting_lines(server.logs(n * 20), n))
             report = run_suite(suite, server.url, tags=(), run_id=server.run_id, run_dir=server.run_dir,
@@ -283,7 +288,8 @@ def _smoke_probe(k: int, resolved: Resolved, suite: Suite, build_cut: Callable[[
 
 @contextlib.contextmanager
 def _equiv_reference(resolved: Resolved, *, environ: Mapping[str, str], echo: Log, run_id: str,
-                     startup_timeout: float | None) -> Iterator[tuple[str, Resolved, Any, Any]]:
+                     startup_timeout: float | None,
+                     host_address: str | None = None) -> Iterator[tuple[str, Resolved, Any, Any]]:
     """The base reference server, started once for a whole equiv bisect."""
     from ..equiv.run import check_dtype, renamed, with_serving_value
     from ..run import serving
@@ -292,13 +298,14 @@ def _equiv_reference(resolved: Resolved, *, environ: Mapping[str, str], echo: Lo
     dtype = check_dtype(settings.dtype)
     subject = renamed(with_serving_value(resolved, "dtype", dtype), "equiv")
     with serving(subject, environ=environ, base=True, run_id=f"{run_id}-ref", startup_timeout=startup_timeout,
-                 log=echo) as ref:
+                 log=echo, host_address=host_address) as ref:
         yield ref.url, subject, settings, dtype
 
 
 def _equiv_probe(k: int, subject: Resolved, ref_url: str, settings: Any, dtype: Any,
                  build_cut: Callable[[int, Log, Resolved], str], run_dir: Path, reports: dict[int, list[str]],
-                 environ: Mapping[str, str], echo: Log, startup_timeout: float | None) -> Outcome:
+                 environ: Mapping[str, str], echo: Log, startup_timeout: float | None,
+                 host_address: str | None = None) -> Outcome:
     from ..equiv.run import compare_urls
     from ..run import serving
 
@@ -309,35 +316,14 @@ def _equiv_probe(k: int, subject: Resolved, ref_url: str, settings: Any, dtype: 
     except ImageforgeError as exc:
         return Outcome(False, f"the image after step {k} did not build: {_first_line(exc)}")
     try:
-        with serving(subject, environ=environ, image=image, startup_timeout=startup_timeout, log=log) as server:
+        with serving(subject, environ=environ, image=image, startup_timeout=startup_timeout, log=log,
+                     host_address=host_address) as server:
             out = run_dir / f"equiv-cut-{k}-{len(reports.get(k, []))}"
             result = compare_urls(ref_url, server.url, settings, dtype, run_dir=out)
     except SmokeError as exc:
         return Outcome(False, f"the image after step {k}: {_first_line(exc)}")
     reports.setdefault(k, []).append(str(out / "equiv.json"))
     return Outcome(result.verdict.passed, "" if result.verdict.passed else result.verdict.text())
-
-
-def bisect_for_cli(manifest: str | None, target: str | None, profile: str | None, sets: Sequence[str], *,
-                   check: Sequence[str] = (), suite: str = "", tags: str = "", repeat: int = 1, flaky: str = "fail",
-                   echo: Log = print) -> BisectRun:
-    """``invoke bisect --target T --profile P --check NAME [--check ...] | --suite FILE [--repeat N]``.
-
-    Exit 4 when a step broke the check (or the base already fails), 0 when the final image passes.
-    """
-    from ..manifest import load_manifest, manifest_path
-    from ..resolve import resolve
-    from ..smoke import parse_tags
-
-    if not check and not suite:
-        raise ConfigError("bisect needs --check NAME (repeatable; 'equiv' for the accuracy gate) or --suite FILE")
-    m = load_manifest(manifest_path(manifest))
-    resolved = resolve(m, target, profile, environ=os.environ, sets=sets)
-    run = bisect_target(resolved, checks=list(check), suite_path=suite or None, tags=parse_tags(tags),
-                        repeat=repeat, flaky=flaky, echo=echo)  # type: ignore[arg-type]
-    step = run.culprit
-    raise_for(run.result, None if step is None else f"{step.id} ({step.location})")
-    return run
 
 
 # --------------------------------------------------------------------------- ablate
@@ -384,8 +370,12 @@ class AblationRun:
 
 def ablate_target(resolved: Resolved, workload: Workload, *, steps: Sequence[str] | None = None, repeats: int = 3,
                   out: Path | None = None, equiv: bool = True, environ: Mapping[str, str] | None = None,
-                  echo: Log = print, startup_timeout: float | None = None) -> AblationRun:
-    """Build every variant, then bench full/variant ABAB per block, equiv each variant; table + JSON/CSV."""
+                  echo: Log = print, startup_timeout: float | None = None,
+                  host_address: str | None = None) -> AblationRun:
+    """Build every variant, then bench full/variant ABAB per block, equiv each variant; table + JSON/CSV.
+
+    Every server is published on and reached at ``host_address`` (default: from ``environ``).
+    """
     from ..bench import run_bench
     from ..run import serving
     from ..runs import new_run_id
@@ -432,7 +422,7 @@ def ablate_target(resolved: Resolved, workload: Workload, *, steps: Sequence[str
 
     full_resolved = subset_resolved(resolved, plan.full, suffix="ablate")
     with serving(full_resolved, environ=environ, image=images[FULL], run_id=f"{run_id}-full",
-                 startup_timeout=startup_timeout, log=_quiet(out / "servers.log")) as full:
+                 startup_timeout=startup_timeout, log=_quiet(out / "servers.log"), host_address=host_address) as full:
         echo(f"  full image serving at {full.url} (ready after {full.startup_seconds or 0:.0f}s)")
         for block, variant in enumerate(plan.variants):
             runs = [r for r in plan.schedule if r.block == block]
@@ -445,7 +435,8 @@ def ablate_target(resolved: Resolved, workload: Workload, *, steps: Sequence[str
             try:
                 with serving(subset_resolved(resolved, variant.steps, suffix="ablate"), environ=environ,
                              image=images[variant.step], run_id=f"{run_id}-v{block}",
-                             startup_timeout=startup_timeout, log=_quiet(out / "servers.log")) as other:
+                             startup_timeout=startup_timeout, log=_quiet(out / "servers.log"),
+                             host_address=host_address) as other:
                     for r in runs:
                         results.append(RunResult(r, bench_one(full.url if r.role == "full" else other.url, r)))
                     if equiv:
@@ -483,26 +474,10 @@ def _ablate_equiv(resolved: Resolved, full_url: str, variant_url: str, run_dir: 
     return "pass" if result.verdict.passed else "FAIL"
 
 
-def ablate_for_cli(manifest: str | None, target: str | None, profile: str | None, sets: Sequence[str], *,
-                   workload: Workload, steps: str = "", repeat: int = 3, out: str = "", equiv: bool = True,
-                   echo: Log = print) -> AblationRun:
-    """``invoke ablate --target T --profile P [--steps a,b] [--repeat R] [--out DIR] [bench options]``."""
-    from ..manifest import load_manifest, manifest_path
-    from ..resolve import resolve
-
-    m = load_manifest(manifest_path(manifest))
-    resolved = resolve(m, target, profile, environ=os.environ, sets=sets)
-    chosen = [s.strip() for s in steps.split(",") if s.strip()] or None
-    return ablate_target(resolved, workload, steps=chosen, repeats=repeat, out=Path(out) if out else None,
-                         equiv=equiv, echo=echo)
-
-
 __all__ = [
     "AblationRun",
     "BisectRun",
-    "ablate_for_cli",
     "ablate_target",
-    "bisect_for_cli",
     "bisect_target",
     "build_subset",
     "changed_files",

@@ -21,7 +21,8 @@ The modules, lowest first: ``expr`` (the expression language and templates), ``o
 ``expect.json`` comparisons), ``suite`` (the model and its loader), ``results`` (exchanges, check
 results, the report object), ``expectations`` (evaluating JSONPath/regex expectations), ``table``
 (the live table), ``report`` (JSON/JUnit files, failure texts, the verdict), ``runner`` (one suite
-against one server), ``entry`` (the entry points ``invoke smoke`` and ``invoke demo`` call).
+against one server), ``entry`` (a suite against a URL, or build + serve + smoke + remove a target;
+``invoke smoke`` and ``invoke demo`` reach them through :mod:`imageforge.app`).
 The wire formats (SSE, /metrics, the URL check) are shared with bench in :mod:`imageforge.serving_client`.
 """
 
@@ -29,10 +30,8 @@ from __future__ import annotations
 
 from ..serving_client import assemble_stream, check_url, comparable_choices, metric_value, parse_metrics, parse_sse
 from .entry import (
-    demo_for_cli,
     parse_tags,
     run_suite,
-    smoke_for_cli,
     smoke_target,
     smoke_url,
     suite_for,
@@ -95,7 +94,6 @@ __all__ = [
     "check_url",
     "comparable_choices",
     "compare",
-    "demo_for_cli",
     "describe_difference",
     "evaluate_path",
     "evaluate_regex",
@@ -111,7 +109,6 @@ __all__ = [
     "render",
     "run_suite",
     "schema_errors",
-    "smoke_for_cli",
     "smoke_target",
     "smoke_url",
     "suite_for",

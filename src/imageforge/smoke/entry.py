@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import ConfigError, SmokeError
 from ..serving_client import check_url
 from ..waits import probe_health, wait_healthy
-from .report import LOG_TAIL, interesting_lines, print_failures, verdict, write_reports
+from .report import LOG_TAIL, interesting_lines, print_failures, write_reports
 from .results import SmokeReport
 from .runner import Runner, ServerHooks
 from .suite import DEFAULT_TAGS, Suite, load_suite
@@ -142,8 +142,11 @@ def _wait_for_url(url: str, timeout: float, echo: Log) -> None:
 def smoke_target(resolved: Any, *, environ: Mapping[str, str] | None = None, suite_path: Path | None = None,
                  tags: Sequence[str] | None = None, echo: Log = print, base: bool = False,
                  build_image: bool = True, port: int | None = None, live: bool | None = None,
-                 startup_timeout: float | None = None) -> SmokeReport:
-    """``invoke smoke --target T --profile P``: build if needed, serve, run the suite, always remove."""
+                 startup_timeout: float | None = None, host_address: str | None = None) -> SmokeReport:
+    """``invoke smoke --target T --profile P``: build if needed, serve, run the suite, always remove.
+
+    The server is published on and reached at ``host_address`` (default: from ``environ``, else 127.0.0.1).
+    """
     from ..run import serving
     from ..runs import new_run_id
 
@@ -152,7 +155,7 @@ def smoke_target(resolved: Any, *, environ: Mapping[str, str] | None = None, sui
     selected_tags = tuple(tags) if tags else (tuple(resolved.target.smoke.tags) or DEFAULT_TAGS)
     run_id = new_run_id()
     with serving(resolved, environ=environ, base=base, port=port, build_image=build_image, run_id=run_id,
-                 startup_timeout=startup_timeout, log=echo) as server:
+                 startup_timeout=startup_timeout, log=echo, host_address=host_address) as server:
 
         def alive() -> str | None:
             return None if server.running() else f"container {server.name}: {server.describe_state()}"
@@ -162,50 +165,3 @@ def smoke_target(resolved: Any, *, environ: Mapping[str, str] | None = None, sui
                          vars=target_vars(resolved), hooks=hooks, echo=echo, live=live,
                          target=resolved.target.name, profile=server.profile,
                          startup_seconds=server.startup_seconds)
-
-
-def smoke_for_cli(manifest: str | None, target: str | None, profile: str | None, sets: Sequence[str], *,
-                  url: str | None, suite: str | None, tags: str | None, base: bool, port: int | None,
-                  wait: float, echo: Log = print) -> SmokeReport:
-    from ..manifest import load_manifest, manifest_path
-    from ..resolve import resolve
-
-    tag_list = parse_tags(tags)
-    if url:
-        if base or profile:
-            raise ConfigError("--url tests a running server: --profile and --base do not apply",
-                              hint="drop --url to build, start and stop the target's server")
-        resolved = None
-        if target or not suite:
-            m = load_manifest(manifest_path(manifest))
-            resolved = resolve(m, target, None, environ=os.environ, sets=sets)
-        suite_path = suite_for(resolved, suite) if resolved is not None else Path(suite or "")
-        root = resolved.manifest.root if resolved is not None else Path.cwd()
-        chosen = tag_list or (tuple(resolved.target.smoke.tags) if resolved is not None else ()) or DEFAULT_TAGS
-        report = smoke_url(url, suite_path=suite_path, tags=chosen, run_root=root, echo=echo,
-                           vars=target_vars(resolved) if resolved is not None and target else None, wait=wait)
-    else:
-        m = load_manifest(manifest_path(manifest))
-        resolved = resolve(m, target, profile, environ=os.environ, sets=sets)
-        report = smoke_target(resolved, suite_path=Path(suite) if suite else None, tags=tag_list, echo=echo,
-                              base=base, port=port)
-    verdict(report)
-    return report
-
-
-
-def demo_for_cli(manifest: str | None, *, target: str = "cpu", echo: Log = print) -> SmokeReport:
-    """``invoke demo``: Docker engine, base image, build and smoke of the cpu target, from nothing."""
-    from ..docker_engine import ensure_daemon
-    from ..manifest import load_manifest, manifest_path
-    from ..resolve import resolve
-
-    t0 = time.monotonic()
-    m = load_manifest(manifest_path(manifest))
-    resolved = resolve(m, target, None, environ=os.environ)
-    echo(f"demo: {target}:{resolved.profile_name} -- Docker engine, base image, build, serve, smoke")
-    ensure_daemon(log=echo)
-    report = smoke_target(resolved, echo=echo)  # the build makes the base image (and model) first
-    echo(f"demo: {report.summary_line()} in {time.monotonic() - t0:.0f}s")
-    verdict(report)
-    return report

@@ -1,0 +1,235 @@
+"""The tasks that call the serving front door: their options reach `imageforge.app`, and Settings reach the stages.
+
+No daemon: the app function (or the stage function below it) is replaced by a recorder that keeps its
+arguments and stops the command there; the options are parsed by invoke itself, in this process.
+`submission --check` runs for real on a tree written here (it needs no daemon).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from invoke.program import Program
+
+from imageforge import app
+from imageforge.bench import Workload
+from imageforge.errors import ConfigError
+from imageforge.manifest import load_manifest
+from imageforge.resolve import resolve
+from imageforge.settings import Settings
+from imageforge.submission import BaseFacts, write_submission
+
+REPO = Path(__file__).resolve().parents[2]
+CPU_FACTS = BaseFacts("/opt/venv/lib/python3.11/site-packages", "/opt/venv/bin/python3")
+CPU_REF = "imageforge/vllm-cpu-base:0123456789abcdef"
+
+
+class Reached(Exception):
+    """Raised by a recorder: the call got this far, nothing below it ran."""
+
+
+Calls = list[tuple[tuple[Any, ...], dict[str, Any]]]
+
+
+def recorder(calls: Calls) -> Callable[..., Any]:
+    def record(*args: Any, **kwargs: Any) -> Any:
+        calls.append((args, kwargs))
+        raise Reached
+
+    return record
+
+
+@pytest.fixture
+def tasks_ns() -> Iterator[Any]:
+    sys.path.insert(0, str(REPO))
+    try:
+        import tasks
+    finally:
+        sys.path.remove(str(REPO))
+    yield tasks.ns
+
+
+def run_task(ns: Any, *argv: str) -> None:
+    Program(namespace=ns).run(["invoke", *argv], exit=False)
+
+
+@pytest.fixture
+def no_host_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("IMAGEFORGE_HOST_ADDRESS", raising=False)
+
+
+# --------------------------------------------------------------------------- options -> app function
+
+
+def test_equiv_options_reach_app_equiv(tasks_ns: Any, monkeypatch: pytest.MonkeyPatch, no_host_env: None) -> None:
+    calls: Calls = []
+    monkeypatch.setattr(app, "equiv", recorder(calls))
+    with pytest.raises(Reached):
+        run_task(tasks_ns, "equiv", "--target", "cpu", "--profile", "conservative", "--against", "aggressive",
+                 "--dtype", "bfloat16", "--top-k", "3", "--greedy-tokens", "7", "--prompts", "2",
+                 "--set", "max-num-seqs=2", "--set", "enforce-eager=true", "--manifest", "other.yaml",
+                 "--host-address", "10.0.0.9")
+    [(args, kwargs)] = calls
+    s, target, profile, sets = args
+    assert (target, profile, sets) == ("cpu", "conservative", ["max-num-seqs=2", "enforce-eager=true"])
+    assert kwargs == {"against": "aggressive", "dtype": "bfloat16", "top_k": 3, "greedy_tokens": 7, "prompts": 2}
+    assert s.manifest == Path("other.yaml") and s.host_address == "10.0.0.9" and s.sources["host_address"] == "cli"
+    assert "IMAGEFORGE_HOST_ADDRESS" not in os.environ  # the address travels in Settings only
+
+
+def test_bisect_options_reach_app_bisect(tasks_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: Calls = []
+    monkeypatch.setattr(app, "bisect", recorder(calls))
+    with pytest.raises(Reached):
+        run_task(tasks_ns, "bisect", "--target", "cpu", "--check", "models-lists-served-name", "--check",
+                 "chat-basic", "--suite", "smoke/evaluator.yaml", "--tags", "dummy-ok,info", "--repeat", "3",
+                 "--flaky", "unknown")
+    [(args, kwargs)] = calls
+    assert args[1:] == ("cpu", None, [])
+    assert kwargs == {"check": ["models-lists-served-name", "chat-basic"], "suite": "smoke/evaluator.yaml",
+                      "tags": "dummy-ok,info", "repeat": 3, "flaky": "unknown"}
+
+
+def test_ablate_options_reach_app_ablate(tasks_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: Calls = []
+    monkeypatch.setattr(app, "ablate", recorder(calls))
+    with pytest.raises(Reached):
+        run_task(tasks_ns, "ablate", "--target", "cpu", "--profile", "conservative", "--steps", "a,b", "--repeat",
+                 "2", "--out", "/tmp/ablate-out", "--no-equiv", "--requests", "6", "--concurrency", "2",
+                 "--prompt-tokens", "64", "-O", "8", "--seed", "5", "--warmup", "0")
+    [(args, kwargs)] = calls
+    assert args[1:] == ("cpu", "conservative", [])
+    workload = kwargs.pop("workload")
+    assert kwargs == {"steps": "a,b", "repeat": 2, "out": "/tmp/ablate-out", "equiv": False}
+    w = app._workload(workload)  # the tuple is in workload_from_cli's order: check it lands on the right fields
+    assert (w.requests, w.concurrency, w.prompt_tokens, w.output_tokens, w.seed, w.warmup, w.repeat) == \
+        (6, 2, 64, 8, 5, 0, 1)
+
+
+def test_submission_options_reach_write_or_check(tasks_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    written: Calls = []
+    checked: Calls = []
+    monkeypatch.setattr(app, "submission", recorder(written))
+    monkeypatch.setattr(app, "check_submission", recorder(checked))
+    with pytest.raises(Reached):
+        run_task(tasks_ns, "submission", "--target", "bi100", "--profile", "replay", "--out", "sub/", "--git")
+    with pytest.raises(Reached):
+        run_task(tasks_ns, "submission", "--target", "bi100", "--out", "sub/", "--check", "--set", "max-num-seqs=2")
+    assert [(a[1:], k) for a, k in written] == [(("bi100", "replay", []), {"out": "sub/", "git": True,
+                                                                           "log": print})]
+    assert [(a[1:], k["out"]) for a, k in checked] == [(("bi100", None, ["max-num-seqs=2"]), "sub/")]
+
+
+# --------------------------------------------------------------------------- Settings -> stage function
+
+
+@pytest.fixture
+def settings_10(write_manifest: Callable[..., Path]) -> Settings:
+    """Settings whose host address comes from the command line, the process environment saying otherwise."""
+    return Settings.from_cli(manifest=str(write_manifest()), host_address="10.1.2.3",
+                             environ={"IMAGEFORGE_HOST_ADDRESS": "192.0.2.1", "IMAGEFORGE_SET": "max-num-seqs=7"})
+
+
+def _reached(monkeypatch: pytest.MonkeyPatch, module: str, name: str) -> Calls:
+    calls: Calls = []
+    monkeypatch.setattr(f"{module}.{name}", recorder(calls))
+    return calls
+
+
+def _resolved_of(call: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
+    return call[0][0]
+
+
+def test_smoke_and_demo_pass_the_host_address_down(settings_10: Settings, monkeypatch: pytest.MonkeyPatch,
+                                                    no_host_env: None) -> None:
+    calls = _reached(monkeypatch, "imageforge.smoke", "smoke_target")
+    monkeypatch.setattr("imageforge.docker_engine.ensure_daemon", lambda log=print: None)
+    with pytest.raises(Reached):
+        app.smoke(settings_10, None, "big", [], url=None, suite=None, tags="a,b", base=True, port=8123, wait=0)
+    with pytest.raises(Reached):
+        app.demo(settings_10, target="t", echo=lambda _l: None)
+    (smoke_call, demo_call) = calls
+    assert smoke_call[1]["host_address"] == "10.1.2.3" and demo_call[1]["host_address"] == "10.1.2.3"
+    assert smoke_call[1]["environ"] is settings_10.environ
+    assert (smoke_call[1]["tags"], smoke_call[1]["base"], smoke_call[1]["port"]) == (("a", "b"), True, 8123)
+    resolved = _resolved_of(smoke_call)
+    assert (resolved.target.name, resolved.profile_name) == ("t", "big")
+    assert {v.key: v.value for v in resolved.serving}["max-num-seqs"] == 7  # IMAGEFORGE_SET of the Settings
+    assert "IMAGEFORGE_HOST_ADDRESS" not in os.environ
+
+
+def test_bench_sweep_equiv_bisect_ablate_pass_the_host_address_down(settings_10: Settings,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    stages = {"bench": _reached(monkeypatch, "imageforge.bench", "bench_target"),
+              "sweep": _reached(monkeypatch, "imageforge.bench", "sweep"),
+              "equiv": _reached(monkeypatch, "imageforge.equiv.run", "equiv_target"),
+              "bisect": _reached(monkeypatch, "imageforge.forensics.run", "bisect_target"),
+              "ablate": _reached(monkeypatch, "imageforge.forensics.run", "ablate_target")}
+    w = Workload(requests=4, concurrency=2)
+    with pytest.raises(Reached):
+        app.bench(settings_10, "t", None, [], url=None, port=None, workload=w)
+    with pytest.raises(Reached):
+        app.sweep(settings_10, "t", None, ["max-num-seqs=1,4"], [], workload=w, requests_given=False,
+                  concurrency_given=False)
+    with pytest.raises(Reached):
+        app.equiv(settings_10, "t", None, [], against="small", top_k=2)
+    with pytest.raises(Reached):
+        app.bisect(settings_10, "t", None, [], check=["c1"], repeat=2)
+    with pytest.raises(Reached):
+        app.ablate(settings_10, "t", None, [], workload=w, steps=" over, fix ,", repeat=2)
+    for name, calls in stages.items():
+        [(_args, kwargs)] = calls
+        assert kwargs["host_address"] == "10.1.2.3", name
+        assert kwargs["environ"] is settings_10.environ, name
+    sweep_args, _ = stages["sweep"][0]
+    assert sweep_args[3] == [("max-num-seqs", [1, 4])]
+    assert (sweep_args[4].concurrency, sweep_args[4].requests) == (4, 16)  # the sweep defaults: max seqs, 4 x that
+    assert stages["equiv"][0][1]["settings"].top_k == 2 and stages["equiv"][0][1]["against"] == "small"
+    assert stages["bisect"][0][1]["checks"] == ["c1"] and stages["bisect"][0][1]["repeat"] == 2
+    assert stages["ablate"][0][1]["steps"] == ["over", "fix"] and stages["ablate"][0][1]["repeats"] == 2
+
+
+def test_bisect_and_bench_refuse_before_loading_anything(tmp_path: Path) -> None:
+    s = Settings.from_cli(manifest=str(tmp_path / "absent.yaml"), environ={})
+    with pytest.raises(ConfigError, match="bisect needs --check NAME"):
+        app.bisect(s, "t", None, [])
+    with pytest.raises(ConfigError, match="--flaky must be 'fail' or 'unknown'"):
+        app.bisect(s, "t", None, [], check=["c"], flaky="sometimes")
+    with pytest.raises(ConfigError, match="--url benches a running server"):
+        app.bench(s, "t", None, [], url="http://127.0.0.1:9", port=None, workload=Workload())
+
+
+# --------------------------------------------------------------------------- submission --check, for real
+
+
+def invoke(*args: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("IMAGEFORGE_")}
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, env=environ, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_submission_check_task_on_a_written_tree(tmp_path: Path) -> None:
+    resolved = resolve(load_manifest(REPO / "build.yaml"), "cpu", "conservative", environ={})
+    tree = tmp_path / "tree"
+    write_submission(resolved, tree, environ={}, base_ref=CPU_REF, base=CPU_FACTS, log=lambda _l: None)
+    files = sorted(p for p in tree.rglob("*") if p.is_file())
+    ok = invoke("submission", "--target", "cpu", "--profile", "conservative", "--out", str(tree), "--check", "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout) == {"out_dir": str(tree), "ok": True, "files_checked": len(files)}
+
+    text = invoke("submission", "--target", "cpu", "--profile", "conservative", "--out", str(tree), "--check")
+    assert text.returncode == 0 and f"submission tree {tree} matches the manifest ({len(files)} files)" in text.stdout
+
+    other = invoke("submission", "--target", "cpu", "--profile", "aggressive", "--out", str(tree), "--check")
+    assert other.returncode == 2 and "differs from the manifest" in other.stderr
+    assert "computility-run.yaml" in other.stderr
+
+    both = invoke("submission", "--target", "cpu", "--out", str(tree), "--check", "--git")
+    assert both.returncode == 2 and "--check only reads the tree" in both.stderr
