@@ -79,7 +79,7 @@ from .plan import Plan, PlannedStep, canonical, make_plan
 from .resolve import Resolved
 from .runs import RunLog, image_lock
 from .runs import new_run_id as new_run_id  # smoke and bench still import it from here
-from .scripts import IDLE_LOOP, script_directory
+from .scripts import IDLE_LOOP
 from .steps import SERVING_CONFIG, ApplyContext, Changes, ContainerFS, Entry, StepProblem, kind
 from .verify import verify_image, verify_spec
 
@@ -403,8 +403,7 @@ def build_target(resolved: Resolved, *, environ: Mapping[str, str], echo: Log = 
     if target.base.recipe is None and target.base.reference(environ) is None:
         raise missing_variable_error(target)  # before touching Docker: the vendor image reference is missing
     for step in resolved.steps:
-        if step.kind == "script" and "directory" in step.spec:
-            script_directory(step, environ)  # an unset ${VAR} or a missing folder: exit 5 before Docker
+        kind(step.kind).preflight(step, environ)  # e.g. a script's unset ${VAR} or missing folder: exit 5 before Docker
     root = resolved.manifest.root
     runlog = RunLog(root, new_run_id(), echo)
     run_id = runlog.run_id

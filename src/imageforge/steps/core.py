@@ -19,6 +19,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from ..errors import BuildError, ConfigError, ImageforgeError
@@ -143,6 +144,13 @@ class StepKind:
     def inputs(self, step: Step, environ: Mapping[str, str] | None = None) -> dict[str, str]:
         """sha256 of every host file the step reads (its ``source``, a script's ``directory``)."""
         return step_inputs(step, environ)
+
+    def preflight(self, step: Step, environ: Mapping[str, str]) -> None:
+        """Refuse, before Docker is touched, what the build cannot start with (exit 5: a missing host folder)."""
+
+    def context_folder(self, step: Step, environ: Mapping[str, str]) -> Path | None:
+        """A host folder the step copies whole (a root folder of the submission tree), if any."""
+        return None
 
     def apply(self, step: Step, fs: ImageFS, ctx: ApplyContext) -> Changes:
         raise NotImplementedError

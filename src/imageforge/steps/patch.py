@@ -15,7 +15,7 @@ from .fs import ImageFS
 @register
 class Patch(StepKind):
     name = "patch"
-    fields = ("file", "old", "new", "count")
+    fields = ("file", "old", "new", "count", "verified")
 
     def row_path(self, step: Step, site: str) -> str:
         return resolve_image_path(step.spec["file"], site)

@@ -26,7 +26,7 @@ from typing import Any
 from ..docker_engine import client
 from ..errors import BuildError, ConfigError, InfraError
 from ..manifest import Step
-from ..scripts import SCRIPT_SCRATCH, exec_script
+from ..scripts import SCRIPT_SCRATCH, exec_script, script_directory
 from .core import ApplyContext, Changes, StepKind, StepProblem, register
 from .dockerfile import ContextFile, EmitContext, Emitted, applier_group, copy, header, host_file, run
 from .fs import ImageFS
@@ -74,11 +74,18 @@ def folder_files(root: Path, into: str) -> dict[str, ContextFile]:
 @register
 class Script(StepKind):
     name = "script"
-    fields = ("source", "args", "directory", "dest", "command", "workdir", "env", "user")
+    fields = ("source", "args", "directory", "dest", "command", "workdir", "env", "user", "load_hint")
     runs_process = True
 
     def row_path(self, step: Step, site: str) -> str:
         return str(step.spec.get("dest") or step.spec.get("source", ""))
+
+    def preflight(self, step: Step, environ: Mapping[str, str]) -> None:
+        if "directory" in step.spec:
+            script_directory(step, environ)  # an unset ${VAR} or a missing folder: exit 5 before Docker
+
+    def context_folder(self, step: Step, environ: Mapping[str, str]) -> Path | None:
+        return step.directory(environ) if "directory" in step.spec else None
 
     def apply(self, step: Step, fs: ImageFS, ctx: ApplyContext) -> Changes:
         """Run the step in ``ctx.container`` (started); what it changed stays in that container."""
