@@ -330,18 +330,26 @@ class ScriptSandbox:
 
     @staticmethod
     def _materialise(container: Any, state: Overlay) -> None:
-        """Write the file steps' in-memory results into the container (modes of replaced files kept)."""
+        """Write the file steps' in-memory results into the container, as the build writes their Changes.
+
+        Each file keeps the mode/owner/mtime its step's Changes gave it (a patched file: the image's; an overlay:
+        the step's); a file recorded without them keeps the mode of the file it replaces.
+        """
         if not state.files and not state.links:
             return
         entries = []
         payloads: dict[str, bytes] = {}
         for path, data in sorted(state.files.items()):
-            mode = 0o644
-            with contextlib.suppress(BuildError):
-                found = dc.read_file(container, path)
-                if found is not None:
-                    mode = found[1].mode
-            entries.append(dc.file_entry(path, data, mode=mode))
+            meta = state.meta.get(path)
+            if meta is None:
+                mode = 0o644
+                with contextlib.suppress(BuildError):
+                    found = dc.read_file(container, path)
+                    if found is not None:
+                        mode = found[1].mode
+                meta = FileMeta(mode)
+            extra = {} if meta.mtime is None else {"mtime": meta.mtime}
+            entries.append(dc.file_entry(path, data, mode=meta.mode, uid=meta.uid, gid=meta.gid, **extra))
             payloads[entries[-1].name] = data
         entries += [dc.symlink_entry(link, target) for link, target in sorted(state.links.items())]
         if not container.put_archive("/", dc.tar_of(entries, payloads)):
