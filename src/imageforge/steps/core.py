@@ -64,7 +64,7 @@ class Changes:
 
     ``status``/``detail``/``diff`` make check-patches' row, ``summary`` the build log's detail; ``path``
     is the row's file. A process kind (script) changes the container it ran in: ``files``/``links`` are
-    empty and ``in_place`` is true (the container is committed as is).
+    empty (the container is committed as is).
     """
 
     status: Literal["applies", "already applied", "ran"]
@@ -74,8 +74,6 @@ class Changes:
     files: tuple[FileChange, ...] = ()
     links: tuple[LinkChange, ...] = ()
     diff: str = ""
-    in_place: bool = False
-    log: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:

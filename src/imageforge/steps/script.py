@@ -112,8 +112,7 @@ class Script(StepKind):
             cleanup = api.exec_create(ctx.container.id, ["rm", "-rf", SCRIPT_SCRATCH], user="root")["Id"]
             api.exec_start(cleanup)
         last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "no output")
-        return Changes("ran", path, f"exit 0: {last[:100]}", (lines[-1].strip() if lines else "no output")[:120],
-                       in_place=True, log=tuple(lines))
+        return Changes("ran", path, f"exit 0: {last[:100]}", (lines[-1].strip() if lines else "no output")[:120])
 
     def emit(self, step: Step, ctx: EmitContext) -> Emitted:
         """A plain ``RUN`` in the step's working directory, with the step's env, as the engine's exec does."""

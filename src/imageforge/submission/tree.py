@@ -34,8 +34,8 @@ from ..errors import BuildError, ConfigError, InfraError, Problem
 from ..plan import Plan, make_plan
 from ..resolve import Resolved
 from ..steps import kind
+from ..steps.dockerfile import APPLIER, HELPER_DIR, BaseFacts, ContextFile, EmitContext, Emitted, env_value
 from .applier import applier_source
-from .emit import APPLIER, HELPER_DIR, BaseFacts, ContextFile, EmitContext, Emitted, env_value
 from .kinds import emitter
 from .runyaml import RUN_YAML, read_run_yaml, render_run_yaml
 

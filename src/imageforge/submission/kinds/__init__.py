@@ -2,7 +2,7 @@
 
 from ...errors import ConfigError
 from ...steps import KINDS, SERVING_CONFIG
-from ..emit import EMITTERS, Emitter
+from ...steps.dockerfile import EMITTERS, Emitter
 from . import verify
 
 __all__ = ["emitter", "verify"]
