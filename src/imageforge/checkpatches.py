@@ -140,9 +140,9 @@ class Overlay:
 
 
 def _row(step: Step, path: str, status: RowStatus, detail: str, *, blame: str | None = None,
-         near: tuple[NearMatch, ...] = (), diff: str = "", log_tail: tuple[str, ...] = ()) -> CheckRow:
+         near: tuple[NearMatch, ...] = (), diff: str = "") -> CheckRow:
     location = step.where(blame) if blame else step.location
-    return CheckRow(step.id, step.kind, step.profile, path, status, detail, near, diff, location, log_tail)
+    return CheckRow(step.id, step.kind, step.profile, path, status, detail, near, diff, location)
 
 
 _text = text_of
@@ -168,7 +168,8 @@ def check_file_step(step: Step, state: Overlay, site: str, *, with_diff: bool) -
 
 
 def check_script(step: Step, state: Overlay, run_script: ScriptRunner | None) -> CheckRow:
-    path = str(step.spec.get("dest") or step.spec.get("source", ""))
+    """A process kind: the runner (ScriptSandbox: the kind's ``apply`` in a throwaway container) or "not checked"."""
+    path = _step_path(step, "")
     if run_script is None:
         return CheckRow(step.id, step.kind, step.profile, path, "not checked",
                         "script: runs only at build time (later checks do not see its changes)",
