@@ -4,11 +4,12 @@ Stack for ``<target>:<profile>``::
 
     base image -> shared steps -> profile steps -> verify -> serving config + CMD
 
-* File steps (overlay, patch, symlink) never start a process: a container is *created*
-  from the parent image, files are read with ``get_archive``, changed on the host, written
-  back with ``put_archive`` and the container is committed.
-* Script steps start one container and ``exec`` the script, so their environment never
-  enters the container config, the image config or the history.
+* Each step is its kind's ``apply`` (:mod:`imageforge.steps`, the code check-patches runs too): a
+  file kind (overlay, patch, symlink) never starts a process: a container is *created* from the
+  parent image, its files are read with ``get_archive``, the returned Changes are written back
+  with ``put_archive`` and the container is committed. A process kind (script) starts the
+  container and ``exec``s the script, so its environment never enters the container config,
+  the image config or the history.
 * Every layer is labelled with its chained cache key (see :mod:`imageforge.plan`); an image
   with the key is reused without doing anything.
 * Each commit passes the parent's ENTRYPOINT/CMD/ENV/WORKDIR/USER back explicitly, so the
@@ -24,10 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import fnmatch
 import json
 import os
-import posixpath
 import subprocess
 import tarfile
 import time
@@ -51,16 +50,12 @@ from .docker_engine.containers import (
     Containers,
     containers,
     file_entry,
-    is_dir,
-    is_symlink,
     list_dir,
-    path_stat,
     process_overrides,
-    read_file,
     symlink_entry,
     tar_of,
 )
-from .errors import BuildError, ConfigError, ImageforgeError, InfraError
+from .errors import BuildError, ImageforgeError, InfraError
 from .housekeeping import check_lock
 from .labels import (
     L_BASE,
@@ -79,13 +74,13 @@ from .labels import (
     LABEL,
     TOOL,
 )
-from .manifest import Step, resolve_image_path
-from .patching import apply_patch, describe
-from .plan import Plan, PlannedStep, canonical, fit_argv, fit_command, make_plan, serving_argv
+from .manifest import Step
+from .plan import Plan, PlannedStep, canonical, make_plan
 from .resolve import Resolved
 from .runs import RunLog, image_lock
 from .runs import new_run_id as new_run_id  # smoke and bench still import it from here
-from .scripts import IDLE_LOOP, SCRIPT_SCRATCH, exec_script, script_directory
+from .scripts import IDLE_LOOP
+from .steps import SERVING_CONFIG, ApplyContext, Changes, ContainerFS, Entry, StepProblem, kind
 from .verify import verify_image, verify_spec
 
 Log = Callable[[str], None]
@@ -180,102 +175,44 @@ class Builder:
                 )
         return str(image.id)
 
-    def site_path(self, path: str) -> str:
-        assert self.info is not None
-        return resolve_image_path(path, self.info.site)
+    # -- steps: each kind's apply (imageforge.steps), written into a step container and committed ----------
 
-    def guard_symlinks(self, container: Any, path: str, step: Step) -> None:
-        """Refuse destinations that go through a symlink inside the package's site directory."""
-        assert self.info is not None
-        site = self.info.site.rstrip("/")
-        if not path.startswith(site + "/"):
-            return
-        current = site
-        for part in path[len(site) + 1:].split("/")[:-1]:
-            current = f"{current}/{part}"
-            stat = path_stat(container, current)
-            if stat is None:
-                return
-            if is_symlink(stat):
-                raise BuildError(
-                    f"destination {path} goes through a symbolic link in the image ({current} -> "
-                    f"{stat.get('linkTarget')})",
-                    location=step.location, key_path=step.key_path,
-                    hint="write to the real path instead",
-                )
+    def run_step(self, planned: PlannedStep, parent: str) -> tuple[str, str]:
+        """One manifest step: its kind's ``apply`` on the parent's files, the Changes written, the container committed.
 
-    # -- file steps ---------------------------------------------------------
+        A file kind never starts a process (the container is only created; its files are read with
+        get_archive and the Changes put back with put_archive); a process kind (script) runs in the
+        started container, so its environment never enters the container config, the image config or
+        the history.
+        """
+        import docker.errors
 
-    def run_file_step(self, planned: PlannedStep, parent: str) -> tuple[str, str]:
         step = planned.step
-        assert step is not None
+        assert step is not None and self.info is not None
+        definition = kind(step.kind)
         parent_config = client().images.get(parent).attrs["Config"] or {}
-        with daemon_errors(f"step {step.id}"):
-            container = self.scope.create(parent, labels={L_KIND: f"step-{step.kind}"})
+        what = f"script step {step.id}" if definition.runs_process else f"step {step.id}"
+        with daemon_errors(what):
+            overrides = process_overrides(parent_config, IDLE_LOOP) if definition.runs_process else {}
+            container = self.scope.create(parent, labels={L_KIND: f"step-{step.kind}"}, **overrides)
             try:
-                payloads: dict[str, bytes] = {}
-                entries: list[tarfile.TarInfo] = []
-                detail = ""
-                if step.kind == "overlay":
-                    detail = self.overlay(container, step, entries, payloads)
-                elif step.kind == "patch":
-                    detail = self.patch(container, step, entries, payloads)
-                elif step.kind == "symlink":
-                    detail = self.symlink(container, step, entries)
-                if entries and not container.put_archive("/", tar_of(entries, payloads)):
+                if definition.runs_process:
+                    container.start()
+                ctx = ApplyContext(site=self.info.site, environ=self.environ, container=container, image=parent,
+                                   echo=(lambda line: self.log(f"    | {line}")) if self.verbose else None)
+                try:
+                    changes = definition.apply(step, BuildFS(self, container, step), ctx)
+                except StepProblem as problem:
+                    raise problem.error from None
+                if not changes.empty and not container.put_archive("/", changes_tar(changes)):
                     raise InfraError(f"Docker refused to write the files of step {step.id}")
-                return self.commit(container, planned, parent_config), detail
+                if definition.runs_process:
+                    # kill, not stop: the idle loop only sees TERM after its `sleep 1` (stop took ~1 s)
+                    with contextlib.suppress(docker.errors.APIError):
+                        container.kill()
+                return self.commit(container, planned, parent_config), changes.summary
             finally:
                 self.scope.remove(container)
-
-    def overlay(self, container: Any, step: Step, entries: list[tarfile.TarInfo],
-                payloads: dict[str, bytes]) -> str:
-        dest = self.site_path(step.spec["dest"])
-        self.guard_symlinks(container, dest, step)
-        data = step.source.read_bytes()
-        if "mode" in step.spec:
-            mode = int(step.spec["mode"])
-        else:
-            mode = 0o755 if os.access(step.source, os.X_OK) else 0o644
-        uid, gid = (int(x) for x in str(step.spec.get("owner", "0:0")).split(":"))
-        existing = path_stat(container, dest)
-        if existing is not None and is_dir(existing):
-            raise BuildError(f"overlay destination {dest} is a directory in the image",
-                             location=step.where("dest"), key_path=f"{step.key_path}.dest")
-        entries.append(file_entry(dest, data, mode=mode, uid=uid, gid=gid))
-        payloads[entries[-1].name] = data
-        return f"{'replaced' if existing else 'added'} {dest} ({len(data)} bytes, mode {mode:o})"
-
-    def patch(self, container: Any, step: Step, entries: list[tarfile.TarInfo], payloads: dict[str, bytes]) -> str:
-        path = self.site_path(step.spec["file"])
-        self.guard_symlinks(container, path, step)
-        found = read_file(container, path)
-        if found is None:
-            raise BuildError(
-                f"patch target {path} does not exist in the image",
-                location=step.where("file"), key_path=f"{step.key_path}.file",
-                hint="check the path with `invoke check-patches`",
-            )
-        data, member = found
-        text = data.decode("utf-8")
-        outcome = apply_patch(text, step.spec["old"], step.spec["new"], int(step.spec.get("count", 1)))
-        if outcome.status == "already-applied":
-            return "already applied: skipped"
-        if outcome.result is None:
-            raise BuildError(
-                f"patch {step.id!r} does not apply to {path}: {describe(outcome)}",
-                location=step.where("old"), key_path=f"{step.key_path}.old",
-                expected=f"the anchor exactly {outcome.expected} time(s)",
-                found=f"{outcome.found} time(s)",
-                hint="`invoke check-patches --diff` shows every patch; `invoke patch-from` writes new anchors",
-            )
-        new_data = outcome.result.encode("utf-8")
-        # Keep the file's mode, owner and mtime: a same-size edit then looks unchanged to
-        # timestamp-based .pyc files, which is exactly what verification must defeat.
-        entries.append(file_entry(path, new_data, mode=member.mode, uid=member.uid, gid=member.gid,
-                                  mtime=int(member.mtime)))
-        payloads[entries[-1].name] = new_data
-        return f"patched {path} at line {', '.join(map(str, outcome.lines))}"
 
     def glob_listing(self, container: Any, directory: str, step: Step) -> list[tuple[str, bool]]:
         """(name, is directory) of ``directory``'s entries.
@@ -286,18 +223,18 @@ class Builder:
         """
         import hashlib
 
+        assert self.info is not None
         prefix = directory.rstrip("/") + "/"
         cacheable = True
         for planned in self.plan.steps:
             earlier = planned.step
             if earlier is None or earlier is step:
                 break
-            if earlier.kind == "script":
+            definition = kind(earlier.kind)
+            if definition.runs_process:
                 cacheable = False
                 break
-            spec = earlier.spec
-            paths = [self.site_path(spec[k]) for k in ("dest", "file") if k in spec]
-            paths += [posixpath.normpath(spec[k]) for k in ("link", "into") if k in spec]
+            paths = definition.touches(earlier, self.info.site)
             if any(p == directory.rstrip("/") or p.startswith(prefix) or prefix.startswith(p + "/") for p in paths):
                 cacheable = False
                 break
@@ -312,88 +249,6 @@ class Builder:
                 cache_file.parent.mkdir(parents=True, exist_ok=True)
                 cache_file.write_text(json.dumps(listing))
         return listing
-
-    def symlink(self, container: Any, step: Step, entries: list[tarfile.TarInfo]) -> str:
-        spec = step.spec
-        pairs: list[tuple[str, str]] = []
-        if "glob" in spec:
-            pattern = posixpath.normpath(spec["glob"])
-            directory, name_glob = posixpath.split(pattern)
-            if any(ch in directory for ch in "*?["):
-                raise ConfigError("only the last component of a symlink glob may hold wildcards",
-                                  location=step.location, key_path=f"{step.key_path}.glob", found=pattern)
-            matches = sorted(name for name, is_directory in self.glob_listing(container, directory, step)
-                             if fnmatch.fnmatchcase(name, name_glob) and not is_directory)
-            if not matches:
-                raise BuildError(f"symlink glob {pattern} matches nothing in the image",
-                                 location=step.location, key_path=f"{step.key_path}.glob",
-                                 hint="check the directory with `docker run --rm IMAGE ls DIR`")
-            into = posixpath.normpath(spec["into"])
-            pairs = [(f"{into}/{name}", f"{directory}/{name}") for name in matches]
-        else:
-            pairs = [(posixpath.normpath(spec["link"]), spec["target"])]
-        made = skipped = 0
-        for link, target in pairs:
-            stat = path_stat(container, link)
-            if stat is not None:
-                if is_symlink(stat) and stat.get("linkTarget") == target:
-                    skipped += 1
-                    continue
-                if is_dir(stat) and not is_symlink(stat):
-                    if list_dir(container, link) and not spec.get("replace_directory"):
-                        raise BuildError(
-                            f"{link} is a non-empty directory in the image; refusing to replace it with a link",
-                            location=step.location, key_path=step.key_path,
-                            hint="link the files inside it (glob + into) instead; replace_directory: true forces it",
-                        )
-                elif not spec.get("replace"):
-                    raise BuildError(
-                        f"{link} already exists in the image",
-                        location=step.location, key_path=step.key_path,
-                        hint="set replace: true to replace existing files with links",
-                    )
-            entries.append(symlink_entry(link, target))
-            made += 1
-        return f"{made} link(s) made, {skipped} already in place"
-
-    # -- script steps -------------------------------------------------------
-
-    def run_script_step(self, planned: PlannedStep, parent: str) -> tuple[str, str]:
-        import docker.errors
-
-        step = planned.step
-        assert step is not None
-        parent_config = client().images.get(parent).attrs["Config"] or {}
-        with daemon_errors(f"script step {step.id}"):
-            container = self.scope.create(
-                parent, labels={L_KIND: "step-script"},
-                **process_overrides(parent_config, IDLE_LOOP),
-            )
-            try:
-                container.start()
-                code, lines = exec_script(container, step, self.environ,
-                                          echo=(lambda line: self.log(f"    | {line}")) if self.verbose else None)
-                if code != 0:
-                    # ENOSPC inside the step is the host's disk, not the script: infrastructure (exit 5)
-                    full = any("no space left on device" in line.lower() for line in lines[-30:])
-                    raise (InfraError if full else BuildError)(
-                        f"script step {step.id!r} exited with code {code}"
-                        + (": out of disk space (free some: invoke clean)" if full else ""),
-                        location=step.location, key_path=step.key_path,
-                        hint=f"run it by hand: docker run --rm -it {parent[:19]} sh",
-                        log_tail=lines[-30:],
-                    )
-                if "source" in step.spec:  # a directory step's copy stays, like a Dockerfile COPY
-                    api = client().api
-                    cleanup = api.exec_create(container.id, ["rm", "-rf", SCRIPT_SCRATCH], user="root")["Id"]
-                    api.exec_start(cleanup)
-                # kill, not stop: the idle loop only sees TERM after its `sleep 1` (stop took ~1 s)
-                with contextlib.suppress(docker.errors.APIError):
-                    container.kill()
-                image_id = self.commit(container, planned, parent_config)
-            finally:
-                self.scope.remove(container)
-        return image_id, (lines[-1].strip() if lines else "no output")[:120]
 
     # -- verify / config ----------------------------------------------------
 
@@ -412,29 +267,45 @@ class Builder:
     def run_config(self, planned: PlannedStep, parent: str) -> tuple[str, str]:
         parent_config = client().images.get(parent).attrs["Config"] or {}
         serving = self.target.serving
-        if serving.style == "argv":
-            cmd = fit_argv(parent_config.get("Entrypoint"), serving_argv(self.resolved))
-        else:
-            cmd = fit_command(parent_config.get("Entrypoint"), serving.command, serving.config_path)
-        env = list(parent_config.get("Env") or [])
-        serving_env = self.resolved.serving_env()
-        env = [e for e in env if e.split("=", 1)[0] not in serving_env]
-        env += [f"{k}={v}" for k, v in serving_env.items()]
-        data = self.plan.serving_config
+        changes = SERVING_CONFIG.apply(self.plan)
+        conf = SERVING_CONFIG.image_config(self.plan, parent_config)
         with daemon_errors("writing the serving config"):
             container = self.scope.create(parent, labels={L_KIND: "config"})
             try:
-                entry = file_entry(serving.config_path, data, mode=0o644)
-                container.put_archive("/", tar_of([entry], {entry.name: data}))
+                container.put_archive("/", changes_tar(changes))
                 image_id = self.commit(
-                    container, planned, parent_config,
-                    conf={"Cmd": cmd, "Env": env},
+                    container, planned, parent_config, conf=conf,
                     extra_labels={L_PROFILE: self.resolved.profile_name, L_FINAL: "true",
                                   f"{LABEL}.serving-config": serving.config_path},
                 )
             finally:
                 self.scope.remove(container)
-        return image_id, f"{serving.config_path} ({len(data)} bytes); CMD {json.dumps(cmd)}"
+        return image_id, f"{changes.summary}; CMD {json.dumps(conf['Cmd'])}"
+
+
+class BuildFS(ContainerFS):
+    """The step container's files as a step kind reads them; directory listings through the builder's cache."""
+
+    def __init__(self, builder: Builder, container: Any, step: Step) -> None:
+        super().__init__(container)
+        self.builder = builder
+        self.step = step
+
+    def list_dir(self, directory: str) -> list[tuple[str, Entry]]:
+        return [(name, Entry("dir" if is_directory else "file"))
+                for name, is_directory in self.builder.glob_listing(self.container, directory, self.step)]
+
+
+def changes_tar(changes: Changes) -> bytes:
+    """The tar stream that writes a step's Changes (files with their mode/owner/mtime, then links)."""
+    entries: list[tarfile.TarInfo] = []
+    payloads: dict[str, bytes] = {}
+    for f in changes.files:
+        extra = {} if f.mtime is None else {"mtime": f.mtime}
+        entries.append(file_entry(f.path, f.data, mode=f.mode, uid=f.uid, gid=f.gid, **extra))
+        payloads[entries[-1].name] = f.data
+    entries += [symlink_entry(link.path, link.target) for link in changes.links]
+    return tar_of(entries, payloads)
 
 
 # --------------------------------------------------------------------------- building a plan
@@ -493,10 +364,8 @@ def build(plan: Plan, base: BaseIdentity, *, runlog: RunLog, verbose: bool = Fal
             if planned.image_id is not None:
                 image_id, cache, detail = planned.image_id, "HIT", ""
             else:
-                runner = {"verify": builder.run_verify, "config": builder.run_config}.get(planned.stage)
-                if runner is None:
-                    assert planned.step is not None
-                    runner = builder.run_script_step if planned.kind == "script" else builder.run_file_step
+                runner = {"verify": builder.run_verify, "config": builder.run_config}.get(planned.stage,
+                                                                                         builder.run_step)
                 image_id, detail = runner(planned, parent)
                 cache = "SKIPPED" if detail.startswith("already applied") else "BUILT"
             dt = time.monotonic() - t0
@@ -534,8 +403,7 @@ def build_target(resolved: Resolved, *, environ: Mapping[str, str], echo: Log = 
     if target.base.recipe is None and target.base.reference(environ) is None:
         raise missing_variable_error(target)  # before touching Docker: the vendor image reference is missing
     for step in resolved.steps:
-        if step.kind == "script" and "directory" in step.spec:
-            script_directory(step, environ)  # an unset ${VAR} or a missing folder: exit 5 before Docker
+        kind(step.kind).preflight(step, environ)  # e.g. a script's unset ${VAR} or missing folder: exit 5 before Docker
     root = resolved.manifest.root
     runlog = RunLog(root, new_run_id(), echo)
     run_id = runlog.run_id

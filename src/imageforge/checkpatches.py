@@ -1,9 +1,11 @@
 """`check-patches` and `patch-from`: patches that cannot rot.
 
-* :func:`check_steps` dry-runs a target's file steps (patch, overlay, symlink) against an
-  :class:`ImageFS` -- the real base image through a created, never started container, or a
-  dict in unit tests.  Steps that touch the same file see each other's result, in manifest
-  order, on an in-memory copy; nothing is written, nothing is built.
+* :func:`check_steps` dry-runs a target's steps against an :class:`ImageFS` -- the real base
+  image through a created, never started container, or a dict in unit tests -- with each kind's
+  own ``apply`` (:mod:`imageforge.steps`, the code the build runs): the Changes it returns are
+  recorded on an in-memory :class:`Overlay`, so steps that touch the same file see each other's
+  result, in manifest order; nothing is written, nothing is built.  Script steps run for real in a
+  throwaway :class:`ScriptSandbox` (the same ``apply`` again) when one is given.
 * :func:`patch_from` reads a file of the base image (after the target's steps) and derives the
   anchored steps that turn it into an edited copy (:func:`imageforge.patching.derive_patch_steps`).
 
@@ -14,13 +16,12 @@ and :class:`ContainerFS`) need no daemon.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import posixpath
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
 from . import labels as lb
 from .base import base_reference, discover_package, missing_variable_error
@@ -29,88 +30,23 @@ from .docker_engine import containers as dc
 from .errors import BuildError, ConfigError, Location
 from .manifest import Manifest, Step, Target, resolve_image_path
 from .patchfrom import apply_steps, derive_patch_steps, render_steps_yaml
-from .patching import NearMatch, apply_patch, unified_diff
+from .patching import NearMatch
 from .resolve import resolve
-from .scripts import IDLE_LOOP, exec_script
+from .scripts import IDLE_LOOP
+from .steps import ApplyContext, Changes, ContainerFS, DictFS, Entry, FileMeta, ImageFS, StepProblem, kind
+from .steps.core import RowStatus, text_of
+
+__all__ = ["AFTER_FAILED_SCRIPT", "OK_STATUSES", "CheckReport", "CheckRow", "ContainerFS", "DictFS", "Entry",
+           "ImageFS", "Overlay", "ScriptOutcome", "ScriptSandbox", "check_patches", "check_steps", "patch_from"]
 
 Log = Callable[[str], None]
 
-RowStatus = Literal[
-    "applies", "already applied", "anchor missing", "ambiguous", "destination missing", "conflict", "not checked",
-    "ran", "script failed",
-]
 OK_STATUSES: frozenset[str] = frozenset({"applies", "already applied", "not checked", "ran"})
 AFTER_FAILED_SCRIPT = "not checked (a script before failed)"
 
 
 # --------------------------------------------------------------------------- the image's file system
-
-
-@dataclass(frozen=True)
-class Entry:
-    """What is at a path: a regular file, a directory or a symbolic link (with its target)."""
-
-    kind: Literal["file", "dir", "link"]
-    link_target: str | None = None
-
-
-class ImageFS(Protocol):
-    """Read-only view of an image's files (what the checks need)."""
-
-    def stat(self, path: str) -> Entry | None: ...
-
-    def read(self, path: str) -> bytes | None:
-        """Bytes of a regular file; None when absent.  May raise BuildError (a link, a directory)."""
-        ...
-
-    def list_dir(self, directory: str) -> list[tuple[str, Entry]]: ...
-
-
-@dataclass
-class DictFS:
-    """An in-memory ImageFS: ``files`` path -> bytes, ``links`` path -> target; directories implied."""
-
-    files: dict[str, bytes] = field(default_factory=dict)
-    links: dict[str, str] = field(default_factory=dict)
-    dirs: set[str] = field(default_factory=set)
-
-    def _dirs(self) -> set[str]:
-        out = set(self.dirs) | {"/"}
-        for path in [*self.files, *self.links, *self.dirs]:
-            parent = posixpath.dirname(path)
-            while parent not in out:
-                out.add(parent)
-                parent = posixpath.dirname(parent)
-        return out
-
-    def stat(self, path: str) -> Entry | None:
-        path = posixpath.normpath(path)
-        if path in self.links:
-            return Entry("link", self.links[path])
-        if path in self.files:
-            return Entry("file")
-        if path in self._dirs():
-            return Entry("dir")
-        return None
-
-    def read(self, path: str) -> bytes | None:
-        path = posixpath.normpath(path)
-        if path in self.links:
-            raise BuildError(f"{path} is a symbolic link in the image (to {self.links[path]})",
-                             hint="patch or overlay the file it points to")
-        if path in self._dirs():
-            raise BuildError(f"{path} is not a regular file in the image")
-        return self.files.get(path)
-
-    def list_dir(self, directory: str) -> list[tuple[str, Entry]]:
-        directory = posixpath.normpath(directory)
-        out: list[tuple[str, Entry]] = []
-        for path in sorted({*self.files, *self.links, *self._dirs()}):
-            if path != directory and posixpath.dirname(path) == directory:
-                entry = self.stat(path)
-                assert entry is not None
-                out.append((posixpath.basename(path), entry))
-        return out
+# Entry, ImageFS, DictFS and ContainerFS live in imageforge.steps.fs (the step kinds read them); imported above.
 
 
 # --------------------------------------------------------------------------- checking steps
@@ -162,9 +98,30 @@ class Overlay:
     fs: ImageFS
     files: dict[str, bytes] = field(default_factory=dict)
     links: dict[str, str] = field(default_factory=dict)
+    meta: dict[str, FileMeta] = field(default_factory=dict)
 
     def copy(self) -> Overlay:
-        return Overlay(self.fs, dict(self.files), dict(self.links))
+        return Overlay(self.fs, dict(self.files), dict(self.links), dict(self.meta))
+
+    def record(self, changes: Changes) -> None:
+        """What a step's apply returned becomes what the later steps read."""
+        for f in changes.files:
+            self.files[f.path] = f.data
+            self.meta[f.path] = FileMeta(f.mode, f.uid, f.gid, f.mtime)
+            self.links.pop(f.path, None)
+        for link in changes.links:
+            self.links[link.path] = link.target
+            self.files.pop(link.path, None)
+            self.meta.pop(link.path, None)
+
+    def list_dir(self, directory: str) -> list[tuple[str, Entry]]:
+        """The image's listing (the in-memory changes of earlier steps are not listed)."""
+        return self.fs.list_dir(directory)
+
+    def read_file(self, path: str) -> tuple[bytes, FileMeta] | None:
+        if path in self.files:
+            return self.files[path], self.meta.get(path, FileMeta())
+        return self.fs.read_file(path)
 
     def stat(self, path: str) -> Entry | None:
         if path in self.links:
@@ -182,24 +139,13 @@ class Overlay:
         return self.fs.read(path)
 
 
-#: The manifest key a failure points at, per kind and status (the step itself otherwise).
-_BLAME = {("patch", "anchor missing"): "old", ("patch", "ambiguous"): "old", ("patch", "destination missing"): "file",
-          ("overlay", "destination missing"): "dest", ("overlay", "conflict"): "dest",
-          ("symlink", "destination missing"): "glob"}
-
-
-def _row(step: Step, path: str, status: RowStatus, detail: str, *, near: tuple[NearMatch, ...] = (),
-         diff: str = "") -> CheckRow:
-    key = _BLAME.get((step.kind, status))
-    location = step.where(key) if key else step.location
+def _row(step: Step, path: str, status: RowStatus, detail: str, *, blame: str | None = None,
+         near: tuple[NearMatch, ...] = (), diff: str = "") -> CheckRow:
+    location = step.where(blame) if blame else step.location
     return CheckRow(step.id, step.kind, step.profile, path, status, detail, near, diff, location)
 
 
-def _text(data: bytes) -> str | None:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
+_text = text_of
 
 
 def _short(path: str, site: str) -> str:
@@ -207,153 +153,23 @@ def _short(path: str, site: str) -> str:
     return path[len(site) + 1:] if path.startswith(site + "/") else path
 
 
-def _through_link(state: Overlay, path: str, site: str) -> str | None:
-    """A symbolic link inside the site directory on the way to ``path`` (what the build refuses)."""
-    site = site.rstrip("/")
-    if not path.startswith(site + "/"):
-        return None
-    current = site
-    for part in path[len(site) + 1:].split("/")[:-1]:
-        current = f"{current}/{part}"
-        entry = state.stat(current)
-        if entry is None:
-            return None
-        if entry.kind == "link":
-            return f"{current} -> {entry.link_target}"
-    return None
-
-
-def check_patch(step: Step, state: Overlay, site: str, *, with_diff: bool) -> CheckRow:
-    path = resolve_image_path(step.spec["file"], site)
-    link = _through_link(state, path, site)
-    if link is not None:
-        return _row(step, path, "conflict", f"path goes through a symbolic link ({link})")
-    try:
-        data = state.read(path)
-    except BuildError as exc:
-        return _row(step, path, "conflict", exc.message)
-    if data is None:
-        parent = posixpath.dirname(path)
-        where = "its directory exists" if state.stat(parent) is not None else f"{parent} is missing too"
-        return _row(step, path, "destination missing", f"file not in the image ({where})")
-    text = _text(data)
-    if text is None:
-        return _row(step, path, "conflict", "file is not UTF-8 text")
-    outcome = apply_patch(text, step.spec["old"], step.spec["new"], int(step.spec.get("count", 1)))
-    if outcome.status == "applies":
-        assert outcome.result is not None
-        state.files[path] = outcome.result.encode("utf-8")
-        lines = ", ".join(map(str, outcome.lines))
-        return _row(step, path, "applies", f"anchor at line {lines}",
-                        diff=unified_diff(path, text, outcome.result) if with_diff else "")
-    if outcome.status == "already-applied":
-        return _row(step, path, "already applied",
-                        f"new text at line {', '.join(map(str, outcome.lines))}, anchor absent")
-    if outcome.status == "ambiguous":
-        return _row(step, path, "ambiguous",
-                        f"anchor found {outcome.found} times (lines {', '.join(map(str, outcome.lines))}), "
-                        f"expected {outcome.expected}")
-    detail = "anchor not found" + ("" if outcome.near else "; no similar line")
-    return _row(step, path, "anchor missing", detail, near=outcome.near)
-
-
-def check_overlay(step: Step, state: Overlay, site: str, *, with_diff: bool) -> CheckRow:
-    dest = resolve_image_path(step.spec["dest"], site)
-    path = dest
-    try:
-        data = step.source.read_bytes()
-    except OSError as exc:
-        return _row(step, path, "conflict", f"cannot read the source: {exc}")
-    link = _through_link(state, dest, site)
-    if link is not None:
-        return _row(step, path, "conflict", f"destination goes through a symbolic link ({link})")
-    parent = posixpath.dirname(dest)
-    parent_entry = state.stat(parent)
-    if parent_entry is None:
-        return _row(step, path, "destination missing",
-                        f"directory {parent} is not in the image (moved in this package version?)")
-    existing = state.stat(dest)
-    if existing is not None and existing.kind == "dir":
-        return _row(step, path, "conflict", "destination is a directory in the image")
-    old: bytes | None = None
-    if existing is not None and existing.kind == "file":
-        with contextlib.suppress(BuildError):
-            old = state.read(dest)
-    state.files[dest] = data
-    state.links.pop(dest, None)
-    digest = hashlib.sha256(data).hexdigest()[:12]
-    if old is not None and old == data:
-        return _row(step, path, "already applied", f"image file has the same sha256 ({digest})")
-    diff = ""
-    if with_diff:
-        before, after = _text(old or b""), _text(data)
-        if before is not None and after is not None:
-            diff = unified_diff(dest, before, after)
-    what = f"replaces a {len(old)}-byte file" if old is not None else "adds a new file"
-    if existing is not None and existing.kind == "link":
-        what = f"replaces a link to {existing.link_target}"
-    return _row(step, path, "applies", f"{what} ({len(data)} bytes, sha256 {digest})", diff=diff)
-
-
-def check_symlink(step: Step, state: Overlay) -> CheckRow:
-    import fnmatch
-
-    spec = step.spec
-    if "glob" in spec:
-        pattern = posixpath.normpath(spec["glob"])
-        directory, name_glob = posixpath.split(pattern)
-        if state.stat(directory) is None:
-            return _row(step, pattern, "destination missing",
-                            f"directory {directory} is not in the image")
-        names = sorted(n for n, e in state.fs.list_dir(directory)
-                       if fnmatch.fnmatchcase(n, name_glob) and e.kind != "dir")
-        if not names:
-            return _row(step, pattern, "destination missing", "the glob matches nothing")
-        into = posixpath.normpath(spec["into"])
-        pairs = [(f"{into}/{n}", f"{directory}/{n}") for n in names]
-        shown = pattern + " -> " + into
-    else:
-        link, target = posixpath.normpath(spec["link"]), spec["target"]
-        resolved = target if target.startswith("/") else posixpath.normpath(posixpath.join(posixpath.dirname(link),
-                                                                                        target))
-        if state.stat(resolved) is None:
-            return _row(step, link, "destination missing",
-                            f"link target {target} is not in the image (verification would fail)")
-        pairs = [(link, target)]
-        shown = link
-    made = skipped = 0
-    for link, target in pairs:
-        entry = state.stat(link)
-        if entry is not None:
-            if entry.kind == "link" and entry.link_target == target:
-                skipped += 1
-                continue
-            if entry.kind == "dir":
-                if state.fs.list_dir(link) and not spec.get("replace_directory"):
-                    return _row(step, shown, "conflict",
-                                    f"{link} is a non-empty directory (replace_directory: true forces it)")
-            elif entry.kind != "link" and not spec.get("replace"):
-                return _row(step, shown, "conflict",
-                                f"{link} already exists (replace: true replaces it)")
-        state.links[link] = target
-        made += 1
-    if made == 0:
-        return _row(step, shown, "already applied", f"{skipped} link(s) already in place")
-    return _row(step, shown, "applies", f"{made} link(s) to make, {skipped} in place")
-
-
 def _step_path(step: Step, site: str) -> str:
-    spec = step.spec
-    for key in ("file", "dest"):
-        if key in spec and step.kind != "script":
-            return resolve_image_path(spec[key], site)
-    if step.kind == "script":
-        return str(spec.get("dest") or spec.get("source", ""))
-    return str(spec.get("glob") or spec.get("link") or "")
+    return kind(step.kind).row_path(step, site)
+
+
+def check_file_step(step: Step, state: Overlay, site: str, *, with_diff: bool) -> CheckRow:
+    """A file kind's ``apply`` (the build's code) on the overlay; its Changes recorded there, its result the row."""
+    try:
+        changes = kind(step.kind).apply(step, state, ApplyContext(site=site, checking=True, with_diff=with_diff))
+    except StepProblem as problem:
+        return _row(step, problem.path, problem.status, problem.detail, blame=problem.blame, near=problem.near)
+    state.record(changes)
+    return _row(step, changes.path, changes.status, changes.detail, diff=changes.diff)
 
 
 def check_script(step: Step, state: Overlay, run_script: ScriptRunner | None) -> CheckRow:
-    path = str(step.spec.get("dest") or step.spec.get("source", ""))
+    """A process kind: the runner (ScriptSandbox: the kind's ``apply`` in a throwaway container) or "not checked"."""
+    path = _step_path(step, "")
     if run_script is None:
         return CheckRow(step.id, step.kind, step.profile, path, "not checked",
                         "script: runs only at build time (later checks do not see its changes)",
@@ -371,13 +187,9 @@ def check_script(step: Step, state: Overlay, run_script: ScriptRunner | None) ->
 
 def check_step(step: Step, state: Overlay, site: str, *, with_diff: bool,
                run_script: ScriptRunner | None = None) -> CheckRow:
-    if step.kind == "patch":
-        return check_patch(step, state, site, with_diff=with_diff)
-    if step.kind == "overlay":
-        return check_overlay(step, state, site, with_diff=with_diff)
-    if step.kind == "symlink":
-        return check_symlink(step, state)
-    return check_script(step, state, run_script)
+    if kind(step.kind).runs_process:
+        return check_script(step, state, run_script)
+    return check_file_step(step, state, site, with_diff=with_diff)
 
 
 def check_steps(shared: Sequence[Step], profiles: Mapping[str, Sequence[Step]], fs: ImageFS, site: str, *,
@@ -476,34 +288,6 @@ class CheckReport:
 # --------------------------------------------------------------------------- against the daemon
 
 
-class ContainerFS:
-    """ImageFS over a created (never started) container: get_archive/HEAD archive only."""
-
-    def __init__(self, container: Any) -> None:
-        self.container = container
-
-    def stat(self, path: str) -> Entry | None:
-        st = dc.path_stat(self.container, path)
-        if st is None:
-            return None
-        if dc.is_symlink(st):
-            return Entry("link", str(st.get("linkTarget", "")))
-        return Entry("dir" if dc.is_dir(st) else "file")
-
-    def read(self, path: str) -> bytes | None:
-        found = dc.read_file(self.container, path)
-        return None if found is None else found[0]
-
-    def list_dir(self, directory: str) -> list[tuple[str, Entry]]:
-        out: list[tuple[str, Entry]] = []
-        for name, info in dc.list_dir(self.container, directory):
-            if info.issym():
-                out.append((name, Entry("link", info.linkname)))
-            else:
-                out.append((name, Entry("dir" if info.isdir() else "file")))
-        return out
-
-
 class ScriptSandbox:
     """ScriptRunner against the daemon: each script step runs for real, in a throwaway container.
 
@@ -530,11 +314,11 @@ class ScriptSandbox:
         try:
             container.start()
             self._materialise(container, state)
-            code, lines = exec_script(container, step, self.environ)
-            if code != 0:
-                tail = tuple(lines[-20:])
-                return ScriptOutcome(code, None, f"exit code {code}" + (f": {tail[-1].strip()[:100]}" if tail else ""),
-                                     tail)
+            try:
+                changes = kind(step.kind).apply(step, ContainerFS(container), ApplyContext(
+                    site="", environ=self.environ, checking=True, container=container, image=self.image))
+            except StepProblem as problem:
+                return ScriptOutcome(problem.script_exit_code, None, problem.detail, tuple(problem.log_tail))
             with contextlib.suppress(docker.errors.APIError):
                 container.kill()
             image = container.commit(message=f"imageforge check-patches {step.id}", conf={"Labels": self.labels})
@@ -543,23 +327,30 @@ class ScriptSandbox:
         finally:
             self.scope.remove(container)
         reader = self.scope.create(self.image, entrypoint=["/bin/true"], command=[])
-        last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "no output")
-        return ScriptOutcome(0, ContainerFS(reader), f"exit 0 (network off): {last[:100]}")
+        return ScriptOutcome(0, ContainerFS(reader), changes.detail.replace("exit 0:", "exit 0 (network off):", 1))
 
     @staticmethod
     def _materialise(container: Any, state: Overlay) -> None:
-        """Write the file steps' in-memory results into the container (modes of replaced files kept)."""
+        """Write the file steps' in-memory results into the container, as the build writes their Changes.
+
+        Each file keeps the mode/owner/mtime its step's Changes gave it (a patched file: the image's; an overlay:
+        the step's); a file recorded without them keeps the mode of the file it replaces.
+        """
         if not state.files and not state.links:
             return
         entries = []
         payloads: dict[str, bytes] = {}
         for path, data in sorted(state.files.items()):
-            mode = 0o644
-            with contextlib.suppress(BuildError):
-                found = dc.read_file(container, path)
-                if found is not None:
-                    mode = found[1].mode
-            entries.append(dc.file_entry(path, data, mode=mode))
+            meta = state.meta.get(path)
+            if meta is None:
+                mode = 0o644
+                with contextlib.suppress(BuildError):
+                    found = dc.read_file(container, path)
+                    if found is not None:
+                        mode = found[1].mode
+                meta = FileMeta(mode)
+            extra = {} if meta.mtime is None else {"mtime": meta.mtime}
+            entries.append(dc.file_entry(path, data, mode=meta.mode, uid=meta.uid, gid=meta.gid, **extra))
             payloads[entries[-1].name] = data
         entries += [dc.symlink_entry(link, target) for link, target in sorted(state.links.items())]
         if not container.put_archive("/", dc.tar_of(entries, payloads)):

@@ -84,19 +84,22 @@ def directory_input_name(step: Step) -> str:
 
 
 def step_inputs(step: Step, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """sha256 of every host file a step reads (overlay/script sources, a script step's directory).
+    """sha256 of every host file a step reads: its ``source`` (overlay, script), a ``directory`` (script).
+
+    Kind-blind on purpose: a step kind reads host files through those two keys only (imageforge.steps'
+    classes take their inputs from here; steps sits above plan).
 
     A directory whose ``${VAR}`` is unset (or that is not there) has no digest: the value says
     ``unset`` (``missing``); the build refuses to start then (exit 5), plan and validate still work.
     """
-    if step.kind == "script" and "directory" in step.spec:
+    if "directory" in step.spec:
         directory = step.directory(os.environ if environ is None else environ)
         if directory is None:
             return {directory_input_name(step): DIRECTORY_UNSET}
         if not directory.is_dir():
             return {directory_input_name(step): DIRECTORY_MISSING}
         return {directory_input_name(step): sha256_tree(directory)}
-    if step.kind in ("overlay", "script"):
+    if step.source_path is not None:
         return {str(step.spec["source"]): sha256_file(step.source)}
     return {}
 

@@ -17,7 +17,6 @@ summary is recorded as a label, so an all-HIT build skips verification.
 from __future__ import annotations
 
 import json
-import posixpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 from .docker_engine.containers import process_overrides
 from .errors import BuildError
 from .labels import L_KIND
-from .manifest import Target, resolve_image_path
+from .manifest import Target
 from .plan import Plan
+from .steps import kind
 
 if TYPE_CHECKING:
     from .base import PackageInfo
@@ -135,7 +135,7 @@ class VerifySpec:
 
 
 def verify_spec(plan: Plan, site: str) -> VerifySpec:
-    """What to verify, derived from the plan alone (cached steps included)."""
+    """What to verify, derived from the plan alone (cached steps included): each step kind's facts."""
     python_files: set[str] = set()
     overlays: dict[str, str] = {}
     links: list[str] = []
@@ -144,21 +144,11 @@ def verify_spec(plan: Plan, site: str) -> VerifySpec:
         step = planned.step
         if step is None:
             continue
-        if step.kind == "overlay":
-            dest = resolve_image_path(step.spec["dest"], site)
-            overlays[dest] = next(iter(planned.inputs.values()))
-            if dest.endswith(".py"):
-                python_files.add(dest)
-        elif step.kind == "patch":
-            path = resolve_image_path(step.spec["file"], site)
-            if path.endswith(".py"):
-                python_files.add(path)
-        elif step.kind == "symlink":
-            if "glob" in step.spec:
-                link_globs.append({"glob": posixpath.normpath(step.spec["glob"]),
-                                   "into": posixpath.normpath(step.spec["into"])})
-            else:
-                links.append(posixpath.normpath(step.spec["link"]))
+        facts = kind(step.kind).facts(step, planned.inputs, site)
+        python_files.update(facts.python_files)
+        overlays.update(facts.overlays)
+        links.extend(facts.links)
+        link_globs.extend(dict(g) for g in facts.link_globs)
     target = plan.resolved.target
     return VerifySpec(tuple(sorted(python_files)), overlays, tuple(links), tuple(link_globs),
                       target.verify.imports, target.verify.import_env)

@@ -137,7 +137,7 @@ def env_dict(image: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def cpu_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    from imageforge.build import build
+    from imageforge.build import build_target
     from imageforge.docker_engine import ensure_daemon
     from imageforge.manifest import load_manifest
     from imageforge.resolve import resolve
@@ -145,7 +145,7 @@ def cpu_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
 
     ensure_daemon(log=print)
     resolved = resolve(load_manifest(REPO / "build.yaml"), "cpu", "conservative", environ=os.environ)
-    built = build(resolved, environ=os.environ, echo=print)
+    built = build_target(resolved, environ=os.environ, echo=print)
     tree = tmp_path_factory.mktemp("submission") / "tree"
     result = write_submission(resolved, tree, environ=os.environ)
     t0 = time.monotonic()

@@ -27,6 +27,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("resolve",),
     ("plan", "flags"),  # content keys; serving flags learnt from the target's vLLM and checked
     ("base", "scripts"),  # which image a target builds on (identity, discovery, probe), the cpu recipe; script steps
+    ("steps",),  # one class per step kind: fields, inputs, apply -> Changes, verify facts, Dockerfile emit
     ("verify", "housekeeping"),  # the verify layer's checks; build.lock and clean
     ("build", "checkpatches", "flagcheck"),  # the layers; dry runs of the steps; serving flags learnt, cached
     ("server_spec", "run"),  # the serving container

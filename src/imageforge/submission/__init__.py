@@ -3,12 +3,13 @@
 * :func:`write_submission` -- write (or rewrite) the tree for a resolved target/profile;
 * :func:`check_submission` -- preflight an existing tree against the manifest (ConfigError, exit 2);
 * :func:`docker_build` -- plain ``docker build`` of a tree through the SDK (what the platform does);
-* :data:`~imageforge.submission.emit.EMITTERS` -- one Dockerfile emitter per step kind.
+* :func:`emitter` -- the Dockerfile emitter of a step kind (its class's ``emit``, :mod:`imageforge.steps`)
+  or of the verify stage (:data:`EMITTERS`).
 """
 
 from __future__ import annotations
 
-from .emit import EMITTERS, BaseFacts, ContextFile, EmitContext, Emitted
+from ..steps.dockerfile import EMITTERS, BaseFacts, ContextFile, EmitContext, Emitted
 from .kinds import emitter
 from .runyaml import RUN_YAML, run_yaml_doc
 from .tree import (

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from ..plan import Plan
-from .kinds.serving import image_cmd
+from ..steps.serving import image_cmd
 
 RUN_YAML = "computility-run.yaml"
 

@@ -33,8 +33,9 @@ from .. import __version__
 from ..errors import BuildError, ConfigError, InfraError, Problem
 from ..plan import Plan, make_plan
 from ..resolve import Resolved
+from ..steps import kind
+from ..steps.dockerfile import APPLIER, HELPER_DIR, BaseFacts, ContextFile, EmitContext, Emitted, env_value
 from .applier import applier_source
-from .emit import APPLIER, HELPER_DIR, BaseFacts, ContextFile, EmitContext, Emitted, env_value
 from .kinds import emitter
 from .runyaml import RUN_YAML, read_run_yaml, render_run_yaml
 
@@ -85,9 +86,9 @@ def _folder_names(plan: Plan, environ: Mapping[str, str]) -> dict[str, str]:
     taken = set(RESERVED)
     for planned in plan.steps:
         step = planned.step
-        if step is None or step.kind != "script" or "directory" not in step.spec:
+        if step is None:
             continue
-        directory = step.directory(environ)
+        directory = kind(step.kind).context_folder(step, environ)
         name = directory.name if directory is not None else ""
         if name and name not in taken and not name.startswith("."):
             out[step.id] = name

@@ -1,16 +1,21 @@
-"""One emitter per step kind (and per engine stage); importing this package registers them all."""
+"""The Dockerfile emitter of a step kind (its class's ``emit``, :mod:`imageforge.steps`) or of an engine stage."""
 
 from ...errors import ConfigError
-from ..emit import EMITTERS, Emitter
-from . import overlay, patch, script, serving, symlink, verify
+from ...steps import KINDS, SERVING_CONFIG
+from ...steps.dockerfile import EMITTERS, Emitter
+from . import verify
 
-__all__ = ["emitter", "overlay", "patch", "script", "serving", "symlink", "verify"]
+__all__ = ["emitter", "verify"]
 
 
 def emitter(kind: str) -> Emitter:
-    """The registered emitter of a step kind or engine stage (every module above has registered by now)."""
+    """The emitter of a step kind, the serving config or the verify stage."""
+    if kind in KINDS:
+        return KINDS[kind].emit
+    if kind == SERVING_CONFIG.name:
+        return SERVING_CONFIG.emit
     try:
         return EMITTERS[kind]
     except KeyError:
         raise ConfigError(f"step kind {kind!r} has no Dockerfile emitter",
-                          hint="add one in src/imageforge/submission/kinds/") from None
+                          hint="give its class in src/imageforge/steps/ an emit") from None

@@ -9,9 +9,20 @@ builder may have no device): imageforge's build imported them in the image that 
 from __future__ import annotations
 
 from ...plan import Plan
+from ...steps.dockerfile import (
+    STAGE_DIR,
+    VERIFIER,
+    ContextFile,
+    EmitContext,
+    Emitted,
+    comment,
+    copy,
+    register,
+    run,
+    spec_file,
+)
 from ...verify import verify_spec
 from ..applier import verifier_source
-from ..emit import STAGE_DIR, VERIFIER, ContextFile, EmitContext, Emitted, comment, copy, register, run, spec_file
 
 
 @register("verify")

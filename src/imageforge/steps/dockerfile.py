@@ -1,11 +1,11 @@
 """What a step kind emits for a plain ``docker build``: Dockerfile instructions + the context files they read.
 
 Every step kind (patch, overlay, symlink, script) and the two engine stages (verify, serving config)
-has one emitter, registered by kind in :data:`EMITTERS`.  An emitter is a pure function of the
-step and an :class:`EmitContext` (where the package lives in the base image, which python runs
+has one emitter: a step kind's is its class's ``emit`` (``steps/<kind>.py``); the verify stage's is
+registered in :data:`EMITTERS` (``submission/kinds/verify.py``).  An emitter is a pure function of
+the step and an :class:`EmitContext` (where the package lives in the base image, which python runs
 there, the context folder reserved for the step); it returns an :class:`Emitted`.  Emitters do
-not know about each other or about the tree writer, so each can later move unchanged into its
-step class (``steps/<kind>.py``) as that class's ``emit``.
+not know about each other or about the tree writer.
 
 Only syntax Docker 20.10's classic builder accepts is emitted: no ``COPY --chmod``, no heredocs,
 no ``RUN --mount``; modes are set by ``RUN``.  ``RUN`` and ``CMD`` use the JSON (exec) form, so no
