@@ -4,6 +4,9 @@
 set -eu
 dirs="${*:-/usr/local/lib}"
 ldconfig
+# aux-cache records each library's inode and ctime: two builds of the same step would differ in it (the
+# submission's `docker build` vs imageforge's layer). ldconfig only reads it to skip work on its next run.
+rm -f /var/cache/ldconfig/aux-cache
 for d in $dirs; do
   links=0
   for lib in "$d"/lib*.so*; do
