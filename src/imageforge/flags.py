@@ -1,5 +1,7 @@
 """Serving flags: what the target's own vLLM accepts, and the manifest's serving args checked against it.
 
+Over 600 lines: one flag model, its two readers (static ast, in-image introspection) and its checker belong together.
+
 Two ways to learn the flags, both ending in a :class:`FlagTable` of frozen :class:`FlagSpec`:
 
 * **static** -- :func:`read_static` parses the source text of the files that build vLLM's parser

@@ -1,5 +1,7 @@
 """Load and validate build.yaml in one place; hand frozen dataclasses downstream.
 
+Over 600 lines: the one place that validates build.yaml (every kind's fields, profiles, semantic checks).
+
 Three passes, each reporting every problem it finds:
 
 1. safe YAML load with positions (:mod:`imageforge.yamldoc`);

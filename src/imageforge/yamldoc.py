@@ -1,5 +1,7 @@
 """Safe YAML loading with positions, plus JSON Schema validation that reports every error.
 
+Over 600 lines: safe loading with positions, hostile-input limits and every syntax/schema message in one place.
+
 Shared by the build manifest and the smoke suites, so both report problems the same way:
 ``file:line:column: key.path[3].name: message`` with expected/found and a hint.
 
