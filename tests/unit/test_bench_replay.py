@@ -14,8 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from imageforge.errors import ConfigError
-from imageforge.replay import (
+from imageforge.bench.replay import (
     META_KEY,
     ReplayRequest,
     ReplaySpec,
@@ -26,6 +25,7 @@ from imageforge.replay import (
     stats,
     write_jsonl,
 )
+from imageforge.errors import ConfigError
 
 
 def words(text: str) -> int:
@@ -179,6 +179,9 @@ def _sse(*chunks: dict[str, Any], done: bool = True) -> bytes:
     return out + (b"data: [DONE]\n\n" if done else b"")
 
 
+SSE = {"content-type": "text/event-stream"}  # what vLLM sends; the shared client refuses a stream without it
+
+
 def _server(sent: list[dict[str, Any]]) -> httpx.MockTransport:
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/models":
@@ -189,8 +192,9 @@ def _server(sent: list[dict[str, Any]]) -> httpx.MockTransport:
         if i == 2:
             return httpx.Response(400, json={"message": "This model's maximum context length is 2048 tokens."})
         if i == 3:
-            return httpx.Response(200, content=_sse({"choices": [{"delta": {"content": "a"}}]}, done=False))
-        return httpx.Response(200, content=_sse(
+            return httpx.Response(200, headers=SSE, content=_sse({"choices": [{"delta": {"content": "a"}}]},
+                                                                 done=False))
+        return httpx.Response(200, headers=SSE, content=_sse(
             {"choices": [{"delta": {"role": "assistant", "content": ""}}]},
             {"choices": [{"delta": {"reasoning_content": "hm"}}]},
             {"choices": [{"delta": {"content": "ok"}, "finish_reason": "length"}]},
@@ -238,7 +242,7 @@ def test_runner_connection_refused() -> None:
 
 
 def test_command_line_errors_are_config_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from imageforge.replay import main
+    from imageforge.bench.replay import main
 
     assert main(["generate", "--out", str(tmp_path / "w.jsonl")]) == 2  # no token counter given
     assert "give --tokenizer" in capsys.readouterr().err

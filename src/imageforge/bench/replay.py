@@ -9,9 +9,10 @@
   The same spec and counter give a byte-identical JSONL (:func:`write_jsonl`).
 * :func:`load_jsonl` -- a user's own JSONL of chat requests (one OpenAI chat-completions body per line),
   validated line by line: a bad line is a ConfigError naming ``file:line``.
-* :func:`run_replay` -- sends them **one at a time** (concurrency 1) over httpx streaming to an
+* :func:`run_replay` -- sends them **one at a time** (concurrency 1) through the bench's request loop
+  (:func:`.client.stream_request`, httpx-sse) to an
   OpenAI-compatible server and records, per request, TTFT, total time, prompt / cached / completion tokens
-  (``stream_options.include_usage``), the status and the evaluator's error class (:mod:`.evalmetrics`).
+  (``stream_options.include_usage``), the status and the evaluator's error class (:mod:`.evaluator`).
   It stops after a request count or a duration, whichever comes first, and talks only to the URL it is given.
 
 A line may carry a ``"_replay"`` object (the generator writes one: session, turn, planned token counts); it is
@@ -22,6 +23,7 @@ that carries no ``max_tokens`` / ``max_completion_tokens`` gets ``max_tokens`` =
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import copy
 import datetime as _dt
@@ -35,8 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, ErrorCollector, ImageforgeError, Location, Problem, SmokeError
-from .evalmetrics import ErrorClass, EvalReport, RequestRecord, classify_error, evaluate
+from ..errors import ConfigError, ErrorCollector, ImageforgeError, Location, Problem, SmokeError
+from .client import stream_request
+from .evaluator import ErrorClass, EvalReport, RequestRecord, classify_error, evaluate
 
 #: Counts the tokens of a text (no special tokens).
 TokenCounter = Callable[[str], int]
@@ -429,8 +432,9 @@ def load_jsonl(path: Path) -> list[ReplayRequest]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"replay file {path} does not exist", hint="write one with `python -m imageforge.replay "
-                          "generate`, or give a JSONL of chat requests") from None
+        raise ConfigError(f"replay file {path} does not exist",
+                          hint="write one with `invoke bench --replay --replay-out FILE`, or give a JSONL of chat "
+                          "requests") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read replay file {path}: {exc}") from None
     collector = ErrorCollector()
@@ -542,71 +546,20 @@ def prepare_body(request: ReplayRequest, model: str, *, planned_output: bool) ->
     return body
 
 
-def _has_token(delta: Any) -> bool:
-    if not isinstance(delta, dict):
-        return False
-    return any(delta.get(k) for k in ("content", "reasoning_content", "reasoning", "tool_calls"))
-
-
-def send_one(client: Any, index: int, body: dict[str, Any], *, planned_input: int | None = None) -> RequestRecord:
-    """POST one streamed chat request and measure it (``client``: an ``httpx.Client`` on the server)."""
-    import httpx
-
-    status: int | None = None
-    ttft: float | None = None
-    first_chunk: float | None = None
-    prompt = completion = 0
-    cached: int | None = None
-    error_text: str | None = None
-    exception: BaseException | None = None
-    completed = False
-    start = time.perf_counter()
-    try:
-        with client.stream("POST", CHAT_ENDPOINT, json=body) as response:
-            status = response.status_code
-            if status != 200:
-                error_text = response.read().decode("utf-8", "replace")
-            else:
-                for line in response.iter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        completed = True
-                        break
-                    try:
-                        chunk = json.loads(data)
-                    except ValueError:
-                        continue
-                    if not isinstance(chunk, dict):
-                        continue
-                    if chunk.get("error"):
-                        error_text = json.dumps(chunk["error"], ensure_ascii=False)
-                        break
-                    now = time.perf_counter() - start
-                    for choice in chunk.get("choices") or []:
-                        if first_chunk is None:
-                            first_chunk = now
-                        if ttft is None and isinstance(choice, dict) and _has_token(choice.get("delta")):
-                            ttft = now
-                    usage = chunk.get("usage")
-                    if isinstance(usage, dict):
-                        prompt = int(usage.get("prompt_tokens") or 0)
-                        completion = int(usage.get("completion_tokens") or 0)
-                        details = usage.get("prompt_tokens_details")
-                        if isinstance(details, dict) and details.get("cached_tokens") is not None:
-                            cached = int(details["cached_tokens"])
-    except httpx.HTTPError as exc:
-        exception = exc
-    total = time.perf_counter() - start
-    error_class: ErrorClass | None = classify_error(status, error_text, exception, completed=completed)
+async def send_one(client: Any, index: int, body: dict[str, Any], *,
+                   planned_input: int | None = None) -> RequestRecord:
+    """POST one streamed chat request and measure it (``client``: an ``httpx.AsyncClient`` on the server),
+    through the bench's one request loop (:func:`.client.stream_request`)."""
+    got = await stream_request(client, CHAT_ENDPOINT, body)
+    completed = got.done and got.error_text is None and got.exception is None
+    error_class: ErrorClass | None = classify_error(got.status, got.error_text, got.exception, completed=completed)
     error = None
     if error_class is not None:
-        error = (f"{type(exception).__name__}: {exception}" if exception is not None
-                 else (error_text or "the stream ended without [DONE]"))[:300]
-    return RequestRecord(index=index, status=status, error_class=error_class, error=error,
-                         ttft_s=ttft if ttft is not None else first_chunk, total_s=total,
-                         prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached,
+        error = (f"{type(got.exception).__name__}: {got.exception}" if got.exception is not None
+                 else (got.error_text or "the stream ended without [DONE]"))[:300]
+    return RequestRecord(index=index, status=got.status, error_class=error_class, error=error,
+                         ttft_s=got.ttft, total_s=got.total, prompt_tokens=got.prompt_tokens,
+                         completion_tokens=got.completion_tokens, cached_tokens=got.cached_tokens,
                          input_tokens_planned=planned_input)
 
 
@@ -650,21 +603,25 @@ def run_replay(requests: Sequence[ReplayRequest], url: str, *, model: str | None
     records: list[RequestRecord] = []
     stopped_by = "all requests" if limit == len(requests) else "request count"
     begin = time.monotonic()
-    with httpx.Client(base_url=url.rstrip("/"), timeout=httpx.Timeout(timeout, connect=10.0),
-                      transport=transport) as client:
-        for i, request in enumerate(requests[:limit]):
-            if time.monotonic() - begin >= duration:
-                stopped_by = "duration"
-                break
-            body = prepare_body(request, served, planned_output=planned_output)
-            record = send_one(client, i, body, planned_input=request.planned_input)
-            records.append(record)
-            if log is not None:
-                state = "ok" if record.ok else f"{record.error_class} ({record.error})"
-                ttft = "-" if record.ttft_s is None else f"{record.ttft_s:.3f}s"
-                log(f"  [{i + 1}/{limit}] {state}: prompt {record.prompt_tokens} (cached "
-                    f"{record.cached_tokens}), out {record.completion_tokens}, ttft {ttft}, "
-                    f"total {record.total_s or 0:.3f}s")
+
+    async def loop() -> str:
+        async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=httpx.Timeout(timeout, connect=10.0),
+                                     transport=transport) as client:
+            for i, request in enumerate(requests[:limit]):
+                if time.monotonic() - begin >= duration:
+                    return "duration"
+                body = prepare_body(request, served, planned_output=planned_output)
+                record = await send_one(client, i, body, planned_input=request.planned_input)
+                records.append(record)
+                if log is not None:
+                    state = "ok" if record.ok else f"{record.error_class} ({record.error})"
+                    ttft = "-" if record.ttft_s is None else f"{record.ttft_s:.3f}s"
+                    log(f"  [{i + 1}/{limit}] {state}: prompt {record.prompt_tokens} (cached "
+                        f"{record.cached_tokens}), out {record.completion_tokens}, ttft {ttft}, "
+                        f"total {record.total_s or 0:.3f}s")
+        return stopped_by
+
+    stopped_by = asyncio.run(loop())
     return ReplayRun(url=url, model=served, started_at=started_at, wall_s=time.monotonic() - begin,
                      records=records, stopped_by=stopped_by, planned_output=planned_output,
                      host={"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": _loadavg()})
@@ -701,8 +658,8 @@ def _counter_from_args(args: argparse.Namespace, model: str | None) -> TokenCoun
 
 
 def main(argv: Sequence[str] | None = None, *, out: Log = print) -> int:
-    """``python -m imageforge.replay generate|run ...`` (until ``invoke bench --replay`` wires it)."""
-    parser = argparse.ArgumentParser(prog="python -m imageforge.replay", description=__doc__.split("\n\n")[0])
+    """``python -m imageforge.bench.replay generate|run ...`` (until ``invoke bench --replay`` wires it)."""
+    parser = argparse.ArgumentParser(prog="python -m imageforge.bench.replay", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="write a seeded replay workload (JSONL)")
     run = sub.add_parser("run", help="replay a JSONL (or a freshly generated one) one request at a time")
@@ -732,7 +689,7 @@ def main(argv: Sequence[str] | None = None, *, out: Log = print) -> int:
             return 0
         if not args.url:
             raise ConfigError("run needs --url (the server to replay against)")
-        from .build import new_run_id
+        from ..build import new_run_id
 
         model, server_len = discover_model(args.url, args.model or None)
         run_dir = Path(args.run_dir) if args.run_dir else Path.cwd() / ".imageforge" / "runs" / new_run_id()
