@@ -4,8 +4,8 @@
   the fraction of each prompt shared by every request (it exercises the prefix cache), a seed.
   Prompts are deterministic words (:func:`prompt_words`); against a server with ``/tokenize``
   (vLLM) they become token-ID prompts of exactly the requested length, otherwise plain text of
-  about that length.  Output lengths are forced with ``max_tokens`` = ``min_tokens`` and
-  ``ignore_eos: true``, so random weights produce exactly the tokens asked for.
+  about that length.  Output lengths are forced with ``max_tokens`` and ``ignore_eos: true`` (no
+  ``min_tokens``: vLLM's min-tokens logits processor costs every decode step, and ``vllm bench serve`` does not send it), so random weights produce exactly the tokens asked for.
 * :func:`run_bench` (``runner``, over ``client``) -- the load client (asyncio + httpx, streaming through
   :mod:`imageforge.serving_client` for the time to first token).  It stops by itself: after ``requests``
   requests or ``duration`` seconds, whichever is first; it talks only to the URL it is given.

@@ -148,7 +148,6 @@ class BenchClient:
         common: dict[str, Any] = {
             "model": model,
             "max_tokens": w.output_tokens,
-            "min_tokens": w.output_tokens,
             "ignore_eos": True,
             "temperature": 0.0,
             "stream": True,
