@@ -340,8 +340,16 @@ WORKLOAD_HELP = {
 
 @task(
     iterable=["set_"],
+    optional=["replay"],
     help={
         "url": "Bench a server that is already running, e.g. http://127.0.0.1:8000",
+        "replay": "The evaluator's replay instead: one request at a time, its metrics and target lines; bare: a "
+                  "seeded workload (--requests, --seed) scaled to the max-model-len; --replay FILE: your JSONL",
+        "replay_out": "Keep the generated replay workload here (default: replay.jsonl in the run directory)",
+        "max_model_len": "Scale the generated replay to this max-model-len (default: the server's)",
+        "planned_output": "Replay: add max_tokens = the planned output to requests without a limit (default on; "
+                          "--no-planned-output sends the bodies as they are, for real weights)",
+        "require_targets": "Replay: exit 4 when an evaluator target line does not PASS",
         "target": TARGET_HELP,
         "profile": "Profile to build, start, bench and remove (default: the target's default_profile)",
         "set_": SET_HELP,
@@ -357,19 +365,25 @@ def bench(c: Context, url: str = "", target: str = "", profile: str = "", set_: 
           port: int = 0, requests: int = 32, concurrency: int = 8, prompt_tokens: int = 256, output_tokens: int = 64,
           shared_prefix: float = 0.5, seed: int = 0, api: str = "completions", model: str = "",
           duration: float = 300.0, timeout: float = 120.0, warmup: int = 1, max_error_rate: float = 0.0,
-          repeat: int = 1, manifest: str = "", json: bool = False, host_address: str = "",
-          traceback: bool = False) -> None:
-    """Load-test --url, or build + serve + bench + remove TARGET:PROFILE: TPS, score, latencies. Exit 4 on failure."""
+          repeat: int = 1, replay: str = "", replay_out: str = "", max_model_len: int = 0,
+          planned_output: bool = True, require_targets: bool = False, manifest: str = "", json: bool = False,
+          host_address: str = "", traceback: bool = False) -> None:
+    """Load-test --url, or build + serve + bench + remove TARGET:PROFILE: TPS, score, latencies. Exit 4 on failure.
+
+    --replay: the evaluator's workload one request at a time, its metrics and PASS/FAIL lines, bench.json + PNG."""
     _use_host_address(host_address)
-    from imageforge.bench import bench_for_cli, workload_from_cli
+    from imageforge.bench import bench_for_cli, replay_options, workload_from_cli
 
     with user_errors(traceback):
         workload = workload_from_cli(requests, concurrency, prompt_tokens, output_tokens, shared_prefix, seed, api,
                                      model, duration, timeout, warmup, max_error_rate, repeat)
+        options = replay_options(replay, replay_out, requests=requests, seed=seed, max_model_len=max_model_len,
+                                 planned_output=planned_output, duration=duration, timeout=timeout,
+                                 max_error_rate=max_error_rate, require_targets=require_targets)
         result = bench_for_cli(manifest or None, target or None, profile or None, set_ or [], url=url or None,
-                               workload=workload, port=port or None)
+                               workload=workload, port=port or None, replay=options)
         if json:
-            _print(result.summary(), True)
+            _print(result.to_json()["report"] if options else result.summary(), True)
 
 
 @task(

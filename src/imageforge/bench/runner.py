@@ -219,26 +219,81 @@ def bench_target(resolved: Any, workload: Workload, *, environ: Mapping[str, str
         return bench
 
 
+def replay_target(resolved: Any, options: Any, *, environ: Mapping[str, str] | None = None, echo: Log = print,
+                  port: int | None = None, startup_timeout: float | None = None) -> Any:
+    """Build (or reuse) TARGET:PROFILE, serve it, replay one at a time (:func:`.replay.replay_bench`), remove it.
+
+    The generated workload is scaled to ``options.max_model_len``, else the server's max_model_len, else the
+    target's resolved ``max-model-len``.
+    """
+    from ..build import new_run_id
+    from ..run import serving
+    from .replay import replay_bench
+
+    environ = os.environ if environ is None else environ
+    if options.max_model_len is None and options.file is None:
+        declared = resolved.serving_args().get("max-model-len")
+        if isinstance(declared, int):
+            options = dataclasses.replace(options, max_model_len=declared)
+    with serving(resolved, environ=environ, port=port, run_id=new_run_id(), startup_timeout=startup_timeout,
+                 log=echo) as server:
+        result = replay_bench(server.url, options, server.run_dir, echo=echo)
+        result.target, result.profile = resolved.target.name, resolved.profile_name
+        result.startup_seconds = server.startup_seconds
+        from .replay import write_replay
+
+        write_replay(result)
+        return result
+
+
 def bench_for_cli(manifest: str | None, target: str | None, profile: str | None, sets: Sequence[str], *,
-                  url: str | None, workload: Workload, port: int | None = None, echo: Log = print) -> BenchResult:
-    """``invoke bench``: against --url, or build + serve + bench + remove TARGET:PROFILE. Exit 4 on failure."""
+                  url: str | None, workload: Workload, port: int | None = None, echo: Log = print,
+                  replay: Any = None) -> Any:
+    """``invoke bench``: against --url, or build + serve + bench + remove TARGET:PROFILE. Exit 4 on failure.
+
+    ``replay`` (a :class:`.replay.ReplayOptions`): the evaluator's one-at-a-time replay instead of the
+    concurrent workload; prints its metrics and target lines, writes bench.json + bench.png.
+    """
     from ..manifest import load_manifest, manifest_path
     from ..resolve import resolve
 
-    workload.validate()
+    if replay is None:
+        workload.validate()
+    else:
+        replay.validate()
     if url:
         if target or profile or sets:
             raise ConfigError("--url benches a running server: --target, --profile and --set do not apply",
                               hint="drop --url to build, start and stop the target's server")
+        check_url(url)
         path = manifest_path(manifest)
         root = path.resolve().parent if path.exists() else Path.cwd()
+        if replay is not None:
+            from ..build import new_run_id
+            from .replay import replay_bench
+
+            result = replay_bench(url, replay, root / ".imageforge" / "runs" / new_run_id(), echo=echo)
+            return _replay_report(result, replay, echo)
         bench = run_bench(url, workload, echo=echo, run_dir=None, write=False)
         bench.run_dir = root / ".imageforge" / "runs" / bench.run_id
         write_bench(bench)
     else:
         m = load_manifest(manifest_path(manifest))
         resolved = resolve(m, target, profile, environ=os.environ, sets=sets)
+        if replay is not None:
+            return _replay_report(replay_target(resolved, replay, echo=echo, port=port), replay, echo)
         bench = bench_target(resolved, workload, echo=echo, port=port)
     print_bench(bench, echo)
     verdict(bench)
     return bench
+
+
+def _replay_report(result: Any, options: Any, echo: Log) -> Any:
+    from .replay import replay_verdict
+
+    for line in result.lines():
+        echo(line)
+    echo(f"report: {result.json_path}")
+    echo(f"plot: {result.png_path}")
+    replay_verdict(result, options)
+    return result
