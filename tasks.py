@@ -394,6 +394,9 @@ def bench(c: Context, url: str = "", target: str = "", profile: str = "", set_: 
         "param": "KEY=V1,V2,...: a serving value to sweep (e.g. max-num-seqs=1,4,8); repeatable (all combinations)",
         "set_": "Override a value for every point: KEY=VALUE; repeatable",
         **WORKLOAD_HELP,
+        "interleave": "With --repeat > 1: every point's server up at once, rounds of one run per point in rotating "
+                      "order, paired ratios to the first point (default on; --no-interleave: one point after the "
+                      "other)",
         "manifest": MANIFEST_HELP,
         "json": "Print sweep.json as one JSON object at the end",
         "host_address": HOST_ADDRESS_HELP,
@@ -404,9 +407,9 @@ def sweep(c: Context, target: str = "", profile: str = "", param: list[str] | No
           set_: list[str] | None = None, requests: int = 0, concurrency: int = 0, prompt_tokens: int = 256,
           output_tokens: int = 64, shared_prefix: float = 0.5, seed: int = 0, api: str = "completions",
           model: str = "", duration: float = 300.0, timeout: float = 120.0, warmup: int = 1,
-          max_error_rate: float = 0.0, repeat: int = 1, manifest: str = "", json: bool = False,
-          host_address: str = "", traceback: bool = False) -> None:
-    """For each --param combination: build (config layer only), serve, bench, remove; table + sweep.json/.md."""
+          max_error_rate: float = 0.0, repeat: int = 1, interleave: bool = True, manifest: str = "",
+          json: bool = False, host_address: str = "", traceback: bool = False) -> None:
+    """For each --param combination: build (config layer only), serve, bench, remove; table, sweep.json/.md/.png."""
     _use_host_address(host_address)
     from imageforge.bench import sweep_for_cli, workload_from_cli
 
@@ -414,7 +417,8 @@ def sweep(c: Context, target: str = "", profile: str = "", param: list[str] | No
         workload = workload_from_cli(requests, concurrency, prompt_tokens, output_tokens, shared_prefix, seed, api,
                                      model, duration, timeout, warmup, max_error_rate, repeat)
         result = sweep_for_cli(manifest or None, target or None, profile or None, param or [], set_ or [],
-                               workload=workload, requests_given=bool(requests), concurrency_given=bool(concurrency))
+                               workload=workload, requests_given=bool(requests), concurrency_given=bool(concurrency),
+                               interleave=interleave)
         if json:
             _print(result.to_json(), True)
 
