@@ -5,14 +5,17 @@ Usage: .venv/bin/python benchmarks/client_agreement.py [--rounds 5] [--prompt-to
 
 One cpu-target server, started here through the docker SDK from imageforge's own container spec plus
 ``cpuset_cpus`` (the manifest has no cpuset field), pinned to ``--server-cpu``.  The two clients run on
-``--client-cpu`` and alternate, the first of each round swapping (vllm, imageforge / imageforge, vllm, ...):
+``--client-cpu`` and alternate, the order rotating every round:
 
 * vLLM's own: ``docker run --network host --cpuset-cpus C --entrypoint python3 IMAGE -c WRAPPER vllm bench serve
   --dataset-name random ...`` (the image's vLLM, the model mounted for its tokenizer); the wrapper prints the
   client's CPU seconds (``getrusage(RUSAGE_CHILDREN)``: the whole process, its ~10 s of imports included);
 * imageforge's: ``taskset -c C python benchmarks/client_agreement.py imageforge ...`` (``run_bench`` with the same
   workload: token-ID prompts of exactly ``--prompt-tokens``, no shared prefix, ``ignore_eos``), printing its CPU
-  seconds during the measured window (``time.process_time``) and for the whole process.
+  seconds during the measured window (``time.process_time``) and for the whole process.  Its prompts are
+  token IDs drawn uniformly from the vocabulary like vLLM's random dataset (the same load), and a third client,
+  ``imageforge_words``, runs the bench's own seeded-word prompts: on a random-weight MoE the prompt content moves
+  the server's speed (expert routing), which is the workload, not the client.
 
 Every round has its own seed (both clients' prompts differ from every earlier round's: no prefix-cache hits
 across runs).  Per round, the paired ratios imageforge / vLLM of output throughput (output tokens / the
@@ -49,6 +52,8 @@ def imageforge_client(args: argparse.Namespace) -> int:
     w = Workload(requests=args.requests, concurrency=args.concurrency, prompt_tokens=args.prompt_tokens,
                  output_tokens=args.output_tokens, shared_prefix=0.0, seed=args.seed, warmup=1, timeout=600.0,
                  duration=3600.0)
+    if args.prompts == "random-ids":
+        _random_id_prompts(args.vocab, args.seed)
     cpu0, t0 = time.process_time(), time.monotonic()
     bench = run_bench(args.url, w, write=False, echo=lambda _line: None)
     cpu1, t1 = time.process_time(), time.monotonic()
@@ -59,6 +64,27 @@ def imageforge_client(args: argparse.Namespace) -> int:
                       "client_cpu_run_s": round(cpu1 - cpu0, 3), "run_wall_s": round(t1 - t0, 3),
                       "client_cpu_process_s": round(sum(os.times()[:2]), 3)}))
     return 0
+
+
+def _random_id_prompts(vocab: int, seed: int) -> None:
+    """Make imageforge's client send what ``vllm bench serve --dataset-name random`` sends: token IDs drawn
+    uniformly from the tokenizer's base vocabulary (seeded), instead of the bench's seeded words.  The request
+    loop, timing and accounting stay imageforge's own: only the prompt content changes."""
+    import random
+
+    from imageforge.bench.client import BenchClient
+    from imageforge.bench.workload import Prompt
+
+    async def prompts(self: BenchClient, model: str, indexes: Any, *, shared: bool = True) -> tuple[list[Prompt], str]:
+        n = self.workload.prompt_tokens
+        out = []
+        for i in indexes:
+            rng = random.Random(f"agreement:{seed}:{i}")
+            ids = [rng.randrange(vocab) for _ in range(n)]
+            out.append(Prompt(i, ids, n))
+        return out, "token-ids"
+
+    BenchClient.prompts = prompts  # type: ignore[method-assign]
 
 
 def run_vllm(image: str, url: str, args: argparse.Namespace, seed: int, model: str, models_host: str) -> dict[str, Any]:
@@ -87,11 +113,11 @@ def run_vllm(image: str, url: str, args: argparse.Namespace, seed: int, model: s
             "input_tokens": data["total_input_tokens"], "client_cpu_process_s": cpu, "process_wall_s": round(wall, 1)}
 
 
-def run_imageforge(url: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+def run_imageforge(url: str, args: argparse.Namespace, seed: int, prompts: str) -> dict[str, Any]:
     cmd = ["taskset", "-c", str(args.client_cpu), sys.executable, str(Path(__file__).resolve()), "imageforge",
            "--url", url, "--seed", str(seed), "--requests", str(args.requests), "--concurrency",
            str(args.concurrency), "--prompt-tokens", str(args.prompt_tokens), "--output-tokens",
-           str(args.output_tokens)]
+           str(args.output_tokens), "--prompts", prompts, "--vocab", str(args.vocab)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -158,12 +184,22 @@ def main() -> int:
     parser.add_argument("--client-cpu", default="1")
     parser.add_argument("--profile", default="conservative")
     parser.add_argument("--out", default="")
+    parser.add_argument("--prompts", default="random-ids", choices=("random-ids", "words"),
+                        help="imageforge mode: vllm's random token IDs, or the bench's own seeded words")
+    parser.add_argument("--vocab", type=int, default=444, help="token IDs are drawn from 0..vocab-1 (the tiny "
+                        "model's base vocabulary: 444, its 9 added special tokens above)")
     args = parser.parse_args()
     if args.mode == "imageforge":
         return imageforge_client(args)
 
+    import signal
+
     import httpx
 
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)  # the finally below removes the server
+
+    signal.signal(signal.SIGTERM, stop)
     container, url, image, models_host = start_server(args.profile, args.server_cpu)
     rounds: list[dict[str, Any]] = []
     try:
@@ -171,18 +207,21 @@ def main() -> int:
         started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         for r in range(args.rounds):
             seed = 1000 + r
-            order = ("vllm", "imageforge") if r % 2 == 0 else ("imageforge", "vllm")
+            clients = ("vllm", "imageforge", "imageforge_words")
+            order = clients[r % 3:] + clients[:r % 3]  # rotating: each client first, second and last in turn
             row: dict[str, Any] = {"round": r, "seed": seed, "order": list(order), "load_before": loadavg()}
             for who in order:
-                # the two clients never share a seed with an earlier run: no prefix-cache hits across runs
-                s = seed if who == "imageforge" else seed + 500
-                row[who] = run_vllm(image, url, args, s, model, models_host) if who == "vllm" \
-                    else run_imageforge(url, args, s)
+                # no run shares a seed with another: no prefix-cache hits across runs
+                s = {"vllm": seed + 500, "imageforge": seed, "imageforge_words": seed + 250}[who]
+                row[who] = (run_vllm(image, url, args, s, model, models_host) if who == "vllm" else
+                            run_imageforge(url, args, s, "random-ids" if who == "imageforge" else "words"))
                 print(f"round {r} {who}: {json.dumps(row[who])}", file=sys.stderr)
             row["load_after"] = loadavg()
-            v, i = row["vllm"], row["imageforge"]
+            v, i, w = row["vllm"], row["imageforge"], row["imageforge_words"]
             row["ratio_output_throughput"] = i["output_throughput"] / v["output_throughput"]
             row["ratio_median_ttft"] = i["median_ttft_ms"] / v["median_ttft_ms"]
+            row["words_ratio_output_throughput"] = w["output_throughput"] / v["output_throughput"]
+            row["words_ratio_median_ttft"] = w["median_ttft_ms"] / v["median_ttft_ms"]
             rounds.append(row)
     finally:
         container.remove(force=True)
@@ -196,7 +235,9 @@ def main() -> int:
               "client_cpu": args.client_cpu, "workload": {k: getattr(args, k) for k in (
                   "prompt_tokens", "output_tokens", "requests", "concurrency", "rounds")},
               "ratio_output_throughput": summary("ratio_output_throughput"),
-              "ratio_median_ttft": summary("ratio_median_ttft"), "rounds": rounds}
+              "ratio_median_ttft": summary("ratio_median_ttft"),
+              "words_ratio_output_throughput": summary("words_ratio_output_throughput"),
+              "words_ratio_median_ttft": summary("words_ratio_median_ttft"), "rounds": rounds}
     result["agree"] = all(abs(result[k]["median"] - 1) <= GATE for k in ("ratio_output_throughput",
                                                                           "ratio_median_ttft"))
     text = json.dumps(result, indent=2)

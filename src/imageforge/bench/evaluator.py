@@ -8,7 +8,8 @@ TPS p10 >= 20, TTFT p90 <= 5 s, prefix-cache hit rate >= 50 %, success >= 99 % a
 999,999 ms.  Its error classes: ctx_overflow, http_400, connection, request_validation, server_error,
 stream_aborted.
 
-Where the logs say nothing, this module chooses and says so (``docs/replay.md`` lists every choice):
+Where the logs say nothing, this module chooses and says so (the README's "invoke bench --replay" section
+lists every choice):
 
 * Input TPS and Cache TPS per request use the same denominator as Output TPS (the total time);
 * the score cannot be reproduced from the evaluator's logged figures, so :func:`evaluate` reports an
