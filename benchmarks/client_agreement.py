@@ -3,9 +3,10 @@
 Usage: .venv/bin/python benchmarks/client_agreement.py [--rounds 5] [--prompt-tokens 1500] [--output-tokens 64]
        [--requests 48] [--concurrency 8] [--server-cpu 0] [--client-cpu 1] [--profile conservative] [--out FILE]
 
-One cpu-target server, started here through the docker SDK from imageforge's own container spec plus
-``cpuset_cpus`` (the manifest has no cpuset field), pinned to ``--server-cpu``.  The two clients run on
-``--client-cpu`` and alternate, the order rotating every round:
+One cpu-target server (prefix caching off: vLLM's random dataset has only 444 distinct prompt starts on the tiny
+model's vocabulary, so its prompts would hit the cache across rounds), started here through the docker SDK from
+imageforge's own container spec plus ``cpuset_cpus`` (the manifest has no cpuset field), pinned to
+``--server-cpu``.  The clients run on ``--client-cpu`` and alternate, the order rotating every round:
 
 * vLLM's own: ``docker run --network host --cpuset-cpus C --entrypoint python3 IMAGE -c WRAPPER vllm bench serve
   --dataset-name random ...`` (the image's vLLM, the model mounted for its tokenizer); the wrapper prints the
@@ -13,7 +14,8 @@ One cpu-target server, started here through the docker SDK from imageforge's own
 * imageforge's: ``taskset -c C python benchmarks/client_agreement.py imageforge ...`` (``run_bench`` with the same
   workload: token-ID prompts of exactly ``--prompt-tokens``, no shared prefix, ``ignore_eos``), printing its CPU
   seconds during the measured window (``time.process_time``) and for the whole process.  Its prompts are
-  token IDs drawn uniformly from the vocabulary like vLLM's random dataset (the same load), and a third client,
+  vLLM's random dataset's (consecutive token IDs from a seeded offset, decoded and tokenized again: the same
+  load), and a third client,
   ``imageforge_words``, runs the bench's own seeded-word prompts: on a random-weight MoE the prompt content moves
   the server's speed (expert routing), which is the workload, not the client.
 
@@ -52,8 +54,8 @@ def imageforge_client(args: argparse.Namespace) -> int:
     w = Workload(requests=args.requests, concurrency=args.concurrency, prompt_tokens=args.prompt_tokens,
                  output_tokens=args.output_tokens, shared_prefix=0.0, seed=args.seed, warmup=1, timeout=600.0,
                  duration=3600.0)
-    if args.prompts == "random-ids":
-        _random_id_prompts(args.vocab, args.seed)
+    if args.prompts == "vllm-random":
+        _vllm_random_prompts(args.vocab, args.seed)
     cpu0, t0 = time.process_time(), time.monotonic()
     bench = run_bench(args.url, w, write=False, echo=lambda _line: None)
     cpu1, t1 = time.process_time(), time.monotonic()
@@ -66,10 +68,11 @@ def imageforge_client(args: argparse.Namespace) -> int:
     return 0
 
 
-def _random_id_prompts(vocab: int, seed: int) -> None:
-    """Make imageforge's client send what ``vllm bench serve --dataset-name random`` sends: token IDs drawn
-    uniformly from the tokenizer's base vocabulary (seeded), instead of the bench's seeded words.  The request
-    loop, timing and accounting stay imageforge's own: only the prompt content changes."""
+def _vllm_random_prompts(vocab: int, seed: int) -> None:
+    """Make imageforge's client send what ``vllm bench serve --dataset-name random`` sends: per request, the
+    token IDs ``(offset + index + arange(n)) % vocab`` (a seeded random offset), decoded to text and tokenized
+    again by the server (vLLM sends the text; BPE merges change the IDs), cut to ``n``.  The request loop,
+    timing and accounting stay imageforge's own: only the prompt content changes."""
     import random
 
     from imageforge.bench.client import BenchClient
@@ -77,11 +80,18 @@ def _random_id_prompts(vocab: int, seed: int) -> None:
 
     async def prompts(self: BenchClient, model: str, indexes: Any, *, shared: bool = True) -> tuple[list[Prompt], str]:
         n = self.workload.prompt_tokens
+        rng = random.Random(f"agreement:{seed}")
         out = []
         for i in indexes:
-            rng = random.Random(f"agreement:{seed}:{i}")
-            ids = [rng.randrange(vocab) for _ in range(n)]
-            out.append(Prompt(i, ids, n))
+            offset = rng.randrange(vocab)
+            ids = [(offset + i + k) % vocab for k in range(n)]
+            text = await self.detokenize(model, ids)
+            again = await self.tokenize(model, text or "")
+            if text is None or again is None:
+                raise SystemExit("the server has no /tokenize or /detokenize")
+            while len(again) < n:  # merges made it shorter: extend with the next IDs of the sequence
+                again += [(offset + i + n + k) % vocab for k in range(n - len(again))]
+            out.append(Prompt(i, again[:n], n))
         return out, "token-ids"
 
     BenchClient.prompts = prompts  # type: ignore[method-assign]
@@ -138,7 +148,10 @@ def start_server(profile: str, server_cpu: str) -> tuple[Any, str, str, str]:
     from imageforge.resolve import resolve
     from imageforge.run import HOST, container_spec, free_port
 
-    resolved = resolve(load_manifest(REPO / "build.yaml"), "cpu", profile, environ=os.environ)
+    # prefix caching off: vllm's random dataset has only `vocab` distinct prompt starts (444 here), so its prompts
+    # hit the cache across rounds; without the cache every run computes every prompt token
+    resolved = resolve(load_manifest(REPO / "build.yaml"), "cpu", profile, environ=os.environ,
+                       sets=["enable-prefix-caching=false"])
     image = build(resolved, environ=os.environ, echo=lambda _line: None).image_id
     port = free_port(HOST)
     spec = container_spec(resolved, image, host_port=port, run_id=new_run_id(), environ=os.environ)
@@ -184,8 +197,8 @@ def main() -> int:
     parser.add_argument("--client-cpu", default="1")
     parser.add_argument("--profile", default="conservative")
     parser.add_argument("--out", default="")
-    parser.add_argument("--prompts", default="random-ids", choices=("random-ids", "words"),
-                        help="imageforge mode: vllm's random token IDs, or the bench's own seeded words")
+    parser.add_argument("--prompts", default="vllm-random", choices=("vllm-random", "words"),
+                        help="imageforge mode: vllm's random dataset's token IDs, or the bench's own seeded words")
     parser.add_argument("--vocab", type=int, default=444, help="token IDs are drawn from 0..vocab-1 (the tiny "
                         "model's base vocabulary: 444, its 9 added special tokens above)")
     args = parser.parse_args()
@@ -214,7 +227,7 @@ def main() -> int:
                 # no run shares a seed with another: no prefix-cache hits across runs
                 s = {"vllm": seed + 500, "imageforge": seed, "imageforge_words": seed + 250}[who]
                 row[who] = (run_vllm(image, url, args, s, model, models_host) if who == "vllm" else
-                            run_imageforge(url, args, s, "random-ids" if who == "imageforge" else "words"))
+                            run_imageforge(url, args, s, "vllm-random" if who == "imageforge" else "words"))
                 print(f"round {r} {who}: {json.dumps(row[who])}", file=sys.stderr)
             row["load_after"] = loadavg()
             v, i, w = row["vllm"], row["imageforge"], row["imageforge_words"]
