@@ -326,8 +326,16 @@ WORKLOAD_HELP = {
 @task(
     iterable=["set_"],
     short={"output_tokens": "O"},  # invoke would pick "-" (all its letters are taken)
+    optional=["replay"],
     help={
         "url": "Bench a server that is already running, e.g. http://127.0.0.1:8000",
+        "replay": "The evaluator's replay instead: one request at a time, its metrics and target lines; bare: a "
+                  "seeded workload (--requests, --seed) scaled to the max-model-len; --replay FILE: your JSONL",
+        "replay_out": "Keep the generated replay workload here (default: replay.jsonl in the run directory)",
+        "max_model_len": "Scale the generated replay to this max-model-len (default: the server's)",
+        "planned_output": "Replay: add max_tokens = the planned output to requests without a limit (default on; "
+                          "--no-planned-output sends the bodies as they are, for real weights)",
+        "require_targets": "Replay: exit 4 when an evaluator target line does not PASS",
         "target": TARGET_HELP,
         "profile": "Profile to build, start, bench and remove (default: the target's default_profile)",
         "set_": SET_HELP,
@@ -343,17 +351,25 @@ def bench(c: Context, url: str = "", target: str = "", profile: str = "", set_: 
           port: int = 0, requests: int = 32, concurrency: int = 8, prompt_tokens: int = 256, output_tokens: int = 64,
           shared_prefix: float = 0.5, seed: int = 0, api: str = "completions", model: str = "",
           duration: float = 300.0, timeout: float = 120.0, warmup: int = 1, max_error_rate: float = 0.0,
-          repeat: int = 1, manifest: str = "", json: bool = False, host_address: str = "",
-          traceback: bool = False) -> None:
-    """Load-test --url, or build + serve + bench + remove TARGET:PROFILE: TPS, score, latencies. Exit 4 on failure."""
+          repeat: int = 1, replay: str = "", replay_out: str = "", max_model_len: int = 0,
+          planned_output: bool = True, require_targets: bool = False, manifest: str = "", json: bool = False,
+          host_address: str = "", traceback: bool = False) -> None:
+    """Load-test --url, or build + serve + bench + remove TARGET:PROFILE: TPS, score, latencies. Exit 4 on failure.
+
+    --replay: the evaluator's workload one request at a time, its metrics and PASS/FAIL lines, bench.json + PNG."""
+    from imageforge.bench import replay_options
+
     s = app.settings(manifest=manifest, traceback=traceback, host_address=host_address)
     with user_errors(s.traceback):
         workload = (requests, concurrency, prompt_tokens, output_tokens, shared_prefix, seed, api, model, duration,
                     timeout, warmup, max_error_rate, repeat)
+        options = replay_options(replay, replay_out, requests=requests, seed=seed, max_model_len=max_model_len,
+                                 planned_output=planned_output, duration=duration, timeout=timeout,
+                                 max_error_rate=max_error_rate, require_targets=require_targets)
         result = app.bench(s, target or None, profile or None, set_ or [], url=url or None, port=port or None,
-                           workload=workload)
+                           workload=workload, replay=options)
         if json:
-            _print(result.summary(), True)
+            _print(result.to_json()["report"] if options else result.summary(), True)
 
 
 @task(
@@ -365,6 +381,9 @@ def bench(c: Context, url: str = "", target: str = "", profile: str = "", set_: 
         "param": "KEY=V1,V2,...: a serving value to sweep (e.g. max-num-seqs=1,4,8); repeatable (all combinations)",
         "set_": "Override a value for every point: KEY=VALUE; repeatable",
         **WORKLOAD_HELP,
+        "interleave": "With --repeat > 1: every point's server up at once, rounds of one run per point in rotating "
+                      "order, paired ratios to the first point (default on; --no-interleave: one point after the "
+                      "other)",
         "manifest": MANIFEST_HELP,
         "json": "Print sweep.json as one JSON object at the end",
         "host_address": HOST_ADDRESS_HELP,
@@ -375,15 +394,15 @@ def sweep(c: Context, target: str = "", profile: str = "", param: list[str] | No
           set_: list[str] | None = None, requests: int = 0, concurrency: int = 0, prompt_tokens: int = 256,
           output_tokens: int = 64, shared_prefix: float = 0.5, seed: int = 0, api: str = "completions",
           model: str = "", duration: float = 300.0, timeout: float = 120.0, warmup: int = 1,
-          max_error_rate: float = 0.0, repeat: int = 1, manifest: str = "", json: bool = False,
-          host_address: str = "", traceback: bool = False) -> None:
-    """For each --param combination: build (config layer only), serve, bench, remove; table + sweep.json/.md."""
+          max_error_rate: float = 0.0, repeat: int = 1, interleave: bool = True, manifest: str = "",
+          json: bool = False, host_address: str = "", traceback: bool = False) -> None:
+    """For each --param combination: build (config layer only), serve, bench, remove; table, sweep.json/.md/.png."""
     s = app.settings(manifest=manifest, traceback=traceback, host_address=host_address)
     with user_errors(s.traceback):
         workload = (requests, concurrency, prompt_tokens, output_tokens, shared_prefix, seed, api, model, duration,
                     timeout, warmup, max_error_rate, repeat)
         result = app.sweep(s, target or None, profile or None, param or [], set_ or [], workload=workload,
-                           requests_given=bool(requests), concurrency_given=bool(concurrency))
+                           requests_given=bool(requests), concurrency_given=bool(concurrency), interleave=interleave)
         if json:
             _print(result.to_json(), True)
 

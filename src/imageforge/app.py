@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .settings import Settings
 
 if TYPE_CHECKING:
-    from .bench import BenchResult, SweepResult, Workload
+    from .bench import SweepResult, Workload
     from .build import BuildResult
     from .checkpatches import CheckReport, PatchFromResult
     from .equiv.run import EquivRun
@@ -226,24 +226,39 @@ def _workload(workload: Workload | Sequence[Any]) -> Workload:
 
 
 def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, url: str | None,
-          port: int | None, workload: Workload | Sequence[Any], echo: Log = print) -> BenchResult:
-    """`bench`: load-test --url, or build + serve + bench + remove TARGET:PROFILE (exit 4 on a failure)."""
-    from .bench import bench_target, print_bench, run_bench, verdict, write_bench
-    from .errors import ConfigError
-    from .runs import run_dir
+          port: int | None, workload: Workload | Sequence[Any], echo: Log = print, replay: Any = None) -> Any:
+    """`bench`: load-test --url, or build + serve + bench + remove TARGET:PROFILE (exit 4 on a failure).
 
-    w = _workload(workload)
+    ``replay`` (a :class:`imageforge.bench.replay.ReplayOptions`): the evaluator's one-at-a-time replay instead of
+    the concurrent workload; prints its metrics and target lines, writes bench.json + bench.png.
+    """
+    from .bench import bench_target, print_bench, replay_report, replay_target, run_bench, verdict, write_bench
+    from .bench.replay import replay_bench
+    from .errors import ConfigError
+    from .runs import new_run_id, run_dir
+    from .serving_client import check_url
+
+    if replay is None:
+        w = _workload(workload)
+    else:
+        replay.validate()
     if url:
         if target or profile or sets:
             raise ConfigError("--url benches a running server: --target, --profile and --set do not apply",
                               hint="drop --url to build, start and stop the target's server")
+        check_url(url)
         root = s.manifest.resolve().parent if s.manifest.exists() else Path.cwd()
+        if replay is not None:
+            return replay_report(replay_bench(url, replay, run_dir(root, new_run_id()), echo=echo), replay, echo)
         result = run_bench(url, w, echo=echo, run_dir=None, write=False)
         result.run_dir = run_dir(root, result.run_id)
         write_bench(result)
     else:
-        result = bench_target(_resolve(s, load(s), target, profile, sets), w, environ=s.environ, echo=echo,
-                              port=port, host_address=s.host_address)
+        resolved = _resolve(s, load(s), target, profile, sets)
+        if replay is not None:
+            return replay_report(replay_target(resolved, replay, environ=s.environ, echo=echo, port=port,
+                                               host_address=s.host_address), replay, echo)
+        result = bench_target(resolved, w, environ=s.environ, echo=echo, port=port, host_address=s.host_address)
     print_bench(result, echo)
     verdict(result)
     return result
@@ -251,7 +266,7 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
 
 def sweep(s: Settings, target: str | None, profile: str | None, params: Sequence[str], sets: Sequence[str], *,
           workload: Workload | Sequence[Any], requests_given: bool, concurrency_given: bool,
-          echo: Log = print) -> SweepResult:
+          echo: Log = print, interleave: bool = True) -> SweepResult:
     """`sweep`: one build + serve + bench per combination of --param values; exit 4 when no point gave a result."""
     from .bench import parse_params, report_sweep, sweep_workload
     from .bench import sweep as run_sweep
@@ -260,7 +275,7 @@ def sweep(s: Settings, target: str | None, profile: str | None, params: Sequence
     w = sweep_workload(parsed, _workload(workload), requests_given=requests_given,
                        concurrency_given=concurrency_given)
     result = run_sweep(load(s), target, profile, parsed, w, sets=sets, environ=s.environ, echo=echo,
-                       host_address=s.host_address)
+                       host_address=s.host_address, interleave=interleave)
     return report_sweep(result, echo)
 
 

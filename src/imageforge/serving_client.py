@@ -91,20 +91,22 @@ def parse_sse(text: str) -> tuple[list[Any], bool, list[str]]:
 
 
 @contextlib.asynccontextmanager
-async def open_stream(client: httpx.AsyncClient, endpoint: str, body: Mapping[str, Any]
+async def open_stream(client: httpx.AsyncClient, endpoint: str, body: Mapping[str, Any], *,
+                      reader: StreamReader | None = None
                       ) -> AsyncIterator[tuple[httpx.Response, AsyncIterator[Any]]]:
     """POST ``body`` to ``endpoint`` as a stream: the response and its JSON chunks as they arrive.
 
     The chunks end at ``[DONE]``; a 200 answer that is not ``text/event-stream`` raises
     ``httpx_sse.SSEError`` when the chunks are read.  Read the response's body yourself for other statuses.
+    ``reader``: a StreamReader of the caller's, to learn afterwards whether ``[DONE]`` came (``reader.done``).
     """
+    feeder = reader if reader is not None else StreamReader()
     async with aconnect_sse(client, "POST", endpoint, json=dict(body)) as source:
 
         async def chunks() -> AsyncIterator[Any]:
-            reader = StreamReader()
             async for event in source.aiter_sse():
-                chunk = reader.feed(event)
-                if reader.done:
+                chunk = feeder.feed(event)
+                if feeder.done:
                     return
                 if chunk is not None:
                     yield chunk

@@ -1,7 +1,7 @@
 """The bench client against real vLLM (the session's shared cpu server) and one 2-point sweep of the cpu target.
 
-vLLM starts: none for the bench tests (they use conftest's ``cpu_server``), two for the sweep (one
-per point, each removed before the next starts).
+vLLM starts: none for the bench and replay tests (they use conftest's ``cpu_server``), two for the interleaved
+sweep (one per point, both up at once, both removed).
 """
 
 from __future__ import annotations
@@ -66,6 +66,29 @@ def test_bench_cli_against_a_url_and_its_exit_codes(cpu_server: Any, invoke_cli:
     assert too_long.code == 2 and "max_model_len 2048" in too_long.output
 
 
+def test_bench_replay_against_a_url(cpu_server: Any, invoke_cli: Callable[..., Any], tmp_path: Path) -> None:
+    kept = tmp_path / "w.jsonl"
+    run = invoke_cli("bench", "--url", cpu_server.url, "--replay", "--requests", "4", "--seed", "5",
+                     "--replay-out", str(kept))
+    assert run.code == 0, run.output
+    for line in ("PASS  success rate >= 99.00%: 100.00%", "TTFT p90 <= 5.000 s", "Output TPS p10 >= 20.00 tok/s",
+                 "cache hit rate >= 50.00%", "total time p99 <= 999,999 ms", "Score (ESTIMATE"):
+        assert line in run.output, run.output
+    report = Path(run.output.split("report: ")[1].split()[0])
+    plot = Path(run.output.split("plot: ")[1].split()[0])
+    data = json.loads(report.read_text())
+    assert data["kind"] == "replay" and data["concurrency"] == 1 and len(data["requests"]) == 4
+    assert data["workload"]["spec"]["max_model_len"] == 2048  # scaled to the server's
+    sent = [json.loads(line) for line in kept.read_text().splitlines()]
+    assert len(sent) == 4
+    for request, line in zip(data["requests"], sent, strict=True):
+        # the server counts the chat template too: more prompt tokens than the generator planned
+        assert request["error_class"] is None and request["prompt_tokens"] > line["_replay"]["input_tokens"]
+        assert request["cached_tokens"] is not None  # the cpu target sets enable-prompt-tokens-details
+        assert request["completion_tokens"] == line.get("max_completion_tokens", line["_replay"]["output_tokens"])
+    assert plot.read_bytes()[:4] == b"\x89PNG" and plot.parent == report.parent
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_point_sweep_of_the_cpu_target(docker_ready: None, containers_labelled: Callable[..., list[Any]],
@@ -73,7 +96,7 @@ def test_two_point_sweep_of_the_cpu_target(docker_ready: None, containers_labell
     from imageforge.docker_engine import client
     from imageforge.labels import L_TARGET
 
-    w = Workload(requests=8, concurrency=4, prompt_tokens=128, output_tokens=16, seed=7, duration=120)
+    w = Workload(requests=8, concurrency=4, prompt_tokens=128, output_tokens=16, seed=7, duration=120, repeat=2)
     lines: list[str] = []
     result = app.sweep(app.settings(), "cpu", "conservative", ["max-num-seqs=1,4"], [], workload=w,
                        requests_given=True, concurrency_given=True, echo=lines.append)
@@ -86,6 +109,14 @@ def test_two_point_sweep_of_the_cpu_target(docker_ready: None, containers_labell
         assert point.startup_seconds is not None and point.startup_seconds > 0
         assert point.bench_json is not None and Path(point.bench_json).is_file()
     assert result.points[0].image_id != result.points[1].image_id
+    # interleaved: both servers up once, one run of each per round, the order rotating, seeds 7 and 8
+    assert result.interleaved
+    assert [[r["round"] for r in p.runs] for p in result.points] == [[0, 1], [0, 1]]
+    assert [[r["seed"] for r in p.runs] for p in result.points] == [[7, 8], [7, 8]]
+    assert result.points[0].ratio == (1.0, 1.0, 1.0) and result.points[1].ratio is not None
+    assert any(line.startswith("round 2/2: [2] [1]") for line in lines), lines
+    assert (result.run_dir / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    assert any(line == f"plot: {result.run_dir / 'sweep.png'}" for line in lines)
     assert result.best is not None and result.plateau in (None, 0)  # 2 points: 0, or still rising
     data = json.loads((result.run_dir / "sweep.json").read_text())
     assert [p["params"] for p in data["points"]] == [{"max-num-seqs": 1}, {"max-num-seqs": 4}]

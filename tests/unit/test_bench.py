@@ -328,7 +328,8 @@ def test_client_sends_exact_token_prompts_and_counts_tokens(tmp_path: Path) -> N
     assert all(isinstance(c["prompt"], list) and len(c["prompt"]) == 8 for c in fake.completions)
     assert len({tuple(c["prompt"][:4]) for c in measured}) == 1  # the shared prefix
     assert tuple(warm["prompt"][:4]) != tuple(measured[0]["prompt"][:4])  # warm-up does not prime it
-    assert all(c["min_tokens"] == c["max_tokens"] == 5 and c["ignore_eos"] and c["stream"] for c in measured)
+    assert all(c["max_tokens"] == 5 and c["ignore_eos"] and c["stream"] for c in measured)
+    assert not any("min_tokens" in c for c in measured)  # vLLM's min-tokens processor would cost every step
     assert (b.errors, b.prompt_tokens, b.completion_tokens, b.short_responses) == (0, 48, 30, 0)
     assert b.prompt_mode == "token-ids" and b.model == "fake"
     assert b.cached_tokens == 20 and b.cache_source.startswith("/metrics vllm:prompt_tokens_cached_total")
@@ -518,3 +519,41 @@ def test_sweep_table_shows_requests_cut_by_the_duration_limit(tmp_path: Path) ->
                          run_dir=tmp_path, started_at="now")
     header, rows = result.rows()
     assert rows[0][header.index("errors")] == "1/64, 32 cut"
+
+
+# ----------------------------------------------------------------------------- interleaved sweeps (issue 14 s. 5)
+
+
+def test_rotations_interleave_and_rotate_the_first_point() -> None:
+    from imageforge.bench.sweeps import rotations
+
+    assert rotations(2, 4) == [[0, 1], [1, 0], [0, 1], [1, 0]]  # ABBAAB...: no point always first
+    assert rotations(3, 3) == [[0, 1, 2], [1, 2, 0], [2, 0, 1]]
+    assert rotations(0, 3) == [] and rotations(2, 0) == []
+
+
+def test_paired_ratios_are_per_round_against_the_first_point() -> None:
+    from imageforge.bench.sweeps import paired_ratios
+
+    # point B is 10 % above A in round 0, 30 % in round 1, 20 % in round 2 (drift of the machine cancels)
+    ratios = paired_ratios([[100.0, 50.0, 80.0], [110.0, 65.0, 96.0], [None, 40.0, None]])
+    assert ratios[0] == (1.0, 1.0, 1.0)
+    assert ratios[1] == pytest.approx((1.2, 1.1, 1.3))
+    assert ratios[2] == pytest.approx((0.8, 0.8, 0.8))  # only round 1 has both
+    assert paired_ratios([[100.0], [None]])[1] is None
+
+
+def test_sweep_plot_points_one_dot_per_run_and_aa_values_kept_apart(tmp_path: Path) -> None:
+    from imageforge.bench.sweeps import SweepResult
+
+    a, b = _point({"max-num-seqs": 8}, "ok", 10.0, 100.0), _point({"max-num-seqs": 8}, "ok", 11.0, 110.0)
+    a.runs = [{"score": 100.0, "output_tps_p10": 3.0, "ttft_p90_s": 0.5}, {"score": 90.0}]
+    result = SweepResult("r", "cpu", "conservative", [], Workload(repeat=2), [a, b], tmp_path, "now",
+                         interleaved=True)
+    points = result.plot_points()
+    assert [p["value"] for p in points] == ["#1 max-num-seqs=8", "#1 max-num-seqs=8", "#2 max-num-seqs=8"]
+    assert [p["score"] for p in points] == [100.0, 90.0, 110.0]  # b has no runs: its summary is one dot
+    png = result.plot()
+    assert png == tmp_path / "sweep.png" and png.read_bytes()[:4] == b"\x89PNG"
+    header, _rows = result.rows()
+    assert "score / first (median, range)" in header

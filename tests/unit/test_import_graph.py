@@ -31,7 +31,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("verify", "housekeeping"),  # the verify layer's checks; build.lock and clean
     ("build", "checkpatches", "flagcheck"),  # the layers; dry runs of the steps; serving flags learnt, cached
     ("server_spec", "run"),  # the serving container
-    ("smoke", "bench", "replay", "evalmetrics", "plots"),  # checks and load against a server
+    ("smoke", "bench"),  # checks and load against a server (bench: the evaluator replay, its metrics, plots)
     ("equiv", "forensics"),  # teacher-forced comparison; bisect and ablate over the step chain
     ("export", "submission"),  # the deliverables: a saved image; the tree the platform builds
     ("app",),  # the front door: tasks.py calls only this

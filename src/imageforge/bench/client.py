@@ -9,12 +9,13 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from httpx_sse import SSEError
 
 from ..errors import SmokeError
-from ..serving_client import open_stream
+from ..serving_client import StreamReader, open_stream
 from .metrics import metrics_counters
 from .results import RequestResult
 from .workload import Prompt, Workload
@@ -147,7 +148,6 @@ class BenchClient:
         common: dict[str, Any] = {
             "model": model,
             "max_tokens": w.output_tokens,
-            "min_tokens": w.output_tokens,
             "ignore_eos": True,
             "temperature": 0.0,
             "stream": True,
@@ -162,46 +162,29 @@ class BenchClient:
 
         endpoint, body = self.body(model, prompt)
         result = RequestResult(prompt.index, started=time.monotonic())
-        chunks = 0
-        try:
-            async with open_stream(self.http, endpoint, body) as (response, stream):
-                result.status = response.status_code
-                if response.status_code != 200:
-                    text = (await response.aread()).decode("utf-8", "replace")
-                    result.error = f"HTTP {response.status_code}: {_error_message(text)}"
-                    return result
-                async for chunk in stream:
-                    if not isinstance(chunk, dict):
-                        continue
-                    if chunk.get("error"):
-                        result.error = f"stream error: {_error_message(json.dumps(chunk))}"
-                        return result
-                    if chunk.get("choices"):
-                        chunks += 1
-                        if result.ttft is None:
-                            result.ttft = time.monotonic() - result.started
-                    usage = chunk.get("usage")
-                    if isinstance(usage, dict):
-                        result.usage = True
-                        result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-                        result.completion_tokens = int(usage.get("completion_tokens") or 0)
-                        details = usage.get("prompt_tokens_details")
-                        if isinstance(details, dict) and details.get("cached_tokens") is not None:
-                            result.cached_tokens = int(details["cached_tokens"])
-        except SSEError as exc:  # a 200 answer that is not text/event-stream
-            result.error = f"not a stream: {exc}"[:300]
-            return result
-        except httpx.TimeoutException:
+        got = await stream_request(self.http, endpoint, body)
+        result.finished = result.started + got.total
+        result.latency = got.total
+        result.status = got.status
+        result.ttft = got.first_chunk
+        if got.usage is not None:
+            result.usage = True
+            result.prompt_tokens, result.completion_tokens = got.prompt_tokens, got.completion_tokens
+            result.cached_tokens = got.cached_tokens
+        if got.status is not None and got.status != 200:
+            result.error = f"HTTP {got.status}: {_error_message(got.error_text or '')}"
+        elif isinstance(got.exception, SSEError):
+            result.error = f"not a stream: {got.exception}"[:300]
+        elif isinstance(got.exception, httpx.TimeoutException):
             result.error = f"timed out after {self.workload.timeout:.0f}s"
+        elif got.exception is not None:
+            result.error = f"{type(got.exception).__name__}: {got.exception}"[:300]
+        elif got.error_text is not None:
+            result.error = f"stream error: {_error_message(got.error_text)}"
+        if result.error:
             return result
-        except httpx.HTTPError as exc:
-            result.error = f"{type(exc).__name__}: {exc}"[:300]
-            return result
-        finally:
-            result.finished = time.monotonic()
-            result.latency = result.finished - result.started
         if not result.usage:
-            result.completion_tokens = chunks
+            result.completion_tokens = got.chunks
             result.prompt_tokens = prompt.tokens or 0
         if result.completion_tokens == 0:
             result.error = "no tokens in the answer"
@@ -221,3 +204,90 @@ def _error_message(text: str) -> str:
             return str(err.get("message") or err)[:300]
         return str(err)[:300]
     return str(data)[:300]
+
+
+@dataclass
+class Streamed:
+    """One streamed request as the client saw it (times in seconds from just before the POST)."""
+
+    status: int | None = None
+    error_text: str | None = None  # a non-200 body, or an ``error`` event in the stream
+    exception: BaseException | None = None  # what httpx / httpx-sse raised (None: nothing)
+    done: bool = False  # ``data: [DONE]`` came
+    first_chunk: float | None = None  # the first chunk with choices (vllm bench serve's TTFT)
+    first_token: float | None = None  # the first chunk whose choice carries generated text, reasoning or a tool call
+    total: float = 0.0  # the end of the stream, or the failure
+    chunks: int = 0  # chunks with choices
+    usage: dict[str, Any] | None = None  # the last usage block
+
+    @property
+    def ttft(self) -> float | None:
+        """The first generated token, else the first chunk with choices."""
+        return self.first_token if self.first_token is not None else self.first_chunk
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int((self.usage or {}).get("prompt_tokens") or 0)
+
+    @property
+    def completion_tokens(self) -> int:
+        return int((self.usage or {}).get("completion_tokens") or 0)
+
+    @property
+    def cached_tokens(self) -> int | None:
+        details = (self.usage or {}).get("prompt_tokens_details")
+        if isinstance(details, dict) and details.get("cached_tokens") is not None:
+            return int(details["cached_tokens"])
+        return None
+
+
+def _carries_token(choice: Any) -> bool:
+    if not isinstance(choice, dict):
+        return False
+    if choice.get("text"):
+        return True
+    delta = choice.get("delta")
+    return isinstance(delta, dict) and any(delta.get(k) for k in ("content", "reasoning_content", "reasoning",
+                                                                    "tool_calls"))
+
+
+async def stream_request(http: Any, endpoint: str, body: dict[str, Any], *,
+                         clock: Callable[[], float] = time.perf_counter) -> Streamed:
+    """POST one streamed request through :func:`imageforge.serving_client.open_stream` and time it.
+
+    The one request loop of the bench: the concurrent bench (:meth:`BenchClient.send`) and the replay
+    (:func:`imageforge.bench.replay.run_replay`) both call it.  Never raises for HTTP or stream trouble:
+    it is recorded in ``exception`` / ``error_text``.
+    """
+    import httpx
+
+    out = Streamed()
+    reader = StreamReader()
+    start = clock()
+    try:
+        async with open_stream(http, endpoint, body, reader=reader) as (response, stream):
+            out.status = response.status_code
+            if response.status_code != 200:
+                out.error_text = (await response.aread()).decode("utf-8", "replace")
+            else:
+                async for chunk in stream:
+                    if not isinstance(chunk, dict):
+                        continue
+                    if chunk.get("error"):
+                        out.error_text = json.dumps(chunk["error"], ensure_ascii=False)
+                        break
+                    choices = chunk.get("choices")
+                    if choices:
+                        out.chunks += 1
+                        if out.first_chunk is None:
+                            out.first_chunk = clock() - start
+                        if out.first_token is None and any(_carries_token(c) for c in choices):
+                            out.first_token = clock() - start
+                    usage = chunk.get("usage")
+                    if isinstance(usage, dict):
+                        out.usage = usage
+    except (SSEError, httpx.HTTPError) as exc:  # SSEError: a 200 answer that is not text/event-stream
+        out.exception = exc
+    out.total = clock() - start
+    out.done = reader.done
+    return out

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 
 from ..serving_client import parse_metrics
 
@@ -34,21 +34,22 @@ def score(output_tps: float, input_tps: float, cache_tps: float) -> float:
     return output_tps * SCORE_OUTPUT_WEIGHT + input_tps * SCORE_INPUT_WEIGHT + cache_tps * SCORE_CACHE_WEIGHT
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The ``q``-th percentile (a whole number 0-100) interpolated linearly between ranks (numpy's default:
-    ``statistics.quantiles(method="inclusive")``); None if empty."""
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """The ``q``-th percentile (0-100) interpolated linearly between ranks (numpy's default ``linear``:
+    rank ``(n - 1) * q / 100``); None if empty.  The one percentile of the bench, the replay and the sweep."""
     if not 0 <= q <= 100:
         raise ValueError(f"percentile must be within 0..100, got {q}")
-    if q != int(q):
-        raise ValueError(f"percentile must be a whole number of percent, got {q}")
     data = sorted(values)
     if not data:
         return None
-    if len(data) == 1 or q == 0:
-        return data[0]
-    if q == 100:
-        return data[-1]
-    return statistics.quantiles(data, n=100, method="inclusive")[int(q) - 1]
+    rank = (len(data) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return data[low] + (data[high] - data[low]) * (rank - low)
+
+
+def mean(values: Iterable[float]) -> float | None:
+    data = list(values)
+    return sum(data) / len(data) if data else None
 
 
 def plateau_index(values: Sequence[float | None], tolerance: float = PLATEAU_TOLERANCE) -> int | None:

@@ -49,11 +49,25 @@ def bench_rows(bench: BenchResult) -> list[tuple[str, str]]:
         ("TTFT p50 / p95", f"{ms(s['ttft_p50_s'])} / {ms(s['ttft_p95_s'])}"),
         ("latency p50 / p95", f"{ms(s['latency_p50_s'])} / {ms(s['latency_p95_s'])}"),
         ("time per output token p50", ms(s["tpot_p50_s"])),
+        ("per-request Output TPS p10", fmt(s["output_tps_p10"], 2) + "  (completion / latency incl. TTFT: the "
+                                                                     "evaluator's definition)"),
+        ("runs", f"{len(bench.repeats) or 1}" + (f" (median by score shown; scores {_scores(bench)})"
+                                                 if bench.repeats else "")),
+        ("load (1/5/15 min)", f"{_load(bench.host.get('loadavg_before'))} -> "
+                              f"{_load(bench.host.get('loadavg_after'))} on {bench.host.get('cpus', '?')} CPUs"),
     ]
     if s["short_responses"]:
         rows.append(("short responses", f"{s['short_responses']} answers with another token count than "
                                         f"{bench.workload.output_tokens}"))
     return rows
+
+
+def _scores(bench: BenchResult) -> str:
+    return ", ".join(f"{float(r['score']):,.0f}" for r in bench.repeats)
+
+
+def _load(value: Any) -> str:
+    return "-" if not value else " ".join(f"{float(v):.2f}" for v in value)
 
 
 def make_console() -> Any:

@@ -32,6 +32,13 @@ class RequestResult:
             return None
         return (self.latency - self.ttft) / (self.completion_tokens - 1)
 
+    @property
+    def output_tps(self) -> float | None:
+        """The evaluator's per-request Output TPS: completion tokens / the request's latency, TTFT included."""
+        if self.latency is None or self.latency <= 0:
+            return None
+        return self.completion_tokens / self.latency
+
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, "ok": self.ok, "error": self.error, "status": self.status,
                 "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
@@ -138,7 +145,9 @@ class BenchResult:
             "short_responses": self.short_responses, "wall_s": round(self.wall_seconds, 3),
             "output_tps": round(self.output_tps, 2), "input_tps": round(self.input_tps, 2),
             "cache_tps": round(self.cache_tps, 2), "score": round(self.score, 2),
-            "ttft_p50_s": rounded(self._pct("ttft", 50)), "ttft_p95_s": rounded(self._pct("ttft", 95)),
+            "ttft_p50_s": rounded(self._pct("ttft", 50)), "ttft_p90_s": rounded(self._pct("ttft", 90)),
+            "ttft_p95_s": rounded(self._pct("ttft", 95)),
+            "output_tps_p10": rounded(self._pct("output_tps", 10), 2),
             "latency_p50_s": rounded(self._pct("latency", 50)), "latency_p95_s": rounded(self._pct("latency", 95)),
             "tpot_p50_s": rounded(self._pct("tpot", 50), 6),
         }

@@ -218,3 +218,42 @@ def bench_target(resolved: Any, workload: Workload, *, environ: Mapping[str, str
             bench.notes.append(f"the server stopped during the bench: {server.describe_state()}")
         write_bench(bench)
         return bench
+
+
+def replay_target(resolved: Any, options: Any, *, environ: Mapping[str, str] | None = None, echo: Log = print,
+                  port: int | None = None, startup_timeout: float | None = None,
+                  host_address: str | None = None) -> Any:
+    """Build (or reuse) TARGET:PROFILE, serve it, replay one at a time (:func:`.replay.replay_bench`), remove it.
+
+    The generated workload is scaled to ``options.max_model_len``, else the server's max_model_len, else the
+    target's resolved ``max-model-len``.
+    """
+    from ..run import serving
+    from ..runs import new_run_id
+    from .replay import replay_bench
+
+    environ = os.environ if environ is None else environ
+    if options.max_model_len is None and options.file is None:
+        declared = resolved.serving_args().get("max-model-len")
+        if isinstance(declared, int):
+            options = dataclasses.replace(options, max_model_len=declared)
+    with serving(resolved, environ=environ, port=port, run_id=new_run_id(), startup_timeout=startup_timeout,
+                 log=echo, host_address=host_address) as server:
+        result = replay_bench(server.url, options, server.run_dir, echo=echo)
+        result.target, result.profile = resolved.target.name, resolved.profile_name
+        result.startup_seconds = server.startup_seconds
+        from .replay import write_replay
+
+        write_replay(result)
+        return result
+
+
+def replay_report(result: Any, options: Any, echo: Log) -> Any:
+    from .replay import replay_verdict
+
+    for line in result.lines():
+        echo(line)
+    echo(f"report: {result.json_path}")
+    echo(f"plot: {result.png_path}")
+    replay_verdict(result, options)
+    return result

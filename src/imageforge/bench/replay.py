@@ -9,9 +9,10 @@
   The same spec and counter give a byte-identical JSONL (:func:`write_jsonl`).
 * :func:`load_jsonl` -- a user's own JSONL of chat requests (one OpenAI chat-completions body per line),
   validated line by line: a bad line is a ConfigError naming ``file:line``.
-* :func:`run_replay` -- sends them **one at a time** (concurrency 1) over httpx streaming to an
+* :func:`run_replay` -- sends them **one at a time** (concurrency 1) through the bench's request loop
+  (:func:`.client.stream_request`, httpx-sse) to an
   OpenAI-compatible server and records, per request, TTFT, total time, prompt / cached / completion tokens
-  (``stream_options.include_usage``), the status and the evaluator's error class (:mod:`.evalmetrics`).
+  (``stream_options.include_usage``), the status and the evaluator's error class (:mod:`.evaluator`).
   It stops after a request count or a duration, whichever comes first, and talks only to the URL it is given.
 
 A line may carry a ``"_replay"`` object (the generator writes one: session, turn, planned token counts); it is
@@ -21,22 +22,23 @@ that carries no ``max_tokens`` / ``max_completion_tokens`` gets ``max_tokens`` =
 
 from __future__ import annotations
 
-import argparse
+import asyncio
 import contextlib
 import copy
+import dataclasses
 import datetime as _dt
 import json
 import os
 import random
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, ErrorCollector, ImageforgeError, Location, Problem, SmokeError
-from .evalmetrics import ErrorClass, EvalReport, RequestRecord, classify_error, evaluate
+from ..errors import ConfigError, ErrorCollector, Location, Problem, SmokeError
+from .client import stream_request
+from .evaluator import ErrorClass, EvalReport, RequestRecord, classify_error, evaluate
 
 #: Counts the tokens of a text (no special tokens).
 TokenCounter = Callable[[str], int]
@@ -429,8 +431,9 @@ def load_jsonl(path: Path) -> list[ReplayRequest]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"replay file {path} does not exist", hint="write one with `python -m imageforge.replay "
-                          "generate`, or give a JSONL of chat requests") from None
+        raise ConfigError(f"replay file {path} does not exist",
+                          hint="write one with `invoke bench --replay --replay-out FILE`, or give a JSONL of chat "
+                          "requests") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read replay file {path}: {exc}") from None
     collector = ErrorCollector()
@@ -542,71 +545,20 @@ def prepare_body(request: ReplayRequest, model: str, *, planned_output: bool) ->
     return body
 
 
-def _has_token(delta: Any) -> bool:
-    if not isinstance(delta, dict):
-        return False
-    return any(delta.get(k) for k in ("content", "reasoning_content", "reasoning", "tool_calls"))
-
-
-def send_one(client: Any, index: int, body: dict[str, Any], *, planned_input: int | None = None) -> RequestRecord:
-    """POST one streamed chat request and measure it (``client``: an ``httpx.Client`` on the server)."""
-    import httpx
-
-    status: int | None = None
-    ttft: float | None = None
-    first_chunk: float | None = None
-    prompt = completion = 0
-    cached: int | None = None
-    error_text: str | None = None
-    exception: BaseException | None = None
-    completed = False
-    start = time.perf_counter()
-    try:
-        with client.stream("POST", CHAT_ENDPOINT, json=body) as response:
-            status = response.status_code
-            if status != 200:
-                error_text = response.read().decode("utf-8", "replace")
-            else:
-                for line in response.iter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        completed = True
-                        break
-                    try:
-                        chunk = json.loads(data)
-                    except ValueError:
-                        continue
-                    if not isinstance(chunk, dict):
-                        continue
-                    if chunk.get("error"):
-                        error_text = json.dumps(chunk["error"], ensure_ascii=False)
-                        break
-                    now = time.perf_counter() - start
-                    for choice in chunk.get("choices") or []:
-                        if first_chunk is None:
-                            first_chunk = now
-                        if ttft is None and isinstance(choice, dict) and _has_token(choice.get("delta")):
-                            ttft = now
-                    usage = chunk.get("usage")
-                    if isinstance(usage, dict):
-                        prompt = int(usage.get("prompt_tokens") or 0)
-                        completion = int(usage.get("completion_tokens") or 0)
-                        details = usage.get("prompt_tokens_details")
-                        if isinstance(details, dict) and details.get("cached_tokens") is not None:
-                            cached = int(details["cached_tokens"])
-    except httpx.HTTPError as exc:
-        exception = exc
-    total = time.perf_counter() - start
-    error_class: ErrorClass | None = classify_error(status, error_text, exception, completed=completed)
+async def send_one(client: Any, index: int, body: dict[str, Any], *,
+                   planned_input: int | None = None) -> RequestRecord:
+    """POST one streamed chat request and measure it (``client``: an ``httpx.AsyncClient`` on the server),
+    through the bench's one request loop (:func:`.client.stream_request`)."""
+    got = await stream_request(client, CHAT_ENDPOINT, body)
+    completed = got.done and got.error_text is None and got.exception is None
+    error_class: ErrorClass | None = classify_error(got.status, got.error_text, got.exception, completed=completed)
     error = None
     if error_class is not None:
-        error = (f"{type(exception).__name__}: {exception}" if exception is not None
-                 else (error_text or "the stream ended without [DONE]"))[:300]
-    return RequestRecord(index=index, status=status, error_class=error_class, error=error,
-                         ttft_s=ttft if ttft is not None else first_chunk, total_s=total,
-                         prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached,
+        error = (f"{type(got.exception).__name__}: {got.exception}" if got.exception is not None
+                 else (got.error_text or "the stream ended without [DONE]"))[:300]
+    return RequestRecord(index=index, status=got.status, error_class=error_class, error=error,
+                         ttft_s=got.ttft, total_s=got.total, prompt_tokens=got.prompt_tokens,
+                         completion_tokens=got.completion_tokens, cached_tokens=got.cached_tokens,
                          input_tokens_planned=planned_input)
 
 
@@ -650,21 +602,25 @@ def run_replay(requests: Sequence[ReplayRequest], url: str, *, model: str | None
     records: list[RequestRecord] = []
     stopped_by = "all requests" if limit == len(requests) else "request count"
     begin = time.monotonic()
-    with httpx.Client(base_url=url.rstrip("/"), timeout=httpx.Timeout(timeout, connect=10.0),
-                      transport=transport) as client:
-        for i, request in enumerate(requests[:limit]):
-            if time.monotonic() - begin >= duration:
-                stopped_by = "duration"
-                break
-            body = prepare_body(request, served, planned_output=planned_output)
-            record = send_one(client, i, body, planned_input=request.planned_input)
-            records.append(record)
-            if log is not None:
-                state = "ok" if record.ok else f"{record.error_class} ({record.error})"
-                ttft = "-" if record.ttft_s is None else f"{record.ttft_s:.3f}s"
-                log(f"  [{i + 1}/{limit}] {state}: prompt {record.prompt_tokens} (cached "
-                    f"{record.cached_tokens}), out {record.completion_tokens}, ttft {ttft}, "
-                    f"total {record.total_s or 0:.3f}s")
+
+    async def loop() -> str:
+        async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=httpx.Timeout(timeout, connect=10.0),
+                                     transport=transport) as client:
+            for i, request in enumerate(requests[:limit]):
+                if time.monotonic() - begin >= duration:
+                    return "duration"
+                body = prepare_body(request, served, planned_output=planned_output)
+                record = await send_one(client, i, body, planned_input=request.planned_input)
+                records.append(record)
+                if log is not None:
+                    state = "ok" if record.ok else f"{record.error_class} ({record.error})"
+                    ttft = "-" if record.ttft_s is None else f"{record.ttft_s:.3f}s"
+                    log(f"  [{i + 1}/{limit}] {state}: prompt {record.prompt_tokens} (cached "
+                        f"{record.cached_tokens}), out {record.completion_tokens}, ttft {ttft}, "
+                        f"total {record.total_s or 0:.3f}s")
+        return stopped_by
+
+    stopped_by = asyncio.run(loop())
     return ReplayRun(url=url, model=served, started_at=started_at, wall_s=time.monotonic() - begin,
                      records=records, stopped_by=stopped_by, planned_output=planned_output,
                      host={"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": _loadavg()})
@@ -676,90 +632,154 @@ def _loadavg() -> list[float] | None:
     return None
 
 
-def write_run(run: ReplayRun, run_dir: Path, *, plot: bool = True) -> dict[str, Path]:
-    """``replay.json`` (and ``replay.png`` with ``plot``) in ``run_dir``; returns the paths written."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"json": run_dir / "replay.json"}
-    paths["json"].write_text(json.dumps(run.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    if plot:
-        from .plots import plot_replay
-
-        paths["png"] = plot_replay(run.records, run_dir / "replay.png",
-                                   title=f"replay of {len(run.records)} requests on {run.model}, concurrency 1")
-    return paths
+# --------------------------------------------------------------------------- invoke bench --replay
 
 
-# --------------------------------------------------------------------------- command line
+@dataclass(frozen=True)
+class ReplayOptions:
+    """What ``invoke bench --replay [FILE]`` asks for."""
+
+    file: Path | None = None  # a user's JSONL; None: generate one
+    out: Path | None = None  # where the generated JSONL goes (default: the run directory's replay.jsonl)
+    requests: int = 32  # generated requests (a user's file: stop after this many, 0: all)
+    seed: int = 0
+    max_model_len: int | None = None  # default: the server's (/v1/models), else the target's serving args
+    planned_output: bool = True
+    duration: float = 3600.0
+    timeout: float = 1000.0
+    max_error_rate: float = 0.0
+    require_targets: bool = False  # exit 4 when a target line does not PASS
+
+    def validate(self) -> ReplayOptions:
+        problems = []
+        if self.requests < 0:
+            problems.append(f"requests must be >= 0 (got {self.requests})")
+        if self.max_model_len is not None and self.max_model_len < 256:
+            problems.append(f"max-model-len must be >= 256 (got {self.max_model_len})")
+        if self.duration <= 0 or self.timeout <= 0:
+            problems.append("duration and timeout must be > 0")
+        if not 0.0 <= self.max_error_rate <= 1.0:
+            problems.append(f"max error rate must be within 0..1 (got {self.max_error_rate})")
+        if self.file is not None and self.out is not None:
+            problems.append("--replay FILE replays your file: --replay-out only keeps a generated workload")
+        if problems:
+            raise ConfigError("invalid replay options: " + "; ".join(problems))
+        return self
 
 
-def _counter_from_args(args: argparse.Namespace, model: str | None) -> TokenCounter:
-    if args.tokenizer:
-        return tokenizer_counter(Path(args.tokenizer))
-    if args.url:
-        return server_counter(args.url, model or "")
-    raise ConfigError("lengths are in tokens: give --tokenizer tokenizer.json or --url of a server with /tokenize")
+@dataclass
+class ReplayBench:
+    """A replay as ``invoke bench --replay`` ran it: the run, the workload, where everything went."""
+
+    run: ReplayRun
+    workload: dict[str, Any]  # source (generated / file), path, spec, stats
+    run_dir: Path
+    json_path: Path | None = None
+    png_path: Path | None = None
+    target: str | None = None
+    profile: str | None = None
+    startup_seconds: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "replay", "target": self.target, "profile": self.profile,
+                "startup_seconds": None if self.startup_seconds is None else round(self.startup_seconds, 2),
+                "workload": self.workload, **self.run.to_json()}
+
+    def lines(self) -> list[str]:
+        w = self.workload
+        host = self.run.host
+        out = [f"replay {self.run.url} model {self.run.model}: {len(self.run.records)} requests one at a time "
+               f"({w['source']}: {w['path']}); stopped by {self.run.stopped_by}; wall {self.run.wall_s:.1f} s; "
+               f"load {host.get('loadavg_before')} -> {host.get('loadavg_after')} on {host.get('cpus')} CPUs"]
+        out.extend(self.run.report.lines())
+        return out
 
 
-def main(argv: Sequence[str] | None = None, *, out: Log = print) -> int:
-    """``python -m imageforge.replay generate|run ...`` (until ``invoke bench --replay`` wires it)."""
-    parser = argparse.ArgumentParser(prog="python -m imageforge.replay", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="write a seeded replay workload (JSONL)")
-    run = sub.add_parser("run", help="replay a JSONL (or a freshly generated one) one request at a time")
-    for p in (gen, run):
-        p.add_argument("--requests", type=int, default=64)
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--max-model-len", type=int, default=0, help="default: the server's (run) or 2048")
-        p.add_argument("--tokenizer", default="", help="tokenizer.json to count tokens with")
-        p.add_argument("--url", default="", help="an OpenAI-compatible server (its /tokenize counts tokens)")
-    gen.add_argument("--out", required=True, help="the JSONL to write")
-    run.add_argument("--replay", default="", help="a JSONL of chat requests (default: generate one)")
-    run.add_argument("--model", default="")
-    run.add_argument("--max-requests", type=int, default=0, help="stop after this many (default: all)")
-    run.add_argument("--duration", type=float, default=3600.0, help="stop sending after this many seconds")
-    run.add_argument("--timeout", type=float, default=1000.0, help="seconds per request")
-    run.add_argument("--no-planned-output", action="store_true",
-                     help="send bodies as they are (no max_tokens added: for real weights)")
-    run.add_argument("--run-dir", default="", help="default: ./.imageforge/runs/<run id>")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "generate":
-            spec = ReplaySpec(requests=args.requests, seed=args.seed, max_model_len=args.max_model_len or 2048)
-            model = discover_model(args.url)[0] if args.url and not args.tokenizer else None
-            requests = generate(spec, _counter_from_args(args, model))
-            path = write_jsonl(requests, Path(args.out))
-            out(f"wrote {len(requests)} requests to {path}: {json.dumps(stats(requests))}")
-            return 0
-        if not args.url:
-            raise ConfigError("run needs --url (the server to replay against)")
-        from .runs import new_run_id
-
-        model, server_len = discover_model(args.url, args.model or None)
-        run_dir = Path(args.run_dir) if args.run_dir else Path.cwd() / ".imageforge" / "runs" / new_run_id()
-        if args.replay:
-            requests = load_jsonl(Path(args.replay))
-        else:
-            spec = ReplaySpec(requests=args.requests, seed=args.seed,
-                              max_model_len=args.max_model_len or server_len or 2048)
-            requests = generate(spec, _counter_from_args(args, model))
-            write_jsonl(requests, run_dir / "replay.jsonl")
-            out(f"workload: {run_dir / 'replay.jsonl'} {json.dumps(stats(requests))}")
-        out(f"replaying {len(requests)} requests against {args.url} ({model}), one at a time")
-        result = run_replay(requests, args.url, model=model, max_requests=args.max_requests or None,
-                            duration=args.duration, timeout=args.timeout,
-                            planned_output=not args.no_planned_output, log=out)
-        paths = write_run(result, run_dir)
-        out(f"stopped by: {result.stopped_by}; wall {result.wall_s:.1f} s; load {result.host.get('loadavg_after')}")
-        for line in result.report.lines():
-            out(line)
-        out(f"report: {paths['json']}")
-        if "png" in paths:
-            out(f"plot: {paths['png']}")
-        return 0 if result.report.passed else 4
-    except ImageforgeError as exc:
-        print(exc.render(), file=sys.stderr)
-        return exc.exit_code
+def replay_workload(options: ReplayOptions, url: str, model: str, server_len: int | None,
+                    run_dir: Path, *, transport: Any = None) -> tuple[list[ReplayRequest], dict[str, Any]]:
+    """The requests to replay: the user's file, or a seeded workload (counted in the server's tokens, scaled to
+    ``options.max_model_len`` or the server's max-model-len) kept as JSONL."""
+    if options.file is not None:
+        requests = load_jsonl(options.file)
+        if options.requests:
+            requests = requests[:options.requests]
+        return requests, {"source": "file", "path": str(options.file), "stats": stats(requests)}
+    max_len = options.max_model_len or server_len
+    if max_len is None:
+        raise ConfigError("the server does not list its max_model_len: the replay cannot be scaled",
+                          hint="pass --max-model-len N")
+    spec = ReplaySpec(requests=options.requests or ReplaySpec.requests, seed=options.seed, max_model_len=max_len)
+    requests = generate(spec, server_counter(url, model, transport=_sync(transport)))
+    path = write_jsonl(requests, options.out or run_dir / "replay.jsonl")
+    return requests, {"source": "generated", "path": str(path), "spec": dataclasses.asdict(spec),
+                      "stats": stats(requests)}
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def replay_bench(url: str, options: ReplayOptions, run_dir: Path, *, echo: Log = print,
+                 transport: Any = None) -> ReplayBench:
+    """Generate (or load), replay one at a time, write ``bench.json`` and ``bench.png`` into ``run_dir``."""
+    options.validate()
+    if options.file is not None:
+        load_jsonl(options.file)  # a bad file is exit 2 before any server is asked
+    model, server_len = discover_model(url, transport=transport)
+    requests, workload = replay_workload(options, url, model, server_len, run_dir, transport=transport)
+    echo(f"workload ({workload['source']}): {workload['path']} {json.dumps(workload['stats'])}")
+    run = run_replay(requests, url, model=model, duration=options.duration, timeout=options.timeout,
+                     planned_output=options.planned_output, log=echo, transport=transport)
+    result = ReplayBench(run, workload, run_dir)
+    write_replay(result)
+    return result
+
+
+def write_replay(result: ReplayBench) -> None:
+    from .plots import plot_replay
+
+    result.run_dir.mkdir(parents=True, exist_ok=True)
+    result.json_path = result.run_dir / "bench.json"
+    result.json_path.write_text(json.dumps(result.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    title = f"replay of {len(result.run.records)} requests on {result.run.model}, one at a time"
+    result.png_path = plot_replay(result.run.records, result.run_dir / "bench.png", title=title)
+
+
+def _sync(transport: Any) -> Any:
+    """A MockTransport serves sync and async clients alike; anything else is async-only (None: the network)."""
+    import httpx
+
+    return transport if isinstance(transport, httpx.MockTransport) else None
+
+
+def replay_verdict(result: ReplayBench, options: ReplayOptions) -> None:
+    """SmokeError (exit 4): error rate above ``max_error_rate``, no token back, or (``require_targets``) a target
+    line that does not PASS."""
+    report = result.run.report
+    first = next((r.error for r in result.run.records if r.error), None)
+    if report.completion_tokens == 0:
+        raise SmokeError(f"the replay of {result.run.url} got no tokens back "
+                         f"({report.attempted - report.succeeded} of {report.attempted} requests failed)",
+                         found=first, hint=f"the per-request errors are in {result.json_path}")
+    failed = report.attempted - report.succeeded
+    rate = failed / report.attempted if report.attempted else 0.0
+    if rate > options.max_error_rate:
+        raise SmokeError(f"{failed} of {report.attempted} replayed requests failed (error rate {rate:.1%} > "
+                         f"{options.max_error_rate:.1%})", found=first,
+                         hint="raise --max-error-rate to accept some; the per-request errors are in "
+                         f"{result.json_path}")
+    if options.require_targets and not report.passed:
+        missed = [t.render() for t in report.targets if t.verdict != "PASS"]
+        raise SmokeError("the replay misses the evaluator's targets", found="; ".join(missed))
+
+
+def replay_options(replay: str | bool, replay_out: str = "", **fields: Any) -> ReplayOptions | None:
+    """The task's ``--replay [FILE]`` / ``--replay-out FILE`` (+ workload fields) -> options; None: no replay.
+
+    ``replay``: ``""``/False (no replay), True (bare ``--replay``: generate) or a file name.  ``max_model_len``
+    0 means the server's.
+    """
+    if not replay:
+        if replay_out:
+            raise ConfigError("--replay-out keeps a generated replay workload: add --replay")
+        return None
+    max_len = fields.pop("max_model_len", 0) or None
+    file = Path(replay) if isinstance(replay, str) and replay not in ("True", "true") else None
+    return ReplayOptions(file=file, out=Path(replay_out) if replay_out else None, max_model_len=max_len,
+                         **fields).validate()

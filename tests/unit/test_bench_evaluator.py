@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from imageforge.evalmetrics import (
+from imageforge.bench.evaluator import (
     ERROR_CLASSES,
     RequestRecord,
     TargetLine,

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .evalmetrics import TARGET_OUTPUT_TPS_P10, TARGET_TTFT_P90_S, RequestRecord
+from .evaluator import TARGET_OUTPUT_TPS_P10, TARGET_TTFT_P90_S, RequestRecord
 
 
 def _figure(rows: int, width: float = 8.0, height: float = 3.0) -> Any:

@@ -7,8 +7,8 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from imageforge.evalmetrics import RequestRecord
-from imageforge.plots import plot_replay, plot_sweep
+from imageforge.bench.evaluator import RequestRecord
+from imageforge.bench.plots import plot_replay, plot_sweep
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -8,13 +8,16 @@ TPS p10 >= 20, TTFT p90 <= 5 s, prefix-cache hit rate >= 50 %, success >= 99 % a
 999,999 ms.  Its error classes: ctx_overflow, http_400, connection, request_validation, server_error,
 stream_aborted.
 
-Where the logs say nothing, this module chooses and says so (``docs/replay.md`` lists every choice):
+Where the logs say nothing, this module chooses and says so (the README's "invoke bench --replay" section
+lists every choice):
 
 * Input TPS and Cache TPS per request use the same denominator as Output TPS (the total time);
 * the score cannot be reproduced from the evaluator's logged figures, so :func:`evaluate` reports an
   **estimate** and names the aggregates it used (means of the per-request rates), with a second figure that
   uses Output TPS p10 instead of the mean (the reading some teams use);
-* percentiles interpolate linearly between ranks (numpy's default).
+* percentiles interpolate linearly between ranks (numpy's default; :func:`.metrics.percentile`).
+
+Score weights and the percentile are the bench's (:mod:`.metrics`): one definition each.
 
 Nothing here does I/O: the runner (``replay.py``) produces :class:`RequestRecord` values, and tests feed
 hand-made ones.
@@ -22,18 +25,15 @@ hand-made ones.
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .metrics import SCORE_CACHE_WEIGHT, SCORE_INPUT_WEIGHT, SCORE_OUTPUT_WEIGHT, mean, percentile, score
+
 # --------------------------------------------------------------------------- constants (facts note)
 
-#: Score weights: generated tokens/s, input tokens/s (cached included), prompt tokens served from the cache/s.
-SCORE_OUTPUT_WEIGHT = 16.796
-SCORE_INPUT_WEIGHT = 2.799
-SCORE_CACHE_WEIGHT = 0.56
 SCORE_TARGET = 8000.0
 
 TARGET_OUTPUT_TPS_P10 = 20.0  # tokens/s, at least
@@ -184,23 +184,6 @@ def _round(value: float | None, digits: int = 4) -> float | None:
 # --------------------------------------------------------------------------- statistics
 
 
-def percentile(values: Iterable[float], q: float) -> float | None:
-    """The ``q``-th percentile (0-100), linear interpolation between ranks (numpy's default); None if empty."""
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile must be within 0..100, got {q}")
-    data = sorted(values)
-    if not data:
-        return None
-    rank = (len(data) - 1) * q / 100
-    low, high = math.floor(rank), math.ceil(rank)
-    return data[low] + (data[high] - data[low]) * (rank - low)
-
-
-def mean(values: Iterable[float]) -> float | None:
-    data = list(values)
-    return sum(data) / len(data) if data else None
-
-
 # --------------------------------------------------------------------------- the report
 
 
@@ -322,11 +305,6 @@ class EvalReport:
                               "cache_tps": SCORE_CACHE_WEIGHT},
             "targets": [t.to_json() for t in self.targets], "passed": self.passed,
         }
-
-
-def score(output_tps: float, input_tps: float, cache_tps: float) -> float:
-    """The competition's weighted sum of three rates."""
-    return output_tps * SCORE_OUTPUT_WEIGHT + input_tps * SCORE_INPUT_WEIGHT + cache_tps * SCORE_CACHE_WEIGHT
 
 
 def evaluate(records: Sequence[RequestRecord]) -> EvalReport:

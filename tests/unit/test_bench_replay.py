@@ -14,18 +14,22 @@ from typing import Any
 import httpx
 import pytest
 
-from imageforge.errors import ConfigError
-from imageforge.replay import (
+from imageforge.bench.replay import (
     META_KEY,
+    ReplayOptions,
     ReplayRequest,
     ReplaySpec,
     generate,
     load_jsonl,
     prepare_body,
+    replay_bench,
+    replay_options,
+    replay_verdict,
     run_replay,
     stats,
     write_jsonl,
 )
+from imageforge.errors import ConfigError, SmokeError
 
 
 def words(text: str) -> int:
@@ -179,6 +183,9 @@ def _sse(*chunks: dict[str, Any], done: bool = True) -> bytes:
     return out + (b"data: [DONE]\n\n" if done else b"")
 
 
+SSE = {"content-type": "text/event-stream"}  # what vLLM sends; the shared client refuses a stream without it
+
+
 def _server(sent: list[dict[str, Any]]) -> httpx.MockTransport:
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/models":
@@ -189,8 +196,9 @@ def _server(sent: list[dict[str, Any]]) -> httpx.MockTransport:
         if i == 2:
             return httpx.Response(400, json={"message": "This model's maximum context length is 2048 tokens."})
         if i == 3:
-            return httpx.Response(200, content=_sse({"choices": [{"delta": {"content": "a"}}]}, done=False))
-        return httpx.Response(200, content=_sse(
+            return httpx.Response(200, headers=SSE, content=_sse({"choices": [{"delta": {"content": "a"}}]},
+                                                                 done=False))
+        return httpx.Response(200, headers=SSE, content=_sse(
             {"choices": [{"delta": {"role": "assistant", "content": ""}}]},
             {"choices": [{"delta": {"reasoning_content": "hm"}}]},
             {"choices": [{"delta": {"content": "ok"}, "finish_reason": "length"}]},
@@ -237,10 +245,104 @@ def test_runner_connection_refused() -> None:
     assert run.records[0].error_class == "connection" and run.records[0].status is None
 
 
-def test_command_line_errors_are_config_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from imageforge.replay import main
+# --------------------------------------------------------------------------- invoke bench --replay
 
-    assert main(["generate", "--out", str(tmp_path / "w.jsonl")]) == 2  # no token counter given
-    assert "give --tokenizer" in capsys.readouterr().err
-    assert main(["run"]) == 2
-    assert main(["run", "--url", "http://127.0.0.1:9", "--replay", str(tmp_path / "none.jsonl")]) != 0
+
+def test_replay_options_from_the_task() -> None:
+    assert replay_options("", "") is None
+    generated = replay_options(True, "w.jsonl", requests=8, seed=3, max_model_len=0)
+    assert generated is not None and generated.file is None and generated.out == Path("w.jsonl")
+    assert generated.max_model_len is None and (generated.requests, generated.seed) == (8, 3)
+    mine = replay_options("mine.jsonl", "", max_model_len=4096)
+    assert mine is not None and mine.file == Path("mine.jsonl") and mine.max_model_len == 4096
+    with pytest.raises(ConfigError, match="--replay-out keeps a generated"):
+        replay_options("", "w.jsonl")
+    with pytest.raises(ConfigError, match="only keeps a generated workload"):
+        replay_options("mine.jsonl", "w.jsonl")
+    with pytest.raises(ConfigError, match="max-model-len must be >= 256"):
+        replay_options(True, "", max_model_len=100)
+
+
+def _tokenizing_server(sent: list[dict[str, Any]]) -> httpx.MockTransport:
+    """/v1/models (max_model_len 2048), /tokenize (one token per word) and a streamed chat whose usage counts the
+    prompt's words, every third request a 400."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "tiny", "max_model_len": 2048}]})
+        body = json.loads(request.content)
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"count": len(body["prompt"].split())})
+        sent.append(body)
+        if len(sent) % 3 == 0:
+            return httpx.Response(400, json={"message": "top_p must be in (0, 1], got 1.1."})
+        words = sum(len(str(m.get("content") or "").split()) for m in body["messages"])
+        out = int(body.get("max_tokens") or body.get("max_completion_tokens") or 1)
+        return httpx.Response(200, headers=SSE, content=_sse(
+            {"choices": [{"delta": {"content": "x"}}]},
+            {"choices": [], "usage": {"prompt_tokens": words, "completion_tokens": out,
+                                      "prompt_tokens_details": {"cached_tokens": words // 2}}}))
+    return httpx.MockTransport(handler)
+
+
+def test_replay_bench_generates_keeps_and_reports(tmp_path: Path) -> None:
+    sent: list[dict[str, Any]] = []
+    lines: list[str] = []
+    options = ReplayOptions(requests=6, seed=1, out=tmp_path / "kept.jsonl", max_error_rate=1.0)
+    result = replay_bench("http://127.0.0.1:9", options, tmp_path / "run", echo=lines.append,
+                          transport=_tokenizing_server(sent))
+    kept = load_jsonl(tmp_path / "kept.jsonl")  # the generated workload is kept where asked
+    assert len(kept) == len(sent) == 6 and result.workload["source"] == "generated"
+    assert result.workload["spec"]["max_model_len"] == 2048  # scaled to the server's max-model-len
+    assert [b["messages"] for b in sent] == [r.body["messages"] for r in kept]  # sent as kept, one at a time
+    report = result.run.report
+    assert (report.attempted, report.succeeded, report.errors["http_400"]) == (6, 4, 2)
+    data = json.loads((tmp_path / "run" / "bench.json").read_text())
+    assert data["kind"] == "replay" and data["concurrency"] == 1 and len(data["requests"]) == 6
+    assert (tmp_path / "run" / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = "\n".join(result.lines())
+    for needed in ("Output TPS p10 >= 20.00 tok/s", "TTFT p90 <= 5.000 s", "success rate >= 99.00%: 66.67%",
+                   "total time p99 <= 999,999 ms", "Score (ESTIMATE"):
+        assert needed in text
+    assert "FAIL  success rate" in text
+    replay_verdict(result, options)  # max_error_rate 1.0: accepted
+    with pytest.raises(SmokeError, match="2 of 6 replayed requests failed"):
+        replay_verdict(result, ReplayOptions(max_error_rate=0.0))
+    with pytest.raises(SmokeError, match="misses the evaluator's targets"):
+        replay_verdict(result, ReplayOptions(max_error_rate=1.0, require_targets=True))
+
+
+def test_replay_bench_a_users_file(tmp_path: Path) -> None:
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q {i} a b"}],
+                                        "max_tokens": 3}) + "\n" for i in range(4)))
+    sent: list[dict[str, Any]] = []
+    result = replay_bench("http://127.0.0.1:9", ReplayOptions(file=mine, requests=2, max_error_rate=1.0),
+                          tmp_path / "run", echo=lambda _l: None, transport=_tokenizing_server(sent))
+    assert [b["messages"][0]["content"] for b in sent] == ["q 0 a b", "q 1 a b"]  # --requests 2 of the file's 4
+    assert result.workload == {"source": "file", "path": str(mine), "stats": result.workload["stats"]}
+    assert not (tmp_path / "run" / "replay.jsonl").exists()
+    assert result.run.records[0].prompt_tokens == 4 and result.run.records[0].completion_tokens == 3
+
+
+def test_a_bad_replay_file_is_exit_2_before_any_server(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        replay_bench("http://127.0.0.1:9", ReplayOptions(file=tmp_path / "none.jsonl"), tmp_path / "run")
+
+
+def test_invoke_bench_replay_flags(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+
+    def invoke(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "invoke", "bench", *args], cwd=repo, capture_output=True,
+                              text=True, timeout=120)
+
+    missing = invoke("--url", "http://127.0.0.1:9", "--replay", str(tmp_path / "none.jsonl"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    lonely = invoke("--url", "http://127.0.0.1:9", "--replay-out", str(tmp_path / "w.jsonl"))
+    assert lonely.returncode == 2 and "add --replay" in lonely.stderr
+    # bare --replay (followed by another flag) means "generate"; nothing listens on port 9: exit 4
+    bare = invoke("--replay", "--url", "http://127.0.0.1:9")
+    assert bare.returncode == 4 and "no server answers at http://127.0.0.1:9" in bare.stderr
