@@ -238,6 +238,15 @@ def labelled_containers(c: docker.DockerClient | None = None, **labels: str) -> 
     return list(c.containers.list(all=True, filters=filters))
 
 
+def build_containers(c: docker.DockerClient | None = None) -> set[str]:
+    """IDs of imageforge's labelled containers other than servers: what a build or a dry run may leave behind.
+
+    Servers (kind ``server``) are left out: the session's shared server, or another test's, may start or stop
+    while the step under test runs, and none of them is the step's to remove.
+    """
+    return {x.id for x in labelled_containers(c) if x.labels.get("org.imageforge.kind") != "server"}
+
+
 def remove_images(c: docker.DockerClient, refs: Sequence[str]) -> None:
     for ref in refs:
         with contextlib.suppress(docker.errors.APIError):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.bi100_fixture import BASELINE, SITE, site_file, vendor_files, vendor_image
-from tests.integration.forge_fixtures import assert_clean_failure, client, invoke, labelled_containers
+from tests.integration.forge_fixtures import assert_clean_failure, build_containers, client, invoke
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +32,7 @@ def env_for(base: str, scripts: Path) -> dict[str, str]:
 
 
 def test_check_patches_bi100_every_step_applies_after_the_baseline(vendor: str) -> None:
-    before_images, before_containers = set(sandbox_images()), {c.id for c in labelled_containers()}
+    before_images, before_containers = set(sandbox_images()), build_containers()
     proc = invoke("check-patches", "--target", "bi100", "--json", env=env_for(vendor, BASELINE))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
@@ -46,7 +46,7 @@ def test_check_patches_bi100_every_step_applies_after_the_baseline(vendor: str) 
     # these anchors exist only after patch_ops.sh: the checks saw the script's result
     assert rows["sorted-moe-call"]["path"] == f"{SITE}/vllm/model_executor/models/qwen3_5.py"
     assert set(sandbox_images()) <= before_images, "the throwaway image is removed"
-    assert {c.id for c in labelled_containers()} <= before_containers, "no container left behind"
+    assert build_containers() <= before_containers, "no container left behind"
 
     text = invoke("check-patches", "--target", "bi100", "--diff", env=env_for(vendor, BASELINE))
     assert text.returncode == 0, text.stdout + text.stderr

@@ -16,6 +16,7 @@ from tests.integration.forge_fixtures import (
     ATTN,
     REPO,
     assert_clean_failure,
+    build_containers,
     client,
     invoke,
     labelled_containers,
@@ -54,7 +55,7 @@ def cpu_base() -> str:
 
 
 def test_check_patches_cpu_target(cpu_base: str) -> None:
-    before = {c.id for c in labelled_containers()}
+    before = build_containers()
     proc = invoke("check-patches", "--target", "cpu", "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
@@ -63,7 +64,7 @@ def test_check_patches_cpu_target(cpu_base: str) -> None:
     assert rows["prefill-num-warps"]["status"] == "applies", "the second patch of the same file sees the first"
     assert report["package_version"] == "0.32.0" and report["base"]["reference"] == cpu_base
     assert all(r["ok"] for r in report["rows"])
-    assert {c.id for c in labelled_containers()} <= before, "no container left behind"
+    assert build_containers() <= before, "no container left behind"
     text = invoke("check-patches", "--target", "cpu", "--diff")
     assert text.returncode == 0
     assert "-BASE_BLOCK = 128 if current_platform.has_device_capability(80) else 64" in text.stdout

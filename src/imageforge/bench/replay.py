@@ -1,6 +1,6 @@
 """The evaluator's replay, rehearsed: a seeded agent-like workload, a loader for your own, a one-at-a-time runner.
 
-Over 600 lines: the workload generator, the JSONL loader and the runner share one request model; split later if it grows.
+Over 600 lines: the workload generator, the JSONL loader and the runner share one request model; kept together.
 
 * :func:`generate` -- streamed chat requests shaped like the evaluator's 881 (facts note, "The evaluator"):
   agent *sessions* whose later turns extend the earlier ones (the prefix cache serves the shared part; about
