@@ -163,7 +163,7 @@ class Builder:
         }
         config.update(conf or {})
         with daemon_errors(f"committing step {planned.id}"):
-            image = container.commit(message=f"imageforge {planned.kind} {planned.id}", author=TOOL, conf=config)
+            image = container.commit(message=f"{TOOL} {planned.kind} {planned.id}", author=TOOL, conf=config)
             got = client().images.get(image.id).attrs["Config"] or {}
         for key in ("Entrypoint", "Cmd", "WorkingDir", "User"):
             if (got.get(key) or None) != (config.get(key) or None):

@@ -154,6 +154,35 @@ def test_first_build_then_all_hit_and_plan_agrees(project: Path) -> None:
     assert (first.run_dir / "summary.json").exists() and (first.run_dir / "plan.json").exists()
 
 
+def test_an_image_built_from_ours_is_never_taken_for_a_cached_layer(project: Path) -> None:
+    """A Dockerfile FROM the built image (and a plain `docker commit` of a container of it) inherits every label,
+    the cache keys too; the next build must still find imageforge's own layers and leave the tag on them."""
+    first = do_build(project)
+    c = docker_client()
+    dockerfile = f"FROM {first.image_id}\nRUN echo derived > /derived\n"
+    derived, _ = c.images.build(fileobj=io.BytesIO(dockerfile.encode()), rm=True,
+                                labels={L_TOOL: "imageforge"})  # so that `clean` and the fixture find it
+    container = c.containers.create(first.steps[2].image_id, command=["/bin/true"], labels={L_TOOL: "imageforge"})
+    try:
+        committed = container.commit(message="someone's own commit")
+    finally:
+        container.remove(force=True)
+    try:
+        assert derived.labels[L_KEY] == c.images.get(first.image_id).labels[L_KEY]  # the trap is real
+        again = do_build(project)
+        assert states(again) == ["HIT"] * 5
+        assert [s.image_id for s in again.steps] == [s.image_id for s in first.steps]
+        assert c.images.get(again.tags[0]).id == first.image_id
+        from imageforge.base import DaemonProbe
+
+        r = resolve(load_manifest(project / "build.yaml"), None, None, environ={})
+        plan = make_plan(r, environ={}, probe=DaemonProbe())
+        assert [s["image_id"] for s in plan.to_json()["steps"]] == [s.image_id for s in first.steps]
+    finally:
+        for image in (derived.id, committed.id):
+            c.images.remove(image, force=True)
+
+
 def test_changed_overlay_rebuilds_from_that_step(project: Path) -> None:
     do_build(project)
     (project / "overlays" / "extra.py").write_text("EXTRA = 'changed'\n")

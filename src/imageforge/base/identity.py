@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from imageforge.docker_engine import client, docker_host
 from imageforge.errors import BuildError, InfraError
-from imageforge.labels import L_KEY, L_KIND
+from imageforge.labels import L_KEY, L_KIND, TOOL
 from imageforge.settings import cache_dir
 
 from .images import base_image_status, ensure_cpu_base
@@ -120,7 +120,7 @@ class DaemonProbe:
 
     def __init__(self) -> None:
         self._client = client()
-        self._keys: dict[str, str] | None = None
+        self._keys: dict[str, list[str]] | None = None
 
     def base_image_id(self, reference: str) -> str | None:
         import docker.errors
@@ -140,8 +140,23 @@ class DaemonProbe:
             for raw in self._client.api.images(all=True, filters={"label": L_KEY}):
                 found = (raw.get("Labels") or {}).get(L_KEY)
                 if found:
-                    self._keys.setdefault(found, str(raw["Id"]))
-        return self._keys.get(key)
+                    self._keys.setdefault(found, []).append(str(raw["Id"]))
+        # An image built FROM one of ours (a Dockerfile, someone's `docker commit`) inherits every label, the
+        # cache key too, and the daemon lists it first: only the image imageforge committed for this step is the
+        # layer. Its commit message and author say so; a derived image has its own (a build leaves them empty).
+        for image_id in self._keys.get(key, []):
+            if self._committed_by_imageforge(image_id):
+                return image_id
+        return None
+
+    def _committed_by_imageforge(self, image_id: str) -> bool:
+        import docker.errors
+
+        try:
+            attrs = self._client.api.inspect_image(image_id)
+        except docker.errors.NotFound:
+            return False
+        return bool(attrs.get("Author") == TOOL and str(attrs.get("Comment") or "").startswith(f"{TOOL} "))
 
 
 class FixedBase:
