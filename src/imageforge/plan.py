@@ -155,9 +155,23 @@ def render_serving_config(resolved: Resolved) -> bytes:
     header = (
         f"# Rendered by imageforge: target {resolved.target.name}, profile {resolved.profile_name}.\n"
         "# Keys are `vllm serve` flag names; edit build.yaml, not this file.\n"
+        "# A false boolean is written `no-FLAG: true`: vLLM's config loader drops `FLAG: false` (the default stays).\n"
     )
-    body = yaml.safe_dump(resolved.serving_args(), sort_keys=False, default_flow_style=False)
+    body = yaml.safe_dump(config_file_args(resolved.serving_args()), sort_keys=False, default_flow_style=False)
     return (header + body).encode()
+
+
+def config_file_args(args: Mapping[str, Any]) -> dict[str, Any]:
+    """The serving flags as ``vllm serve --config FILE`` must read them: ``FLAG: false`` becomes ``no-FLAG: true``.
+
+    vLLM's ``load_config_file`` turns ``FLAG: false`` into ``--no-FLAG`` only when that option is found on the
+    parser it runs on, which for ``vllm serve`` (0.32) is the top-level parser without the serve flags: the key is
+    dropped and the default (``enable-prefix-caching``: on) silently stays.  ``no-FLAG: true`` is passed as the
+    bare ``--no-FLAG`` whatever parser reads it.  Validation has already refused ``false`` for a flag without a
+    ``--no-`` form (``flags.check_serving_args``).
+    """
+    return {(f"no-{key}" if value is False else key): (True if value is False else value)
+            for key, value in args.items()}
 
 
 def fit_command(entrypoint: Sequence[str] | None, command: Sequence[str], config_path: str | None = None) -> list[str]:

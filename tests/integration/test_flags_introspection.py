@@ -121,3 +121,55 @@ def test_no_container_is_left(listing: str) -> None:
     finally:
         client.close()
 
+
+
+PARSE_SERVE = """\
+import sys
+import vllm.entrypoints.cli.serve as serve
+
+def show(args):
+    print("PARSED", args.enable_prefix_caching, args.max_num_seqs, flush=True)
+
+serve.ServeSubcommand.cmd = staticmethod(show)  # parse like `vllm serve`, start nothing
+from vllm.entrypoints.cli.main import main
+sys.argv = ["vllm", "serve", "--config", sys.argv[1]]
+main()
+"""
+
+
+def test_a_false_boolean_in_the_rendered_config_reaches_vllm_serve(docker_ready: None, tmp_path: Path) -> None:
+    """`vllm serve --config FILE` (0.32) drops `enable-prefix-caching: false` and serves with the cache on; the file
+    imageforge renders says `no-enable-prefix-caching: true`, which vLLM's own CLI parses as off."""
+    import docker
+
+    from imageforge.base import ensure_cpu_base
+    from imageforge.manifest import load_manifest
+    from imageforge.plan import make_plan
+    from imageforge.resolve import resolve
+
+    resolved = resolve(load_manifest(REPO / "build.yaml"), "cpu", "conservative", environ={},
+                       sets=["enable-prefix-caching=false", "max-num-seqs=3"])
+    (tmp_path / "rendered.yaml").write_bytes(make_plan(resolved, environ={}, probe=None).serving_config)
+    (tmp_path / "plain.yaml").write_text("model: /m\nenable-prefix-caching: false\nmax-num-seqs: 3\n")
+    (tmp_path / "parse.py").write_text(PARSE_SERVE)
+    tmp_path.chmod(0o755)
+    base = ensure_cpu_base(REPO / "images" / "cpu", log=print)
+    client = docker.from_env(timeout=900)
+    container = client.containers.create(
+        base.image_id, entrypoint=["sh", "-c"],
+        command=["python3 /cfg/parse.py /cfg/rendered.yaml && python3 /cfg/parse.py /cfg/plain.yaml"],
+        network_disabled=True, volumes={str(tmp_path): {"bind": "/cfg", "mode": "ro"}},
+        labels={LABEL: "flags-introspection", "org.imageforge.tool": "imageforge"},
+        environment={"VLLM_TARGET_DEVICE": "cpu", "HOME": "/tmp"},
+    )
+    try:
+        container.start()
+        result = container.wait(timeout=900)
+        output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+    finally:
+        container.remove(force=True)
+        client.close()
+    assert result["StatusCode"] == 0, output[-3000:]
+    parsed = [line for line in output.splitlines() if line.startswith("PARSED")]
+    assert parsed == ["PARSED False 3",  # imageforge's file: off, as the manifest says
+                      "PARSED None 3"]  # `FLAG: false` as written by hand: dropped, vLLM's default (on) stays

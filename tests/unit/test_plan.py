@@ -71,6 +71,19 @@ def test_set_changes_only_the_config_key(write_manifest: Callable[..., Path]) ->
     assert c.tags != b.tags
 
 
+def test_a_false_boolean_reaches_vllm_serve_as_no_flag(write_manifest: Callable[..., Path]) -> None:
+    """vLLM's config loader drops `FLAG: false` for `vllm serve` (the default stays on): the file says no-FLAG."""
+    path = write_manifest()
+    text = path.read_text().replace("enforce-eager: true}", "enforce-eager: true, enable-prefix-caching: true}")
+    path.write_text(text)
+    plan = plan_for(path, probe=FakeProbe(set()), sets=["enable-prefix-caching=false"])
+    doc = yaml.safe_load(plan.serving_config)
+    assert doc["no-enable-prefix-caching"] is True and "enable-prefix-caching" not in doc
+    assert doc["enforce-eager"] is True and doc["max-num-seqs"] == 2
+    assert plan.resolved.serving_args()["enable-prefix-caching"] is False  # the manifest's own spelling is kept
+    assert list(doc) == [*(("no-" + k) if v is False else k for k, v in plan.resolved.serving_args().items())]
+
+
 def test_chain_key_is_canonical() -> None:
     assert chain_key("p", {"a": 1, "b": 2}, {}) == chain_key("p", {"b": 2, "a": 1}, {})
     assert chain_key("p", {"a": 1}, {}) != chain_key("q", {"a": 1}, {})
