@@ -146,21 +146,21 @@ def test_ablate_benches_abab_and_skips_required_steps(cpu_variant: Callable[...,
     resolved = resolve(load_manifest(path), "cpu", "conservative", environ=os.environ)
     workload = Workload(requests=4, concurrency=2, prompt_tokens=64, output_tokens=8, duration=120)
     out = tmp_path / "ablate-out"
-    # paged-attention-v2-module is an overlay nothing calls on CPU: its variant must compute exactly the same
-    run = ablate_target(resolved, workload, steps=["paged-attention-v2-module", "ldconfig"], repeats=2, out=out,
+    # prefill-num-warps patches a constant of the Triton prefix-prefill kernel, which the CPU never runs: its
+    # variant must compute exactly the same
+    run = ablate_target(resolved, workload, steps=["prefill-num-warps", "ldconfig"], repeats=2, out=out,
                         echo=print)
-    assert [(v.step, v.dropped) for v in run.plan.variants] == [("paged-attention-v2-module",
-                                                                 ("paged-attention-v2-module",))]
+    assert [(v.step, v.dropped) for v in run.plan.variants] == [("prefill-num-warps", ("prefill-num-warps",))]
     assert [(s.step, s.reason) for s in run.table.skipped] == [("ldconfig", "required: true")]
     assert [(r.role, r.round) for r in run.plan.schedule] == [("full", 0), ("variant", 0), ("full", 1),
                                                                ("variant", 1)]
     row = run.table.rows[0]
     assert row.pairs == 2 and row.failed_runs == 0 and row.score is not None and row.spread is not None
-    assert row.equiv == "pass"  # an unused module changes nothing the server computes
+    assert row.equiv == "pass"  # a kernel the CPU never runs changes nothing the server computes
     saved = json.loads((out / "ablate.json").read_text())
-    assert saved["variants"][0]["step"] == "paged-attention-v2-module" and len(saved["load"]["before"]) == 3
+    assert saved["variants"][0]["step"] == "prefill-num-warps" and len(saved["load"]["before"]) == 3
     csv_lines = (out / "ablate.csv").read_text().splitlines()
     assert csv_lines[0].startswith("step,dropped,score,delta_score")
-    assert csv_lines[2].startswith("paged-attention-v2-module,paged-attention-v2-module,")
+    assert csv_lines[2].startswith("prefill-num-warps,prefill-num-warps,")
     assert csv_lines[3].startswith("ldconfig,") and "skipped: required: true" in csv_lines[3]
     assert len(list((out / "runs").iterdir())) == 4  # one bench.json per scheduled run

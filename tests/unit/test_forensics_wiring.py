@@ -19,9 +19,8 @@ from imageforge.resolve import resolve
 from imageforge.smoke import load_suite
 
 REPO = Path(__file__).resolve().parents[2]
-CPU_STEPS = ["prefill-base-block", "prefill-num-warps", "paged-attention-v2-module", "paged-attention-layout-module",
-             "prefix-attention-module", "sorted-moe-module", "cpu-moe-skip-prepack", "cpu-moe-apply-sorted",
-             "torch-libs-into-usr-local", "ldconfig"]
+CPU_STEPS = ["prefill-base-block", "prefill-num-warps", "sorted-moe-module", "cpu-moe-skip-prepack",
+             "cpu-moe-apply-sorted", "torch-libs-into-usr-local", "ldconfig"]
 
 
 @pytest.fixture(scope="module")
@@ -34,22 +33,19 @@ def test_the_cpu_steps_are_what_these_tests_assume(cpu: Any) -> None:
 
 
 def test_a_prefix_keeps_the_order_the_keys_and_only_the_imports_its_overlays_provide(cpu: Any) -> None:
-    prefix = subset_resolved(cpu, CPU_STEPS[:5], suffix="bisect")
-    assert [s.id for s in prefix.steps] == CPU_STEPS[:5]
+    prefix = subset_resolved(cpu, CPU_STEPS[:2], suffix="bisect")
+    assert [s.id for s in prefix.steps] == CPU_STEPS[:2]
     assert prefix.target.image == "imageforge/cpu-bisect"
-    # sorted-moe-module (dropped) provides fused_moe/sorted_moe.py; the other four modules stay
+    # sorted-moe-module (dropped) provides fused_moe/sorted_moe.py: its import goes, the others stay
     assert prefix.target.verify.imports == (
         "vllm.v1.attention.ops.prefix_prefill",
-        "vllm.v1.attention.ops.paged_attention_v2_pytorch",
-        "vllm.v1.attention.ops.paged_attention_layout",
-        "vllm.v1.attention.ops.prefix_attention_pytorch",
         "vllm.model_executor.layers.fused_moe.experts.cpu_moe",  # a package file: kept by every cut
     )
     full = make_plan(cpu, environ={}, probe=None)
     part = make_plan(prefix, environ={}, probe=None)
     assert part.steps[0].key is None  # no daemon: keys are UNKNOWN without the base ID, so compare definitions
-    assert [p.definition for p in part.steps[:5]] == [p.definition for p in full.steps[:5]]
-    assert [p.id for p in part.steps] == [*CPU_STEPS[:5], "verify", "serving-config"]
+    assert [p.definition for p in part.steps[:2]] == [p.definition for p in full.steps[:2]]
+    assert [p.id for p in part.steps] == [*CPU_STEPS[:2], "verify", "serving-config"]
 
 
 def test_the_base_cut_has_no_steps_and_imports_only_what_the_package_has(cpu: Any) -> None:
@@ -60,11 +56,12 @@ def test_the_base_cut_has_no_steps_and_imports_only_what_the_package_has(cpu: An
 
 
 def test_a_variant_without_a_middle_step_keeps_the_later_ones(cpu: Any) -> None:
-    keep = [s for s in CPU_STEPS if s != "paged-attention-layout-module"]
+    keep = [s for s in CPU_STEPS if s not in ("sorted-moe-module", "cpu-moe-skip-prepack", "cpu-moe-apply-sorted")]
     variant = subset_resolved(cpu, keep, suffix="ablate")
-    assert [s.id for s in variant.steps] == keep
-    assert "vllm.v1.attention.ops.paged_attention_layout" not in variant.target.verify.imports
-    assert len(variant.target.verify.imports) == 5
+    assert [s.id for s in variant.steps] == keep == ["prefill-base-block", "prefill-num-warps",
+                                                      "torch-libs-into-usr-local", "ldconfig"]
+    assert "vllm.model_executor.layers.fused_moe.sorted_moe" not in variant.target.verify.imports
+    assert len(variant.target.verify.imports) == 2
     with pytest.raises(ConfigError, match="unknown step id"):
         subset_resolved(cpu, ["nope"], suffix="x")
 
@@ -108,7 +105,7 @@ def test_changed_files_of_a_patch_is_its_file_and_diff(cpu: Any) -> None:
     assert lines[0] == "vllm/v1/attention/ops/prefix_prefill.py (patched x1)"
     assert "    -NUM_WARPS = 4 if current_platform.is_rocm() else 8" in lines
     assert "    +NUM_WARPS = 4  # imageforge: occupancy on a bandwidth-bound device" in lines
-    assert changed_files(cpu.steps[5]) == [
+    assert changed_files(cpu.steps[2]) == [
         "vllm/model_executor/layers/fused_moe/sorted_moe.py (overlaid from overlays/bi100/sorted_moe.py)"]
 
 
