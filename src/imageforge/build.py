@@ -31,7 +31,7 @@ import subprocess
 import tarfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,7 @@ from .labels import (
     LABEL,
     TOOL,
 )
-from .manifest import Step
+from .manifest import Step, Target
 from .plan import Plan, PlannedStep, canonical, make_plan
 from .resolve import Resolved
 from .runs import RunLog, image_lock
@@ -112,22 +112,33 @@ class StepResult:
     detail: str = ""
 
 
+@dataclass(kw_only=True)
 class Builder:
-    def __init__(self, plan: Plan, *, log: Log, verbose: bool, run_id: str, scope: Containers,
-                 base_ref: str, base_id: str, environ: Mapping[str, str] | None = None) -> None:
-        self.plan = plan
-        self.environ: Mapping[str, str] = os.environ if environ is None else environ
-        self.resolved = plan.resolved
-        self.target = plan.resolved.target
-        self.log = log
-        self.verbose = verbose
-        self.run_id = run_id
-        self.scope = scope
-        self.base_ref = base_ref
-        self.base_id = base_id
-        self.base_config: dict[str, Any] = client().images.get(base_id).attrs["Config"] or {}
+    """Builds one plan's layers on one base, in ``scope`` (the containers it starts are removed with it)."""
+
+    plan: Plan
+    log: Log
+    verbose: bool
+    run_id: str
+    scope: Containers
+    base_ref: str
+    base_id: str
+    environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
+    base_config: dict[str, Any] = field(init=False)
+    revision: str = field(init=False)
+    info: PackageInfo | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.base_config = client().images.get(self.base_id).attrs["Config"] or {}
         self.revision = git_revision(self.resolved.manifest.root)
-        self.info: PackageInfo | None = None
+
+    @property
+    def resolved(self) -> Resolved:
+        return self.plan.resolved
+
+    @property
+    def target(self) -> Target:
+        return self.plan.resolved.target
 
     # -- common -------------------------------------------------------------
 
@@ -352,8 +363,9 @@ def build(plan: Plan, base: BaseIdentity, *, runlog: RunLog, verbose: bool = Fal
            f"({base.image_id.split(':')[-1][:12]})")
     results: list[StepResult] = []
     with containers(labels) as scope:
-        builder = Builder(plan, log=runlog, verbose=verbose, run_id=run_id, scope=scope,
-                          base_ref=base.ref, base_id=base.image_id, environ=environ)
+        builder = Builder(plan=plan, log=runlog, verbose=verbose, run_id=run_id, scope=scope,
+                          base_ref=base.ref, base_id=base.image_id,
+                          environ=os.environ if environ is None else environ)
         parent = base.image_id
         if any(s.cache != "HIT" for s in plan.steps):
             with daemon_errors("discovering the package"):

@@ -19,6 +19,7 @@ Exit codes (also in the README):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -74,6 +75,10 @@ class Problem:
         return "\n".join(lines)
 
 
+#: what a Problem says, and what every ImageforgeError carries under the same names
+PROBLEM_FIELDS = tuple(f.name for f in dataclasses.fields(Problem))
+
+
 class ImageforgeError(Exception):
     """Root of every error imageforge reports to a user."""
 
@@ -104,14 +109,7 @@ class ImageforgeError(Exception):
 
     def render(self) -> str:
         """Human-readable, multi-line description (no traceback)."""
-        main = Problem(
-            self.message,
-            location=self.location,
-            key_path=self.key_path,
-            expected=self.expected,
-            found=self.found,
-            hint=self.hint,
-        ).render()
+        main = Problem(**{name: getattr(self, name) for name in PROBLEM_FIELDS}).render()
         out = [f"{self.kind}: {main}"]
         for problem in self.problems:
             out.append("  - " + problem.render().replace("\n", "\n    "))
@@ -168,13 +166,5 @@ class ErrorCollector:
         if not self.problems:
             return
         if len(self.problems) == 1:
-            p = self.problems[0]
-            raise ConfigError(
-                p.message,
-                location=p.location,
-                key_path=p.key_path,
-                expected=p.expected,
-                found=p.found,
-                hint=p.hint,
-            )
+            raise ConfigError(**{name: getattr(self.problems[0], name) for name in PROBLEM_FIELDS})
         raise ConfigError(f"{message} ({len(self.problems)} problems)", problems=self.problems)

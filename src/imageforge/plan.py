@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -107,19 +107,32 @@ def step_inputs(step: Step, environ: Mapping[str, str] | None = None) -> dict[st
 def serving_argv(resolved: Resolved) -> list[str]:
     """``command`` + every serving flag, each flag and each value its own string (style ``argv``).
 
-    ``True`` -> the bare flag; ``False`` -> ``--no-FLAG`` when the flag is in ``serving.negatable``,
-    else left out (0.6.3's ``store_true`` flags have no negative form); lists -> the flag then each
-    item; mappings -> compact JSON; anything else -> ``str(value)``. ``serving.flag_names`` respells
-    a flag (``tensor-parallel-size: -tp``). ``None`` values are left out (as in the config file).
+    ``False`` -> ``--no-FLAG`` when the flag is in ``serving.negatable``, else left out (0.6.3's
+    ``store_true`` flags have no negative form); ``serving.flag_names`` respells a flag
+    (``tensor-parallel-size: -tp``); the rest as :func:`flag_argv`.
     """
     serving = resolved.target.serving
-    out = list(serving.command)
-    for key, value in resolved.serving_args().items():
-        flag = serving.flag_names.get(key, f"--{key}")
+    return [*serving.command, *flag_argv(resolved.serving_args(), flag_names=serving.flag_names,
+                                         negatable=lambda key: key in serving.negatable)]
+
+
+def flag_argv(args: Mapping[str, Any], *, flag_names: Mapping[str, str] | None = None,
+              negatable: Callable[[str], bool] = lambda _key: True) -> list[str]:
+    """Serving arguments as command-line words: the one place a value becomes argv.
+
+    ``True`` -> the bare flag; ``False`` -> ``--no-FLAG`` when ``negatable(key)``, else left out; lists -> the
+    flag then each item; mappings -> compact JSON; anything else -> ``str(value)``; ``None`` -> left out (as
+    in the config file).  ``flag_names`` respells a flag (default ``--key``).
+    """
+    out: list[str] = []
+    for key, value in args.items():
+        flag = (flag_names or {}).get(key, f"--{key}")
+        if value is None:
+            continue
         if isinstance(value, bool):
             if value:
                 out.append(flag)
-            elif key in serving.negatable:
+            elif negatable(key):
                 out.append(f"--no-{key}")
         elif isinstance(value, list | tuple):
             out.append(flag)

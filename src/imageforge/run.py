@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from . import settings
 from .base import base_reference
@@ -220,27 +220,31 @@ def image_for(resolved: Resolved, environ: Mapping[str, str], log: Log, *, base:
     return tag
 
 
-def start_server(
-    resolved: Resolved,
-    *,
-    environ: Mapping[str, str] | None = None,
-    base: bool = False,
-    port: int | None = None,
-    build_image: bool = True,
-    image: str | None = None,
-    run_id: str | None = None,
-    log: Log = print,
-    labels: Mapping[str, str] | None = None,
-    host_address: str | None = None,
-) -> Server:
+class StartOptions(TypedDict, total=False):
+    """How :func:`start_server` starts a server (every key optional); :func:`serving` passes them on."""
+
+    environ: Mapping[str, str] | None  # default os.environ
+    base: bool  # serve the base image with the serving config mounted, not the built image
+    port: int | None  # the host port (default: a free one)
+    build_image: bool  # build (or reuse) the image first (default true)
+    image: str | None  # serve this image instead
+    run_id: str | None
+    labels: Mapping[str, str] | None  # extra container labels
+    host_address: str | None  # where the port is published and reached (default: from environ)
+
+
+def start_server(resolved: Resolved, *, log: Log = print, **options: Unpack[StartOptions]) -> Server:
     """Create and start the serving container (no waiting). Raises InfraError for port/daemon trouble.
 
     The port is published on ``host_address`` of the Docker host (default 127.0.0.1) and the server's URL
     uses the same address. With a local daemon a free port is chosen here; with a remote ``DOCKER_HOST`` the
     daemon picks one and it is read back.
     """
+    environ = options.get("environ")
     environ = os.environ if environ is None else environ
-    host_address = host_address or default_host_address(environ)
+    base, port, image = options.get("base", False), options.get("port"), options.get("image")
+    build_image, run_id, labels = options.get("build_image", True), options.get("run_id"), options.get("labels")
+    host_address = options.get("host_address") or default_host_address(environ)
     ensure_daemon(log=log)
     run_id = run_id or new_run_id()
     local = is_local_default_host(docker_host())
@@ -425,23 +429,11 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def serving(
-    resolved: Resolved,
-    *,
-    environ: Mapping[str, str] | None = None,
-    base: bool = False,
-    port: int | None = None,
-    build_image: bool = True,
-    image: str | None = None,
-    run_id: str | None = None,
-    startup_timeout: float | None = None,
-    log: Log = print,
-    wait: bool = True,
-    host_address: str | None = None,
-) -> Iterator[Server]:
-    """Start the target's server, wait until ``/health`` answers, yield it; always stop + remove it."""
-    server = start_server(resolved, environ=environ, base=base, port=port, build_image=build_image, image=image,
-                          run_id=run_id, log=log, host_address=host_address)
+def serving(resolved: Resolved, *, startup_timeout: float | None = None, wait: bool = True, log: Log = print,
+            **start: Unpack[StartOptions]) -> Iterator[Server]:
+    """Start the target's server (``start``: :func:`start_server`'s options), wait until ``/health`` answers,
+    yield it; always stop + remove it."""
+    server = start_server(resolved, log=log, **start)
     try:
         with sigterm_as_interrupt():
             if wait:

@@ -9,7 +9,6 @@ exactly as a build fits its CMD).  The container port is published on ``host_add
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 from . import settings
 from .errors import InfraError
 from .labels import L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL, TOOL
-from .plan import fit_command, serving_argv
+from .plan import fit_command, flag_argv, serving_argv
 from .resolve import Resolved
 
 KIND_SERVER = "server"
@@ -26,33 +25,11 @@ _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def cli_args(args: Mapping[str, Any]) -> list[str]:
-    """Serving arguments as ``vllm serve`` flags: ``model`` positional first, then ``--key value``.
-
-    ``True`` -> ``--key``; ``False`` -> ``--no-key``; lists -> ``--key a b``; mappings -> JSON.
-    """
-    out: list[str] = []
-    if "model" in args and args["model"] is not None:
-        out.append(str(args["model"]))
-    for key, value in args.items():
-        if key == "model" or value is None:
-            continue
-        flag = f"--{key}"
-        if isinstance(value, bool):
-            out.append(flag if value else f"--no-{key}")
-        elif isinstance(value, list | tuple):
-            out.append(flag)
-            out.extend(_scalar(v) for v in value)
-        else:
-            out.extend([flag, _scalar(value)])
-    return out
-
-
-def _scalar(value: Any) -> str:
-    if isinstance(value, Mapping):
-        return json.dumps(dict(value), separators=(",", ":"))
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+    """Serving arguments as ``vllm serve`` flags: ``model`` positional first, then :func:`plan.flag_argv`
+    (``False`` -> ``--no-key``)."""
+    model = args.get("model")
+    rest = {k: v for k, v in args.items() if k != "model"}
+    return [*([str(model)] if model is not None else []), *flag_argv(rest)]
 
 
 def expand_vars(text: str, environ: Mapping[str, str], *, what: str) -> str:

@@ -62,6 +62,21 @@ def client(host: str | None = None) -> docker.DockerClient:
     return docker.DockerClient(base_url=host or "unix:///var/run/docker.sock", timeout=600)
 
 
+def read_from_image(image: str, path: str) -> bytes:
+    """The bytes of one file of ``image`` (a created, never started container; removed again)."""
+    container = client().containers.create(image, entrypoint=["/bin/true"], command=[])
+    try:
+        stream, _ = container.get_archive(path)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.next()
+            assert member is not None
+            fh = tar.extractfile(member)
+            assert fh is not None
+            return fh.read()
+    finally:
+        container.remove(force=True)
+
+
 def _tar(files: dict[str, bytes]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:

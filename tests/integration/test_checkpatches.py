@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from tests.integration.forge_fixtures import (
     client,
     invoke,
     labelled_containers,
+    read_from_image,
     tiny_base,
     write_manifest,
 )
@@ -27,21 +26,6 @@ from tests.integration.forge_fixtures import (
 pytestmark = pytest.mark.integration
 
 PREFIX_PREFILL = "vllm/v1/attention/ops/prefix_prefill.py"
-
-
-def read_from_image(image: str, path: str) -> bytes:
-    c = client()
-    container = c.containers.create(image, entrypoint=["/bin/true"], command=[])
-    try:
-        stream, _ = container.get_archive(path)
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-            member = tar.next()
-            assert member is not None
-            fh = tar.extractfile(member)
-            assert fh is not None
-            return fh.read()
-    finally:
-        container.remove(force=True)
 
 
 @pytest.fixture(scope="module")

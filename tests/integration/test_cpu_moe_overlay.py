@@ -20,6 +20,7 @@ import yaml
 
 from imageforge.docker_engine import client
 from imageforge.patchfrom import apply_steps
+from tests.integration.forge_fixtures import read_from_image
 
 pytestmark = pytest.mark.integration
 
@@ -43,20 +44,6 @@ def cpu_base() -> str:
 def _cpu_steps() -> list[dict[str, Any]]:
     target = yaml.safe_load((REPO / "build.yaml").read_text())["targets"]["cpu"]
     return [s for s in target["steps"] if s["id"] in STEP_IDS]
-
-
-def _read(image: str, path: str) -> str:
-    container = client().containers.create(image, entrypoint=["/bin/true"], command=[])
-    try:
-        stream, _ = container.get_archive(path)
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-            member = tar.next()
-            assert member is not None
-            fh = tar.extractfile(member)
-            assert fh is not None
-            return fh.read().decode()
-    finally:
-        container.remove(force=True)
 
 
 def _tar(files: dict[str, bytes]) -> bytes:
@@ -94,7 +81,7 @@ def _probe(image: str, cpu_moe_text: str, *args: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def stock_text(cpu_base: str) -> str:
-    return _read(cpu_base, f"{SITE}/{CPU_MOE}")
+    return read_from_image(cpu_base, f"{SITE}/{CPU_MOE}").decode()
 
 
 def test_manifest_has_both_patches_on_the_real_file(stock_text: str) -> None:

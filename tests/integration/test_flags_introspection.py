@@ -28,8 +28,8 @@ LABEL = "org.imageforge.test"
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def listing(docker_ready: None) -> str:
+def run_in_base(command: list[str], *, entrypoint: list[str], volumes: dict[str, dict[str, str]] | None = None) -> str:
+    """Run ``command`` in a container of the cpu base image (network off, removed again); its output (exit 0)."""
     import docker
 
     from imageforge.base import ensure_cpu_base
@@ -38,9 +38,10 @@ def listing(docker_ready: None) -> str:
     client = docker.from_env(timeout=900)
     container = client.containers.create(
         base.image_id,
-        command=[*INTROSPECT_COMMAND, introspection_source()],
-        entrypoint=[],
+        command=command,
+        entrypoint=entrypoint,
         network_disabled=True,
+        volumes=volumes or {},
         labels={LABEL: "flags-introspection", "org.imageforge.tool": "imageforge"},
         environment={"VLLM_TARGET_DEVICE": "cpu", "HOME": "/tmp"},
     )
@@ -53,6 +54,11 @@ def listing(docker_ready: None) -> str:
         client.close()
     assert result["StatusCode"] == 0, output[-3000:]
     return output
+
+
+@pytest.fixture(scope="module")
+def listing(docker_ready: None) -> str:
+    return run_in_base([*INTROSPECT_COMMAND, introspection_source()], entrypoint=[])
 
 
 @pytest.fixture(scope="module")
@@ -140,9 +146,6 @@ main()
 def test_a_false_boolean_in_the_rendered_config_reaches_vllm_serve(docker_ready: None, tmp_path: Path) -> None:
     """`vllm serve --config FILE` (0.32) drops `enable-prefix-caching: false` and serves with the cache on; the file
     imageforge renders says `no-enable-prefix-caching: true`, which vLLM's own CLI parses as off."""
-    import docker
-
-    from imageforge.base import ensure_cpu_base
     from imageforge.manifest import load_manifest
     from imageforge.plan import make_plan
     from imageforge.resolve import resolve
@@ -153,23 +156,8 @@ def test_a_false_boolean_in_the_rendered_config_reaches_vllm_serve(docker_ready:
     (tmp_path / "plain.yaml").write_text("model: /m\nenable-prefix-caching: false\nmax-num-seqs: 3\n")
     (tmp_path / "parse.py").write_text(PARSE_SERVE)
     tmp_path.chmod(0o755)
-    base = ensure_cpu_base(REPO / "images" / "cpu", log=print)
-    client = docker.from_env(timeout=900)
-    container = client.containers.create(
-        base.image_id, entrypoint=["sh", "-c"],
-        command=["python3 /cfg/parse.py /cfg/rendered.yaml && python3 /cfg/parse.py /cfg/plain.yaml"],
-        network_disabled=True, volumes={str(tmp_path): {"bind": "/cfg", "mode": "ro"}},
-        labels={LABEL: "flags-introspection", "org.imageforge.tool": "imageforge"},
-        environment={"VLLM_TARGET_DEVICE": "cpu", "HOME": "/tmp"},
-    )
-    try:
-        container.start()
-        result = container.wait(timeout=900)
-        output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
-    finally:
-        container.remove(force=True)
-        client.close()
-    assert result["StatusCode"] == 0, output[-3000:]
+    output = run_in_base(["python3 /cfg/parse.py /cfg/rendered.yaml && python3 /cfg/parse.py /cfg/plain.yaml"],
+                         entrypoint=["sh", "-c"], volumes={str(tmp_path): {"bind": "/cfg", "mode": "ro"}})
     parsed = [line for line in output.splitlines() if line.startswith("PARSED")]
     assert parsed == ["PARSED False 3",  # imageforge's file: off, as the manifest says
                       "PARSED None 3"]  # `FLAG: false` as written by hand: dropped, vLLM's default (on) stays

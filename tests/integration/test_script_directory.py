@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 from pathlib import Path
 
 import pytest
 
-from tests.integration.forge_fixtures import assert_clean_failure, client, invoke, tiny_base, write_manifest
+from tests.integration.forge_fixtures import (
+    assert_clean_failure,
+    invoke,
+    read_from_image,
+    tiny_base,
+    write_manifest,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -27,20 +31,6 @@ STEPS = """\
 """
 
 
-def read(image: str, path: str) -> bytes:
-    container = client().containers.create(image, entrypoint=["/bin/true"], command=[])
-    try:
-        stream, _ = container.get_archive(path)
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-            member = tar.next()
-            assert member is not None
-            fh = tar.extractfile(member)
-            assert fh is not None
-            return fh.read()
-    finally:
-        container.remove(force=True)
-
-
 def test_directory_is_copied_run_in_place_and_keyed_by_its_files(tmp_path: Path) -> None:
     manifest, target = write_manifest(tmp_path / "m", tiny_base(), steps=STEPS)
     payload = tmp_path / "payload"
@@ -54,8 +44,8 @@ def test_directory_is_copied_run_in_place_and_keyed_by_its_files(tmp_path: Path)
     steps = {s["id"]: s for s in json.loads(proc.stdout)["steps"]}
     assert steps["payload"]["cache"] == "BUILT" and steps["payload"]["detail"] == "ran-it"
     image = f"imageforge-test/{target}:small"
-    assert read(image, "/opt/where") == b"cwd=/srv/payload arg=hello\nfirst\n"
-    assert read(image, "/srv/payload/data.txt") == b"first\n", "the folder stays in the image, like COPY"
+    assert read_from_image(image, "/opt/where") == b"cwd=/srv/payload arg=hello\nfirst\n"
+    assert read_from_image(image, "/srv/payload/data.txt") == b"first\n", "the folder stays in the image, like COPY"
 
     again = invoke("build", "--manifest", str(manifest), "--json", env=env)
     assert again.returncode == 0, again.stderr
@@ -66,7 +56,7 @@ def test_directory_is_copied_run_in_place_and_keyed_by_its_files(tmp_path: Path)
     assert changed.returncode == 0, changed.stderr
     steps = {s["id"]: s for s in json.loads(changed.stdout)["steps"]}
     assert steps["extra"]["cache"] == "HIT" and steps["payload"]["cache"] == "BUILT"
-    assert read(image, "/opt/where") == b"cwd=/srv/payload arg=hello\nsecond\n"
+    assert read_from_image(image, "/opt/where") == b"cwd=/srv/payload arg=hello\nsecond\n"
 
     unset = invoke("build", "--manifest", str(manifest), env={"IMAGEFORGE_TEST_PAYLOAD": ""})
     assert_clean_failure(unset, 5)

@@ -41,6 +41,7 @@ from typing import Any
 from ..errors import ConfigError, ErrorCollector, Location, Problem, SmokeError
 from .client import stream_request
 from .evaluator import ErrorClass, EvalReport, RequestRecord, classify_error, evaluate
+from .workload import bound_problems
 
 #: Counts the tokens of a text (no special tokens).
 TokenCounter = Callable[[str], int]
@@ -70,18 +71,11 @@ class ReplaySpec:
     max_input_fraction: float = 0.85  # no prompt above this share of max-model-len (room for template + output)
 
     def validate(self) -> ReplaySpec:
-        problems: list[str] = []
-        if self.requests < 1:
-            problems.append(f"requests must be >= 1 (got {self.requests})")
+        problems = bound_problems(self, at_least={"requests": 1, "input_output_ratio": 1},
+                                  fractions=("tools_fraction", "multi_system_fraction", "max_completion_fraction",
+                                             "reasoning_effort_fraction"))
         if self.max_model_len < 256:
             problems.append(f"max-model-len must be >= 256 tokens (got {self.max_model_len})")
-        for name in ("tools_fraction", "multi_system_fraction", "max_completion_fraction",
-                     "reasoning_effort_fraction"):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                problems.append(f"{name.replace('_', ' ')} must be within 0..1 (got {value})")
-        if self.input_output_ratio < 1:
-            problems.append(f"input:output ratio must be >= 1 (got {self.input_output_ratio})")
         if not 0.0 < self.mean_input_fraction < self.max_input_fraction <= 1.0:
             problems.append("need 0 < mean input fraction < max input fraction <= 1 "
                             f"(got {self.mean_input_fraction}, {self.max_input_fraction})")

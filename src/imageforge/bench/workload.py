@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from ..errors import ConfigError
@@ -55,27 +57,13 @@ class Workload:
     repeat: int = 1  # runs on the same server (seed, seed+1, ...): the one with the median score is reported
 
     def validate(self) -> Workload:
-        problems: list[str] = []
-        if self.requests < 1:
-            problems.append(f"requests must be >= 1 (got {self.requests})")
-        if self.concurrency < 1:
-            problems.append(f"concurrency must be >= 1 (got {self.concurrency})")
-        if self.prompt_tokens < 1:
-            problems.append(f"prompt tokens must be >= 1 (got {self.prompt_tokens})")
-        if self.output_tokens < 1:
-            problems.append(f"output tokens must be >= 1 (got {self.output_tokens})")
-        if not 0.0 <= self.shared_prefix <= 1.0:
-            problems.append(f"shared prefix must be a fraction within 0..1 (got {self.shared_prefix})")
+        problems = bound_problems(self, at_least={"requests": 1, "concurrency": 1, "prompt_tokens": 1,
+                                                  "output_tokens": 1, "warmup": 0, "repeat": 1},
+                                  fractions=("shared_prefix", "max_error_rate"))
         if self.api not in APIS:
             problems.append(f"api must be one of {', '.join(APIS)} (got {self.api!r})")
         if self.duration <= 0 or self.timeout <= 0:
             problems.append("duration and timeout must be > 0")
-        if self.warmup < 0:
-            problems.append(f"warmup must be >= 0 (got {self.warmup})")
-        if not 0.0 <= self.max_error_rate <= 1.0:
-            problems.append(f"max error rate must be within 0..1 (got {self.max_error_rate})")
-        if self.repeat < 1:
-            problems.append(f"repeat must be >= 1 (got {self.repeat})")
         if problems:
             raise ConfigError("invalid bench workload: " + "; ".join(problems),
                               hint="see `invoke --help bench` for the workload options")
@@ -123,3 +111,17 @@ class Prompt:
     index: int
     body: str | list[int]  # token IDs (exact length) or text
     tokens: int | None  # the exact prompt length when known before sending
+
+
+def bound_problems(spec: object, *, at_least: Mapping[str, float] = MappingProxyType({}),
+                   fractions: Sequence[str] = ()) -> list[str]:
+    """``NAME must be >= MIN (got V)`` for each field under its minimum, ``NAME must be within 0..1 (got V)`` for
+    each fraction outside it (names with spaces for underscores): the checks every bench spec shares."""
+    problems = []
+    for name, minimum in at_least.items():
+        if (value := getattr(spec, name)) < minimum:
+            problems.append(f"{name.replace('_', ' ')} must be >= {minimum:g} (got {value})")
+    for name in fractions:
+        if not 0.0 <= (value := getattr(spec, name)) <= 1.0:
+            problems.append(f"{name.replace('_', ' ')} must be within 0..1 (got {value})")
+    return problems

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from ..build import BuildResult
     from ..manifest import Step
     from ..resolve import Resolved
+    from ..run import Server
     from ..smoke import Suite
 
 Log = Callable[[str], None]
@@ -213,14 +214,15 @@ def bisect_target(resolved: Resolved, *, checks: Sequence[str] = (), suite_path:
     def build_cut(k: int, log: Log, subject: Resolved) -> str:
         return build_subset(subject, [s.id for s in steps[:k]], suffix="bisect", environ=environ, log=log).image_id
 
+    probing = _Probing(build_cut, run_dir, reports, environ, echo, startup_timeout, host_address)
+
     if use_equiv:
         selection = "--check equiv (accuracy gate against the base)"
         with _equiv_reference(resolved, environ=environ, echo=echo, run_id=run_id, startup_timeout=startup_timeout,
                               host_address=host_address) as (ref_url, subject, settings, dtype):
 
             def probe(k: int) -> Outcome:
-                return _equiv_probe(k, subject, ref_url, settings, dtype, build_cut, run_dir, reports, environ,
-                                    echo, startup_timeout, host_address)
+                return _equiv_probe(k, subject, ref_url, settings, dtype, probing)
 
             result = bisect(len(steps), probe, repeat=repeat, flaky=flaky, log=echo)
     else:
@@ -233,8 +235,7 @@ def bisect_target(resolved: Resolved, *, checks: Sequence[str] = (), suite_path:
              f"run {run_id}")
 
         def probe(k: int) -> Outcome:
-            return _smoke_probe(k, resolved, selected, build_cut, run_dir, reports, environ, echo, startup_timeout,
-                                host_address)
+            return _smoke_probe(k, resolved, selected, probing)
 
         result = bisect(len(steps), probe, repeat=repeat, flaky=flaky, log=echo)
     run = BisectRun(result, steps, labels, run_dir, selection, reports)
@@ -255,35 +256,57 @@ def _quiet(path: Path) -> Log:
     return log
 
 
-def _smoke_probe(k: int, resolved: Resolved, suite: Suite, build_cut: Callable[[int, Log, Resolved], str],
-                 run_dir: Path, reports: dict[int, list[str]], environ: Mapping[str, str], echo: Log,
-                 startup_timeout: float | None, host_address: str | None = None) -> Outcome:
-    from ..run import serving
-    from ..smoke import FAIL, ServerHooks, failure_text, interesting_lines, run_suite, target_vars
+@dataclass(frozen=True)
+class _Probing:
+    """What every bisect probe shares: how a cut is built, where its logs and reports go, how it is served."""
 
-    log = _quiet(run_dir / f"cut-{k}.log")
-    echo(f"bisect: probing k={k} (log {run_dir / f'cut-{k}.log'})")
+    build_cut: Callable[[int, Log, Resolved], str]
+    run_dir: Path
+    reports: dict[int, list[str]]
+    environ: Mapping[str, str]
+    echo: Log
+    startup_timeout: float | None
+    host_address: str | None
+
+
+def _probe_cut(k: int, build_as: Resolved, serve_as: Resolved, p: _Probing, *, what: str, no_server: str,
+               measure: Callable[[Server, Log], Outcome]) -> Outcome:
+    """Build the image after step ``k``, serve it, ``measure`` it: a build or start failure is a failing cut."""
+    from ..run import serving
+
+    log = _quiet(p.run_dir / f"cut-{k}.log")
+    p.echo(f"bisect: probing k={k}{what} (log {p.run_dir / f'cut-{k}.log'})")
     try:
-        image = build_cut(k, log, resolved)
+        image = p.build_cut(k, log, build_as)
     except ImageforgeError as exc:
         return Outcome(False, f"the image after step {k} did not build: {_first_line(exc)}")
     try:
-        with serving(subset_resolved(resolved, [s.id for s in resolved.steps[:k]], suffix="bisect"),
-                     environ=environ, image=image, startup_timeout=startup_timeout, log=log,
-                     host_address=host_address) as server:
-            hooks = ServerHooks(alive=lambda: None if server.running() else server.describe_state(),
-                                log_tail=lambda n: interesting_lines(server.logs(n * 20), n))
-            report = run_suite(suite, server.url, tags=(), run_id=server.run_id, run_dir=server.run_dir,
-                               vars=target_vars(resolved), hooks=hooks, echo=log, live=False,
-                               target=resolved.target.name, profile=resolved.profile_name)
-    except SmokeError as exc:  # the server did not start: this image fails
-        return Outcome(False, f"the server of the image after step {k} did not start: {_first_line(exc)}")
-    if report.json_path is not None:
-        reports.setdefault(k, []).append(str(report.json_path))
-    if report.ok:
-        return Outcome(True)
-    text = "\n\n".join(failure_text(r, report.log_tail[-10:]) for r in report.results if r.status == FAIL)
-    return Outcome(False, f"{report.summary_line()}\n{text}")
+        with serving(serve_as, environ=p.environ, image=image, startup_timeout=p.startup_timeout, log=log,
+                     host_address=p.host_address) as server:
+            return measure(server, log)
+    except SmokeError as exc:
+        return Outcome(False, f"{no_server.format(k=k)}: {_first_line(exc)}")
+
+
+def _smoke_probe(k: int, resolved: Resolved, suite: Suite, p: _Probing) -> Outcome:
+    from ..smoke import FAIL, ServerHooks, failure_text, interesting_lines, run_suite, target_vars
+
+    def measure(server: Server, log: Log) -> Outcome:
+        hooks = ServerHooks(alive=lambda: None if server.running() else server.describe_state(),
+                            log_tail=lambda n: interesting_lines(server.logs(n * 20), n))
+        report = run_suite(suite, server.url, tags=(), run_id=server.run_id, run_dir=server.run_dir,
+                           vars=target_vars(resolved), hooks=hooks, echo=log, live=False,
+                           target=resolved.target.name, profile=resolved.profile_name)
+        if report.json_path is not None:
+            p.reports.setdefault(k, []).append(str(report.json_path))
+        if report.ok:
+            return Outcome(True)
+        text = "\n\n".join(failure_text(r, report.log_tail[-10:]) for r in report.results if r.status == FAIL)
+        return Outcome(False, f"{report.summary_line()}\n{text}")
+
+    serve_as = subset_resolved(resolved, [s.id for s in resolved.steps[:k]], suffix="bisect")
+    return _probe_cut(k, resolved, serve_as, p, what="", measure=measure,
+                      no_server="the server of the image after step {k} did not start")
 
 
 @contextlib.contextmanager
@@ -302,28 +325,17 @@ def _equiv_reference(resolved: Resolved, *, environ: Mapping[str, str], echo: Lo
         yield ref.url, subject, settings, dtype
 
 
-def _equiv_probe(k: int, subject: Resolved, ref_url: str, settings: Any, dtype: Any,
-                 build_cut: Callable[[int, Log, Resolved], str], run_dir: Path, reports: dict[int, list[str]],
-                 environ: Mapping[str, str], echo: Log, startup_timeout: float | None,
-                 host_address: str | None = None) -> Outcome:
+def _equiv_probe(k: int, subject: Resolved, ref_url: str, settings: Any, dtype: Any, p: _Probing) -> Outcome:
     from ..equiv.run import compare_urls
-    from ..run import serving
 
-    log = _quiet(run_dir / f"cut-{k}.log")
-    echo(f"bisect: probing k={k} with equiv (log {run_dir / f'cut-{k}.log'})")
-    try:
-        image = build_cut(k, log, subject)
-    except ImageforgeError as exc:
-        return Outcome(False, f"the image after step {k} did not build: {_first_line(exc)}")
-    try:
-        with serving(subject, environ=environ, image=image, startup_timeout=startup_timeout, log=log,
-                     host_address=host_address) as server:
-            out = run_dir / f"equiv-cut-{k}-{len(reports.get(k, []))}"
-            result = compare_urls(ref_url, server.url, settings, dtype, run_dir=out)
-    except SmokeError as exc:
-        return Outcome(False, f"the image after step {k}: {_first_line(exc)}")
-    reports.setdefault(k, []).append(str(out / "equiv.json"))
-    return Outcome(result.verdict.passed, "" if result.verdict.passed else result.verdict.text())
+    def measure(server: Server, log: Log) -> Outcome:
+        out = p.run_dir / f"equiv-cut-{k}-{len(p.reports.get(k, []))}"
+        result = compare_urls(ref_url, server.url, settings, dtype, run_dir=out)
+        p.reports.setdefault(k, []).append(str(out / "equiv.json"))
+        return Outcome(result.verdict.passed, "" if result.verdict.passed else result.verdict.text())
+
+    return _probe_cut(k, subject, subject, p, what=" with equiv", measure=measure,
+                      no_server="the image after step {k}")
 
 
 # --------------------------------------------------------------------------- ablate

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from ..errors import BuildError, ConfigError, ImageforgeError
-from ..manifest import Step
+from ..manifest import Step, resolve_image_path
 from ..patching import NearMatch
 from ..plan import step_inputs
 from .dockerfile import EmitContext, Emitted
@@ -166,6 +166,18 @@ class StepKind:
     def touches(self, step: Step, site: str) -> tuple[str, ...]:
         """Image paths the step writes at or under (the build's directory-listing cache keys off them)."""
         return ()
+
+
+class OneFileKind(StepKind):
+    """A kind that writes one image file, named by the spec key ``path_key`` (relative to the package's site)."""
+
+    path_key: ClassVar[str]
+
+    def row_path(self, step: Step, site: str) -> str:
+        return resolve_image_path(step.spec[self.path_key], site)
+
+    def touches(self, step: Step, site: str) -> tuple[str, ...]:
+        return (self.row_path(step, site),)
 
 
 KINDS: dict[str, StepKind] = {}

@@ -13,9 +13,9 @@ import posixpath
 from collections.abc import Mapping
 
 from ..errors import BuildError
-from ..manifest import Step, resolve_image_path
+from ..manifest import Step
 from ..patching import unified_diff
-from .core import ApplyContext, Changes, Facts, FileChange, StepKind, StepProblem, guard_links, register, text_of
+from .core import ApplyContext, Changes, Facts, FileChange, OneFileKind, StepProblem, guard_links, register, text_of
 from .dockerfile import EmitContext, Emitted, applier_group, header, host_file
 from .fs import ImageFS
 
@@ -33,18 +33,13 @@ def overlay_owner(step: Step) -> tuple[int, int]:
 
 
 @register
-class Overlay(StepKind):
+class Overlay(OneFileKind):
     name = "overlay"
+    path_key = "dest"
     fields = ("source", "dest", "mode", "owner")
 
-    def row_path(self, step: Step, site: str) -> str:
-        return resolve_image_path(step.spec["dest"], site)
-
-    def touches(self, step: Step, site: str) -> tuple[str, ...]:
-        return (self.row_path(step, site),)
-
     def apply(self, step: Step, fs: ImageFS, ctx: ApplyContext) -> Changes:
-        dest = resolve_image_path(step.spec["dest"], ctx.site)
+        dest = self.row_path(step, ctx.site)
         try:
             data = step.source.read_bytes()
         except OSError as exc:
@@ -87,13 +82,13 @@ class Overlay(StepKind):
                        diff=diff)
 
     def facts(self, step: Step, inputs: Mapping[str, str], site: str) -> Facts:
-        dest = resolve_image_path(step.spec["dest"], site)
+        dest = self.row_path(step, site)
         return Facts(python_files=(dest,) if dest.endswith(".py") else (),
                      overlays={dest: next(iter(inputs.values()))})
 
     def emit(self, step: Step, ctx: EmitContext) -> Emitted:
         """The file goes into the image with the engine's mode, owner and mtime (set by the applier, not COPY)."""
-        dest = resolve_image_path(step.spec["dest"], ctx.base.site)
+        dest = self.row_path(step, ctx.base.site)
         mode = overlay_mode(step)
         uid, gid = overlay_owner(step)
         name = posixpath.basename(str(step.spec["source"]))

@@ -5,26 +5,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..errors import BuildError
-from ..manifest import Step, resolve_image_path
+from ..manifest import Step
 from ..patching import apply_patch, describe, unified_diff
-from .core import ApplyContext, Changes, Facts, FileChange, StepKind, StepProblem, guard_links, register, text_of
+from .core import ApplyContext, Changes, Facts, FileChange, OneFileKind, StepProblem, guard_links, register, text_of
 from .dockerfile import EmitContext, Emitted, applier_group, header
 from .fs import ImageFS
 
 
 @register
-class Patch(StepKind):
+class Patch(OneFileKind):
     name = "patch"
+    path_key = "file"
     fields = ("file", "old", "new", "count", "verified")
 
-    def row_path(self, step: Step, site: str) -> str:
-        return resolve_image_path(step.spec["file"], site)
-
-    def touches(self, step: Step, site: str) -> tuple[str, ...]:
-        return (self.row_path(step, site),)
-
     def apply(self, step: Step, fs: ImageFS, ctx: ApplyContext) -> Changes:
-        path = resolve_image_path(step.spec["file"], ctx.site)
+        path = self.row_path(step, ctx.site)
         guard_links(step, fs, path, ctx.site, "path")
         try:
             found = fs.read_file(path)
@@ -67,11 +62,11 @@ class Patch(StepKind):
                        diff=unified_diff(path, text, outcome.result) if ctx.with_diff else "")
 
     def facts(self, step: Step, inputs: Mapping[str, str], site: str) -> Facts:
-        path = resolve_image_path(step.spec["file"], site)
+        path = self.row_path(step, site)
         return Facts(python_files=(path,) if path.endswith(".py") else ())
 
     def emit(self, step: Step, ctx: EmitContext) -> Emitted:
-        path = resolve_image_path(step.spec["file"], ctx.base.site)
+        path = self.row_path(step, ctx.base.site)
         spec = {"op": "patch", "step": step.id, "path": path, "site": ctx.base.site, "old": step.spec["old"],
                 "new": step.spec["new"], "count": int(step.spec.get("count", 1))}
         instructions, files = applier_group(ctx, spec)
