@@ -34,6 +34,7 @@ sys.path.insert(0, str(_REPO / "overlays" / "bi100"))
 
 import paged_attention_v2 as pa  # noqa: E402
 import sorted_moe  # noqa: E402
+from overlays_common import paged_cache  # noqa: E402
 
 Q_HEADS, KV_HEADS, HEAD, BLOCK = 4, 1, 256, 16
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 128, 256, 8
@@ -65,17 +66,8 @@ def timed(fn: Callable[[], object], cuda: bool, budget_ms: float = 300.0) -> tup
 
 def decode_case(lens: list[int], device: str, seed: int = 0) -> dict[str, object]:
     gen = torch.Generator(device=device).manual_seed(seed)
-    x = 16 // 2  # fp16: 8 elements per 16 bytes, vLLM's key-cache layout
-    per_seq = [math.ceil(n / BLOCK) for n in lens]
-    blocks = sum(per_seq) + 16
-    kc = torch.randn(blocks, KV_HEADS, HEAD // x, BLOCK, x, generator=gen, device=device).half()
-    vc = torch.randn(blocks, KV_HEADS, HEAD, BLOCK, generator=gen, device=device).half()
-    perm = torch.randperm(blocks, generator=gen, device=device)
-    table = torch.zeros(len(lens), max(per_seq), dtype=torch.int32, device=device)
-    used = 0
-    for s, n in enumerate(per_seq):
-        table[s, :n] = perm[used:used + n].to(torch.int32)
-        used += n
+    kc, vc, table = paged_cache(lens, torch.float16, device, gen, spare_blocks=16, kv_heads=KV_HEADS, head_size=HEAD,
+                                block_size=BLOCK)
     q = torch.randn(len(lens), Q_HEADS, HEAD, generator=gen, device=device).half()
     return {"q": q, "kc": kc, "vc": vc, "table": table, "lens": lens,
             "seq_lens": torch.tensor(lens, dtype=torch.int32, device=device), "scale": 1 / math.sqrt(HEAD)}

@@ -59,14 +59,17 @@ class MoECase:
     ids: torch.Tensor
 
 
-def _paged_cache(lens: list[int], dtype: torch.dtype, device: str, gen: torch.Generator,
-                 spare_blocks: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def paged_cache(lens: list[int], dtype: torch.dtype, device: str, gen: torch.Generator, *, spare_blocks: int = 64,
+                kv_heads: int = NUM_KV_HEADS, head_size: int = HEAD_SIZE,
+                block_size: int = BLOCK_SIZE) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """vLLM's paged K/V cache layout (K as [blocks, heads, head/x, block, x], x = 16 bytes of ``dtype``) filled
+    from ``gen``, and block tables that hand each sequence randomly placed blocks."""
     x = 16 // torch.empty((), dtype=dtype).element_size()
-    per_seq = [max(1, math.ceil(n / BLOCK_SIZE)) for n in lens]
+    per_seq = [max(1, math.ceil(n / block_size)) for n in lens]
     num_blocks = sum(per_seq) + spare_blocks
-    kc = torch.randn(num_blocks, NUM_KV_HEADS, HEAD_SIZE // x, BLOCK_SIZE, x, generator=gen,
+    kc = torch.randn(num_blocks, kv_heads, head_size // x, block_size, x, generator=gen,
                      device=device).to(dtype)
-    vc = torch.randn(num_blocks, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, generator=gen, device=device).to(dtype)
+    vc = torch.randn(num_blocks, kv_heads, head_size, block_size, generator=gen, device=device).to(dtype)
     perm = torch.randperm(num_blocks, generator=gen, device=device)
     table = torch.zeros(len(lens), max(per_seq), dtype=torch.int32, device=device)
     used = 0
@@ -78,7 +81,7 @@ def _paged_cache(lens: list[int], dtype: torch.dtype, device: str, gen: torch.Ge
 
 def make_decode_case(lens: list[int], dtype: torch.dtype, device: str, seed: int = 0) -> DecodeCase:
     gen = torch.Generator(device=device).manual_seed(seed)
-    kc, vc, table = _paged_cache(lens, dtype, device, gen)
+    kc, vc, table = paged_cache(lens, dtype, device, gen)
     q = torch.randn(len(lens), NUM_HEADS, HEAD_SIZE, generator=gen, device=device).to(dtype)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     return DecodeCase(q, kc, vc, table, seq_lens, 1 / math.sqrt(HEAD_SIZE), max(lens))
@@ -87,7 +90,7 @@ def make_decode_case(lens: list[int], dtype: torch.dtype, device: str, seed: int
 def make_prefix_case(ctx_lens: list[int], new_lens: list[int], dtype: torch.dtype, device: str,
                      seed: int = 0) -> PrefixCase:
     gen = torch.Generator(device=device).manual_seed(seed)
-    kc, vc, table = _paged_cache(ctx_lens, dtype, device, gen)
+    kc, vc, table = paged_cache(ctx_lens, dtype, device, gen)
     total = sum(new_lens)
     q = torch.randn(total, NUM_HEADS, HEAD_SIZE, generator=gen, device=device).to(dtype)
     k = torch.randn(total, NUM_KV_HEADS, HEAD_SIZE, generator=gen, device=device).to(dtype)
