@@ -157,13 +157,16 @@ def against_server(url: str, before: dict[str, float], run: dict[str, Any], requ
     """Add what the client measured beyond what the server measured for the same requests (at concurrency 1 the
     server's speed cancels out): ``gap_ms_per_request`` = (client wall - the server's summed e2e latency) / n,
     ``ttft_gap_ms`` = client mean TTFT - the server's mean TTFT.  Waits (<= 5 s) for the counts to catch up."""
-    deadline = time.monotonic() + 5
-    while True:
-        after = server_snapshot(url)
-        n = after["vllm:e2e_request_latency_seconds_count"] - before["vllm:e2e_request_latency_seconds_count"]
-        if n >= requests or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    from imageforge.waits import wait_until
+
+    count = "vllm:e2e_request_latency_seconds_count"
+
+    def caught_up() -> dict[str, float] | None:
+        snapshot = server_snapshot(url)
+        return snapshot if snapshot[count] - before[count] >= requests else None
+
+    after = wait_until(caught_up, timeout=5, interval=0.2) or server_snapshot(url)
+    n = after[count] - before[count]
     e2e = after["vllm:e2e_request_latency_seconds_sum"] - before["vllm:e2e_request_latency_seconds_sum"]
     ttft_n = after["vllm:time_to_first_token_seconds_count"] - before["vllm:time_to_first_token_seconds_count"]
     ttft = after["vllm:time_to_first_token_seconds_sum"] - before["vllm:time_to_first_token_seconds_sum"]
@@ -251,6 +254,7 @@ def start_server(profile: str, server_cpu: str) -> tuple[Any, str, str, str]:
     from imageforge.run import HOST, free_port
     from imageforge.runs import new_run_id
     from imageforge.server_spec import container_spec
+    from imageforge.waits import probe_health, wait_until
 
     # prefix caching off: every client of a round sends the same prompts, and each run must compute all of them
     resolved = resolve(load_manifest(REPO / "build.yaml"), "cpu", profile, environ=os.environ,
@@ -266,17 +270,16 @@ def start_server(profile: str, server_cpu: str) -> tuple[Any, str, str, str]:
     container = client().containers.create(name, **spec)
     container.start()
     url = f"http://{HOST}:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                return container, url, image, models_host
-        except httpx.HTTPError:
-            pass
+
+    def healthy() -> bool | None:  # True: answers; False: the container stopped; None: not yet
+        if probe_health(http, url).ok:
+            return True
         container.reload()
-        if container.status not in ("created", "running"):
-            break
-        time.sleep(1)
+        return None if container.status in ("created", "running") else False
+
+    with httpx.Client(timeout=5) as http:
+        if wait_until(healthy, timeout=300, interval=1):
+            return container, url, image, models_host
     logs = container.logs(tail=40).decode("utf-8", "replace")
     container.remove(force=True)
     raise SystemExit(f"the server did not become healthy:\n{logs}")
