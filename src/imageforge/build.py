@@ -123,7 +123,7 @@ class Builder:
     scope: Containers
     base_ref: str
     base_id: str
-    environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
+    environ: Mapping[str, str]
     base_config: dict[str, Any] = field(init=False)
     revision: str = field(init=False)
     info: PackageInfo | None = field(init=False, default=None)
