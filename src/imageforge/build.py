@@ -153,7 +153,7 @@ class Builder:
             L_RUN: self.run_id,
             L_BASE: self.base_id,
             L_REVISION: self.revision,
-            L_CREATED: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            L_CREATED: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             f"{L_STEP}.{planned.id}.key": planned.key or "",
         }
         for name, digest in planned.inputs.items():

@@ -124,7 +124,7 @@ def describe(resolved: Any, plan: Any, image_attrs: Mapping[str, Any], *, tarbal
     options = run_options(resolved)
     return {
         "format": "imageforge-export/1",
-        "exported_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "exported_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "target": resolved.target.name,
         "profile": resolved.profile_name,
         "manifest_digest": resolved.manifest.digest,

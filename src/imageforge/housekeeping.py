@@ -157,7 +157,7 @@ def write_lock(resolved: Resolved, environ: Mapping[str, str], *, log: Log = pri
         raise missing_variable_error(resolved.target)
     ensure_daemon(log=log)
     entry = _current(resolved, environ, log, version_of_locked=None)
-    entry["locked_at"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    entry["locked_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     m = resolved.manifest
     path = lock_path(m)
     data = read_lock(path)

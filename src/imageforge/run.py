@@ -26,7 +26,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict, Unpack
+from typing import Any, TypedDict
+
+from typing_extensions import Unpack
 
 from . import settings
 from .base import base_reference

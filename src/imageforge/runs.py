@@ -23,7 +23,7 @@ STATE_DIR = ".imageforge"
 
 def new_run_id() -> str:
     """``20240101-120000-ab12``: sortable by time, unique enough for one machine."""
-    return _dt.datetime.now(_dt.UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
 
 def runs_dir(root: Path) -> Path:

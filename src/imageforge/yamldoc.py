@@ -526,7 +526,7 @@ def load_schema(name: str) -> dict[str, Any]:
     """A JSON Schema shipped in the package (``imageforge/schema/NAME``), so an installed wheel validates too."""
     from importlib.resources import files
 
-    schema: dict[str, Any] = json.loads(files(SCHEMA_PACKAGE).joinpath("schema", name).read_text(encoding="utf-8"))
+    schema: dict[str, Any] = json.loads(files(SCHEMA_PACKAGE).joinpath("schema").joinpath(name).read_text(encoding="utf-8"))
     return schema
 
 

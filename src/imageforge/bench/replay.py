@@ -593,7 +593,7 @@ def run_replay(requests: Sequence[ReplayRequest], url: str, *, model: str | None
         raise ConfigError(f"max requests must be >= 1 (got {max_requests})")
     served, _ = discover_model(url, model, transport=transport)
     limit = len(requests) if max_requests is None else min(max_requests, len(requests))
-    started_at = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     load_before = _loadavg()
     records: list[RequestRecord] = []
     stopped_by = "all requests" if limit == len(requests) else "request count"

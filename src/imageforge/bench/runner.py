@@ -49,7 +49,7 @@ async def _run(url: str, workload: Workload, echo: Log, transport: Any = None) -
                 if not res.ok:
                     notes.append(f"warm-up request failed: {res.error}")
         before = await client.metrics()
-        started_at = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+        started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         echo(f"bench {url} model {model}: {workload.requests} requests at concurrency {workload.concurrency}, "
              f"prompt {workload.prompt_tokens} tokens ({workload.prefix_tokens} shared), "
              f"output {workload.output_tokens} tokens, {mode} prompts, api {workload.api}")

@@ -338,7 +338,8 @@ def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequen
     interleaved = interleave and workload.repeat > 1 and len(points) > 1
     result = SweepResult(run_id=run_id, target=first.target.name, profile=first.profile_name, base_sets=list(sets),
                          workload=workload, points=[SweepPoint(dict(p)) for p in points], run_dir=run_dir,
-                         started_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), interleaved=interleaved)
+                         started_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                         interleaved=interleaved)
     seqs = [v for p in points for k, v in p.items() if k.removeprefix("serving.") == "max-num-seqs"
             and isinstance(v, int)]
     if seqs and max(seqs) > workload.concurrency:

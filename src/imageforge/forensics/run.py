@@ -398,7 +398,7 @@ def ablate_target(resolved: Resolved, workload: Workload, *, steps: Sequence[str
     run_id = new_run_id()
     out = out or resolved.manifest.root / ".imageforge" / "runs" / run_id
     out.mkdir(parents=True, exist_ok=True)
-    started_at = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.monotonic()
     echo(plan.text())
     images: dict[str, str] = {}

@@ -58,7 +58,7 @@ def write_reports(report: SmokeReport) -> tuple[Path, Path]:
     json_path = report.run_dir / "smoke.json"
     json_path.write_text(json.dumps(report.to_json(), indent=2, ensure_ascii=False, default=str) + "\n")
     suite = TestSuite(report.suite.name)
-    suite.timestamp = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    suite.timestamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     suite.hostname = report.url
     for result in report.results:
         case = TestCase(result.check.id, classname=f"smoke.{report.suite.name}", time=round(result.seconds, 4))
