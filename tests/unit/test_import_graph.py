@@ -34,7 +34,8 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("smoke", "bench"),  # checks and load against a server (bench: the evaluator replay, its metrics, plots)
     ("equiv", "forensics"),  # teacher-forced comparison; bisect and ablate over the step chain
     ("export", "submission"),  # the deliverables: a saved image; the tree the platform builds
-    ("app",),  # the front door: tasks.py calls only this
+    ("app",),  # the front door: the commands call only this
+    ("commands",),  # the `imageforge` command: the invoke task collection (tasks.py re-exports it)
 )
 STAGE = {name: level for level, names in enumerate(STAGES) for name in names}
 
