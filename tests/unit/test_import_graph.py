@@ -21,7 +21,7 @@ PACKAGE = "imageforge"
 STAGES: tuple[tuple[str, ...], ...] = (
     ("errors", "labels", "settings"),  # one error root, every label, the tool's own options
     # pure helpers; runs and locks; HTTP wire formats and the health wait; equiv tolerances
-    ("yamldoc", "patching", "patchfrom", "runs", "cli", "serving_client", "waits", "tolerances"),
+    ("yamldoc", "patching", "patchfrom", "runs", "cli", "serving_client", "waits", "tolerances", "starter", "progress"),
     ("docker_engine",),  # the daemon: engine setup, SDK client, the one error translator, container files
     ("manifest",),
     ("resolve",),
@@ -123,7 +123,8 @@ def test_function_local_and_type_checking_imports_count() -> None:
 
 
 def _copy(tmp_path: Path) -> Path:
-    shutil.copytree(SRC / PACKAGE, tmp_path / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
+    # symlinks=True: the starter's links to the repository's images/ stay links (not modules of the package)
+    shutil.copytree(SRC / PACKAGE, tmp_path / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"), symlinks=True)
     return tmp_path
 
 
