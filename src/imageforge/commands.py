@@ -423,7 +423,8 @@ def equiv(c: Context, cmd: Output, target: str = "", profile: str = "", against:
           top_k: int = 0, greedy_tokens: int = 0, prompts: int = 0, set_: list[str] | None = None) -> None:
     """Accuracy gate: serve TARGET:PROFILE and the reference at once, compare teacher-forced logprobs. Exit 4 over."""
     app.equiv(cmd.settings, target or None, profile or None, set_ or [], against=against, dtype=dtype, top_k=top_k,
-              greedy_tokens=greedy_tokens, prompts=prompts, show=lambda r: cmd.result(None, r.to_json()))
+              greedy_tokens=greedy_tokens, prompts=prompts,
+              show=lambda r: cmd.result(r.text(), r.to_json(), logged=True))
 
 
 @command(json=True, host=True, iterable=["check", "set_"], help={
@@ -440,7 +441,7 @@ def bisect(c: Context, cmd: Output, target: str = "", profile: str = "", check: 
            set_: list[str] | None = None) -> None:
     """Find the first step whose image fails --check (or the suite), by binary search over the steps. Exit 4 if one."""
     app.bisect(cmd.settings, target or None, profile or None, set_ or [], check=check or [], suite=suite,
-               tags=tags, repeat=repeat, flaky=flaky, show=lambda r: cmd.result(None, r.to_json()))
+               tags=tags, repeat=repeat, flaky=flaky, show=lambda r: cmd.result(r.text(), r.to_json(), logged=True))
 
 
 @command(json=True, host=True, workload="ablate", iterable=["set_"], help={
@@ -459,7 +460,7 @@ def ablate(c: Context, cmd: Output, target: str = "", profile: str = "", steps: 
 
     result = app.ablate(cmd.settings, target or None, profile or None, set_ or [], workload=workload or Workload(),
                         steps=steps, repeat=repeat, out=out, equiv=not no_equiv)
-    cmd.result(None, result.to_json())
+    cmd.result(result.text(), result.to_json(), logged=True)
 
 
 # --------------------------------------------------------------------------- what the platform builds

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ErrorCollector, Location, Problem, SmokeError
+from ..progress import progress
 from .client import stream_request
 from .evaluator import ErrorClass, EvalReport, RequestRecord, classify_error, evaluate
 from .workload import bound_problems
@@ -602,18 +603,20 @@ def run_replay(requests: Sequence[ReplayRequest], url: str, *, model: str | None
     async def loop() -> str:
         async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=httpx.Timeout(timeout, connect=10.0),
                                      transport=transport) as client:
-            for i, request in enumerate(requests[:limit]):
-                if time.monotonic() - begin >= duration:
-                    return "duration"
-                body = prepare_body(request, served, planned_output=planned_output)
-                record = await send_one(client, i, body, planned_input=request.planned_input)
-                records.append(record)
-                if log is not None:
-                    state = "ok" if record.ok else f"{record.error_class} ({record.error})"
-                    ttft = "-" if record.ttft_s is None else f"{record.ttft_s:.3f}s"
-                    log(f"  [{i + 1}/{limit}] {state}: prompt {record.prompt_tokens} (cached "
-                        f"{record.cached_tokens}), out {record.completion_tokens}, ttft {ttft}, "
-                        f"total {record.total_s or 0:.3f}s")
+            with progress("replay requests", total=limit, unit="requests") as bar:
+                for i, request in enumerate(requests[:limit]):
+                    if time.monotonic() - begin >= duration:
+                        return "duration"
+                    body = prepare_body(request, served, planned_output=planned_output)
+                    record = await send_one(client, i, body, planned_input=request.planned_input)
+                    records.append(record)
+                    bar.advance()
+                    if log is not None:
+                        state = "ok" if record.ok else f"{record.error_class} ({record.error})"
+                        ttft = "-" if record.ttft_s is None else f"{record.ttft_s:.3f}s"
+                        log(f"  [{i + 1}/{limit}] {state}: prompt {record.prompt_tokens} (cached "
+                            f"{record.cached_tokens}), out {record.completion_tokens}, ttft {ttft}, "
+                            f"total {record.total_s or 0:.3f}s")
         return stopped_by
 
     stopped_by = asyncio.run(loop())

@@ -71,12 +71,14 @@ def _load(value: Any) -> str:
 
 
 def make_console() -> Any:
-    """A rich console; 160 columns when stdout is not a terminal (rich would squeeze tables into 80)."""
-    import sys
-
+    """A rich console on the command's result stream (stdout; stderr under --json); 160 columns when that is not
+    a terminal (rich would squeeze tables into 80)."""
     from rich.console import Console
 
-    return Console() if sys.stdout.isatty() else Console(width=160)
+    from ..cli import results_stream
+
+    stream = results_stream()
+    return Console(file=stream) if stream.isatty() else Console(file=stream, width=160)
 
 
 def print_bench(bench: BenchResult, echo: Log = print, console: Any = None) -> None:

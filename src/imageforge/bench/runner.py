@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, SmokeError
+from ..progress import progress
 from ..serving_client import check_url
 from ..waits import await_until
 from .client import BenchClient
@@ -55,13 +56,17 @@ async def _run(url: str, workload: Workload, echo: Log, transport: Any = None) -
              f"output {workload.output_tokens} tokens, {mode} prompts, api {workload.api}")
         gate = asyncio.Semaphore(workload.concurrency)
 
-        async def limited(prompt: Prompt) -> RequestResult:
-            async with gate:
-                return await client.send(model, prompt)
+        with progress("bench requests", total=len(prompts), unit="requests") as bar:
+            async def limited(prompt: Prompt) -> RequestResult:
+                async with gate:
+                    try:
+                        return await client.send(model, prompt)
+                    finally:
+                        bar.advance()
 
-        t0 = time.monotonic()
-        tasks = [asyncio.create_task(limited(p)) for p in prompts]
-        done, pending = await asyncio.wait(tasks, timeout=workload.duration)
+            t0 = time.monotonic()
+            tasks = [asyncio.create_task(limited(p)) for p in prompts]
+            done, pending = await asyncio.wait(tasks, timeout=workload.duration)
         for task in pending:
             task.cancel()
         if pending:
