@@ -346,6 +346,8 @@ WORKLOAD_HELP = {
     "warmup": "Unmeasured warm-up requests first (default 1)",
     "max_error_rate": "Fail (exit 4) above this fraction of failed requests (default 0)",
     "repeat": "Runs on the same server (seeds seed, seed+1 ...); the median by score is reported (default 1)",
+    "request_rate": "Requests per second arriving as a Poisson process (seeded by --seed), still gated by "
+                    "--concurrency (default 0: all at once, as vllm bench serve's inf)",
 }
 
 
@@ -370,7 +372,7 @@ def bench(c: Context, cmd: Output, url: str = "", target: str = "", profile: str
 
     --replay: the evaluator's workload one request at a time, its metrics and PASS/FAIL lines, bench.json + PNG.
     Workload options also answer to `vllm bench serve`'s names: --num-prompts, --max-concurrency,
-    --random-input-len, --random-output-len."""
+    --random-input-len, --random-output-len, --request-rate (Poisson arrivals); the report adds p99s and ITL."""
     from .bench import Workload, replay_options
 
     w = workload or Workload()

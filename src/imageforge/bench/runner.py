@@ -51,13 +51,16 @@ async def _run(url: str, workload: Workload, echo: Log, transport: Any = None) -
                     notes.append(f"warm-up request failed: {res.error}")
         before = await client.metrics()
         started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        echo(f"bench {url} model {model}: {workload.requests} requests at concurrency {workload.concurrency}, "
+        rate = f", {workload.request_rate:g} requests/s (Poisson)" if workload.request_rate > 0 else ""
+        echo(f"bench {url} model {model}: {workload.requests} requests at concurrency {workload.concurrency}{rate}, "
              f"prompt {workload.prompt_tokens} tokens ({workload.prefix_tokens} shared), "
              f"output {workload.output_tokens} tokens, {mode} prompts, api {workload.api}")
         gate = asyncio.Semaphore(workload.concurrency)
 
         with progress("bench requests", total=len(prompts), unit="requests") as bar:
-            async def limited(prompt: Prompt) -> RequestResult:
+            async def limited(prompt: Prompt, arrival: float) -> RequestResult:
+                if arrival > 0:  # --request-rate: the Poisson arrival time of this request
+                    await asyncio.sleep(max(0.0, t0 + arrival - time.monotonic()))
                 async with gate:
                     try:
                         return await client.send(model, prompt)
@@ -65,7 +68,7 @@ async def _run(url: str, workload: Workload, echo: Log, transport: Any = None) -
                         bar.advance()
 
             t0 = time.monotonic()
-            tasks = [asyncio.create_task(limited(p)) for p in prompts]
+            tasks = [asyncio.create_task(limited(p, at)) for p, at in zip(prompts, workload.arrivals(), strict=True)]
             done, pending = await asyncio.wait(tasks, timeout=workload.duration)
         for task in pending:
             task.cancel()
