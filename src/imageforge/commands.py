@@ -199,7 +199,7 @@ def build(c: Context, cmd: Output, target: str = "", profile: str = "", set_: li
     """Build (or reuse from cache) every layer of TARGET:PROFILE, verify it, then move its tags."""
     result = app.build(cmd.settings, target or None, profile or None, set_ or [], verbose=verbose, quiet=cmd.quiet,
                        locked=locked)
-    cmd.result(None, result.to_json())
+    cmd.result(f"IMAGE={result.tags[0]}" if result.tags else None, result.to_json())
 
 
 @command(help={"dir": "Directory of the new project (default: the current one); existing files are kept",

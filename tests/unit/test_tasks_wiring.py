@@ -257,3 +257,36 @@ def test_submission_check_task_on_a_written_tree(tmp_path: Path) -> None:
 
     both = invoke("submission", "--target", "cpu", "--out", str(tree), "--check", "--git")
     assert both.returncode == 2 and "--check only reads the tree" in both.stderr
+
+
+def test_smoke_json_and_junit_come_from_the_report_before_the_verdict(
+        tasks_ns: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    junit = tmp_path / "run" / "smoke-junit.xml"
+    junit.parent.mkdir()
+    junit.write_text("<testsuites/>\n")
+
+    class Report:
+        junit_path = junit
+
+        def summary_line(self) -> str:
+            return "1 passed, 1 failed"
+
+        def to_json(self) -> dict[str, Any]:
+            return {"passed": 1, "failed": 1}
+
+    def failing_smoke(*args: Any, show: Callable[[Any], None], **kwargs: Any) -> None:
+        print("a progress line")  # a library log line: stderr
+        show(Report())
+        raise ConfigError("stands in for the verdict")
+
+    monkeypatch.setattr(app, "smoke", failing_smoke)
+    Program(namespace=tasks_ns).run(["invoke", "smoke", "--url", "http://127.0.0.1:9", "--json", "--junit",
+                                     str(tmp_path / "out.xml")], exit=False)
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"passed": 1, "failed": 1}  # stdout: the one JSON document only
+    assert "a progress line" in captured.err and "stands in for the verdict" in captured.err
+    assert (tmp_path / "out.xml").read_text() == "<testsuites/>\n"
+    Program(namespace=tasks_ns).run(["invoke", "smoke", "--url", "http://127.0.0.1:9", "-q"], exit=False)
+    captured = capsys.readouterr()
+    assert captured.out == "smoke: 1 passed, 1 failed\n"
+    assert "a progress line" not in captured.err and "stands in for the verdict" in captured.err  # errors stay
