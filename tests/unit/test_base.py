@@ -329,19 +329,17 @@ def test_ensure_model_reuses_and_rewrites(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 
 def test_the_recipe_is_read_once_and_passed_as_data(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import yaml
+    reads: list[Path] = []
+    real = base.recipe.load_recipe
 
-    reads: list[str] = []
-    real = yaml.safe_load
+    def counting(recipe_dir: Path) -> base.Recipe:
+        reads.append(recipe_dir)
+        return real(recipe_dir)
 
-    def counting(text: str) -> object:
-        reads.append(text)
-        return real(text)
-
-    monkeypatch.setattr(base.recipe.yaml, "safe_load", counting)
+    monkeypatch.setattr(base.recipe, "load_recipe", counting)  # the one reader of base.yaml
     monkeypatch.setenv("IMAGEFORGE_CACHE", str(tmp_path))
     monkeypatch.setattr(de, "_ping", lambda timeout=5: "no daemon")
-    recipe = base.load_recipe(RECIPE)
+    recipe = base.as_recipe(RECIPE)
     assert len(reads) == 1
     assert recipe.lock == tuple(base.parse_lock(recipe.lock_path.read_text())) and len(recipe.lock) > 100
     refs = base.recipe_refs(recipe)
