@@ -533,6 +533,18 @@ def submission(c: Context, out: str, target: str = "", profile: str = "", check:
                 _print(result.to_json(), True)
 
 
+@task(auto_shortflags=False, short={"json": "j"},
+      help={"python": "CPython version of the machine it is for (default 3.10: the card's box)",
+            "out": "Folder to write (default: .imageforge/wheelhouse/cpXY); emptied when it holds an earlier one",
+            "json": "Print one JSON object", "traceback": TRACEBACK_HELP})
+def wheels(c: Context, python: str = "3.10", out: str = "", json: bool = False, traceback: bool = False) -> None:
+    """Offline wheelhouse for a box without PyPI: wheels, hashed requirements.txt, <= 4 MB parts + their joiner."""
+    with user_errors(traceback):
+        tag = "cp" + python.replace(".", "")
+        result = app.wheels(python, out or str(Path(".imageforge") / "wheelhouse" / tag))
+        _print(result.to_json() if json else result.text(), json)
+
+
 def _quiet(_line: str) -> None:
     return None
 
@@ -551,6 +563,6 @@ def _print(payload: object, as_json: bool) -> None:
 
 
 ns = Collection(validate, plan, base, build, test, check_patches, patch_from, lock, export, clean, run, stop,
-                smoke, demo, bench, sweep, equiv, bisect, ablate, submission)
+                smoke, demo, bench, sweep, equiv, bisect, ablate, submission, wheels)
 ns.configure({"run": {"echo": True}})
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
