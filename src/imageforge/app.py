@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .run import Server
     from .smoke import SmokeReport
     from .submission import SubmissionResult
+    from .wheelhouse import Wheelhouse
 
 Log = Callable[[str], None]
 
@@ -364,3 +365,16 @@ def check_submission(s: Settings, target: str | None, profile: str | None, sets:
 
     resolved = _resolve(s, load(s), target, profile, sets)
     return check(resolved, Path(out), environ=s.environ, log=log)
+
+
+# --------------------------------------------------------------------------- the card's box (issue 21)
+
+
+def wheels(python: str, out: str, *, log: Log | None = None) -> Wheelhouse:
+    """`wheels`: an offline wheelhouse (imageforge + runtime dependencies) for CPython ``python`` on x86_64.
+
+    No manifest and no daemon: the wheel is built from the checkout this package was imported from.
+    """
+    from .wheelhouse import make_wheelhouse
+
+    return make_wheelhouse(Path(out), python=python, log=log)
