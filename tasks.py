@@ -23,8 +23,10 @@ from imageforge.commands import task  # noqa: E402
 
 
 @task(help={"unit": "Only the fast tests (no Docker daemon)", "k": "pytest -k expression",
-            "lint": "Run ruff and mypy first (default true)"})
-def test(c: Context, unit: bool = False, k: str = "", lint: bool = True) -> None:
+            "lint": "Run ruff and mypy first (default true)",
+            "coverage": "Measure src/ line coverage (subprocesses too); TOTAL line at the end, report in "
+                        ".imageforge/coverage/"})
+def test(c: Context, unit: bool = False, k: str = "", lint: bool = True, coverage: bool = False) -> None:
     """Lint, type-check and run the tests (sets up the Docker engine and base images first)."""
     py = sys.executable
     if lint:
@@ -37,7 +39,33 @@ def test(c: Context, unit: bool = False, k: str = "", lint: bool = True) -> None
         with user_errors():
             app.base(app.settings(manifest=str(ROOT / "build.yaml")), "cpu")
     selector = f" -k {shlex.quote(k)}" if k else ""
-    c.run(f"{py} -m pytest {paths}{selector}", pty=False)
+    if not coverage:
+        c.run(f"{py} -m pytest {paths}{selector} --durations=20", pty=False)
+        return
+    _test_with_coverage(c, f"-m pytest {paths}{selector} --durations=20")
+
+
+def _test_with_coverage(c: Context, args: str) -> None:
+    """``coverage run`` over pytest; pyproject's [tool.coverage] patches subprocess, so every Python process the
+    tests start (invoke subprocesses, a server process) writes its own data file; combined, then TOTAL printed."""
+    import shutil
+
+    from invoke.exceptions import Exit
+
+    py = sys.executable
+    out = ROOT / ".imageforge" / "coverage"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    env = {"COVERAGE_FILE": str(out / "data"), "COVERAGE_RCFILE": str(ROOT / "pyproject.toml")}
+    result = c.run(f"{py} -m coverage run {args}", pty=False, warn=True, env=env)
+    c.run(f"{py} -m coverage combine --quiet", pty=False, env=env, warn=True)
+    report = c.run(f"{py} -m coverage report", pty=False, env=env, hide=True, warn=True)
+    (out / "report.txt").write_text(report.stdout if report else "")
+    total = [line for line in (report.stdout if report else "").splitlines() if line.startswith("TOTAL")]
+    print(f"coverage of src/ (report: {out / 'report.txt'}):")
+    print(total[-1] if total else "TOTAL: no coverage data")
+    if result is None or result.return_code:
+        raise Exit(code=result.return_code if result else 1)
 
 
 ns = commands.collection(test)

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .run import Server
     from .smoke import SmokeReport
     from .submission import SubmissionResult
+    from .wheelhouse import Wheelhouse
 
 Log = Callable[[str], None]
 
@@ -53,10 +54,23 @@ def load(s: Settings) -> Manifest:
     return load_manifest(s.manifest)
 
 
+def _validated(s: Settings, manifest: Manifest) -> None:
+    """What `validate` refuses, every command that resolves a target refuses (exit 2, validate's message),
+    whichever profile it selects: every profile of every target resolves, and the serving args of every
+    target and profile pass the cached flag tables. Pure and cheap (no YAML parse: the loaded document;
+    ~3 ms)."""
+    from .flagcheck import check_validate
+    from .resolve import validate_all
+
+    validate_all(manifest)
+    check_validate(manifest, s.environ)
+
+
 def _resolve(s: Settings, manifest: Manifest, target: str | None, profile: str | None,
              sets: Sequence[str] = ()) -> Resolved:
     from .resolve import resolve
 
+    _validated(s, manifest)
     return resolve(manifest, target, profile, environ=s.environ, sets=sets)
 
 
@@ -117,6 +131,7 @@ def check_patches(s: Settings, target: str | None, profile: str | None, *, diff:
     from .flagcheck import check_target
 
     manifest = load(s)
+    _validated(s, manifest)
     report = check(manifest, target, profile, environ=s.environ, diff=diff)
     show(report)
     fail_if_broken(report)
@@ -129,7 +144,9 @@ def patch_from(s: Settings, target: str | None, file: str, edited: str, *, again
     """`patch-from`: the anchored patch steps that turn an image file into EDITED."""
     from .checkpatches import patch_from as derive
 
-    return derive(load(s), target, file, edited, environ=s.environ, against_base=against_base, id_prefix=id_prefix)
+    manifest = load(s)
+    _validated(s, manifest)
+    return derive(manifest, target, file, edited, environ=s.environ, against_base=against_base, id_prefix=id_prefix)
 
 
 def lock(s: Settings, target: str | None) -> tuple[Path, dict[str, Any]]:
@@ -277,7 +294,9 @@ def sweep(s: Settings, target: str | None, profile: str | None, params: Sequence
     parsed = parse_params(params)
     w = sweep_workload(parsed, _workload(workload), requests_given=requests_given,
                        concurrency_given=concurrency_given)
-    result = run_sweep(load(s), target, profile, parsed, w, sets=sets, environ=s.environ, echo=echo,
+    manifest = load(s)
+    _validated(s, manifest)
+    result = run_sweep(manifest, target, profile, parsed, w, sets=sets, environ=s.environ, echo=echo,
                        host_address=s.host_address, interleave=interleave)
     return report_sweep(result, echo)
 
@@ -364,3 +383,16 @@ def check_submission(s: Settings, target: str | None, profile: str | None, sets:
 
     resolved = _resolve(s, load(s), target, profile, sets)
     return check(resolved, Path(out), environ=s.environ, log=log)
+
+
+# --------------------------------------------------------------------------- the card's box (issue 21)
+
+
+def wheels(python: str, out: str, *, log: Log | None = None) -> Wheelhouse:
+    """`wheels`: an offline wheelhouse (imageforge + runtime dependencies) for CPython ``python`` on x86_64.
+
+    No manifest and no daemon: the wheel is built from the checkout this package was imported from.
+    """
+    from .wheelhouse import make_wheelhouse
+
+    return make_wheelhouse(Path(out), python=python, log=log)

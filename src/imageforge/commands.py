@@ -491,8 +491,18 @@ def submission(c: Context, cmd: Output, out: str = "", target: str = "", profile
         cmd.result(None, result.to_json())
 
 
+@command(json=True, manifest=False, help={
+    "python": "CPython version of the machine it is for (default 3.10: the card's box)",
+    "out": "Folder to write (default: .imageforge/wheelhouse/cpXY); emptied when it holds an earlier one"})
+def wheels(c: Context, cmd: Output, python: str = "3.10", out: str = "") -> None:
+    """Offline wheelhouse for a box without PyPI: wheels, hashed requirements.txt, <= 4 MB parts + their joiner."""
+    tag = "cp" + python.replace(".", "")
+    result = app.wheels(python, out or str(Path(".imageforge") / "wheelhouse" / tag))
+    cmd.result(result.text(), result.to_json())
+
+
 TASKS: tuple[Task[Any], ...] = (validate, plan, base, build, init, check_patches, patch_from, lock, export, clean, run,
-                                 stop, smoke, demo, bench, sweep, equiv, bisect, ablate, submission)
+                                 stop, smoke, demo, bench, sweep, equiv, bisect, ablate, submission, wheels)
 
 
 def collection(*extra: Task[Any]) -> Collection:

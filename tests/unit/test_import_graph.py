@@ -21,7 +21,8 @@ PACKAGE = "imageforge"
 STAGES: tuple[tuple[str, ...], ...] = (
     ("errors", "labels", "settings"),  # one error root, every label, the tool's own options
     # pure helpers; runs and locks; HTTP wire formats and the health wait; equiv tolerances
-    ("yamldoc", "patching", "patchfrom", "runs", "cli", "serving_client", "waits", "tolerances", "starter", "progress"),
+    ("yamldoc", "patching", "pycheck", "patchfrom", "runs", "cli", "serving_client", "waits", "tolerances", "starter",
+     "progress", "wheelhouse_join", "wheelhouse"),  # wheelhouse_join: the stdlib joiner shipped beside the parts
     ("docker_engine",),  # the daemon: engine setup, SDK client, the one error translator, container files
     ("manifest",),
     ("resolve",),
