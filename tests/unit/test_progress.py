@@ -84,3 +84,19 @@ def test_watch_size_follows_a_folder(tmp_path: Path) -> None:
         (tmp_path / "sub").mkdir()
         (tmp_path / "sub" / "b.whl").write_bytes(b"x" * 200)
     assert tracker.completed == 300
+
+
+def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import importlib.util
+
+    from imageforge.bench.plots import plot_sweep
+    from imageforge.errors import InfraError, require_extra
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    with pytest.raises(InfraError, match="needs the Python package 'matplotlib'") as caught:
+        plot_sweep([{"value": 1, "score": 1.0, "output_tps_p10": 1.0, "ttft_p90_s": 0.1}], tmp_path / "s.png",
+                   param="max-num-seqs")
+    assert caught.value.hint == "pip install 'imageforge[plots]' (the 'plots' extra)"
+    assert caught.value.exit_code == 5
+    require_extra("json", "none", "the standard library")  # installed: nothing raised
