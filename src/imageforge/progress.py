@@ -58,6 +58,7 @@ class Tracker:
         self._bar, self._task, self._clock = bar, task, clock
         self._t0 = clock()
         self._last_line = float("-inf")
+        self._finished = False
 
     def advance(self, n: float = 1) -> None:
         self.update(completed=self.completed + n)
@@ -77,6 +78,8 @@ class Tracker:
     def line(self, now: float | None = None) -> str:
         """``label: done/total unit (pct%), ETA Ns`` (bytes shown as sizes)."""
         now = self._clock() if now is None else now
+        if not self.total and not self.unit and not self.completed:  # work without a measure: running, then done
+            return f"{self.label}: {'done' if self._finished else 'running'} ({now - self._t0:.0f}s)"
         done = _size(self.completed) if self.unit == "bytes" else f"{self.completed:g}"
         text = f"{self.label}: {done}"
         if self.total:
@@ -98,6 +101,7 @@ class Tracker:
         self.stream.flush()
 
     def finish(self) -> None:
+        self._finished = True
         if self._bar is None and self.stream is not None:
             self._write_line(self._clock())
 
