@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -72,8 +73,6 @@ def _load(value: Any) -> str:
 
 def make_console() -> Any:
     """A rich console; 160 columns when stdout is not a terminal (rich would squeeze tables into 80)."""
-    import sys
-
     from rich.console import Console
 
     return Console() if sys.stdout.isatty() else Console(width=160)
