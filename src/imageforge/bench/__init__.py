@@ -68,7 +68,7 @@ from .sweeps import (
     sweep_image,
     sweep_workload,
 )
-from .workload import APIS, Prompt, Workload, prompt_words, workload_from_cli
+from .workload import APIS, Prompt, Workload, prompt_words
 
 __all__ = [
     "APIS",
@@ -122,6 +122,5 @@ __all__ = [
     "sweep_image",
     "sweep_workload",
     "verdict",
-    "workload_from_cli",
     "write_bench",
 ]
