@@ -425,7 +425,6 @@ targets:
 
 def test_sweep_continues_past_failing_points_and_builds_under_a_sweep_image(
         write_manifest: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from imageforge import build as build_mod
     from imageforge.build import StepResult
     from imageforge.manifest import load_manifest
 
@@ -454,7 +453,7 @@ def test_sweep_continues_past_failing_points_and_builds_under_a_sweep_image(
         b.json_path = tmp_path / f"b{seqs}.json"
         return b
 
-    monkeypatch.setattr(build_mod, "build_target", fake_build)
+    monkeypatch.setattr(bench_mod.sweeps, "build_target", fake_build)
     monkeypatch.setattr(bench_mod.sweeps, "bench_target", fake_bench)
     lines: list[str] = []
     result = bench_mod.sweep(manifest, "t", None, [("max-num-seqs", [1, 4, 8, 16])],

@@ -19,11 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..build import build_target
 from ..errors import ConfigError, ImageforgeError, SmokeError
+from ..resolve import resolve
+from ..run import serving
+from ..runs import new_run_id
 from .metrics import PLATEAU_TOLERANCE, SCORE_CACHE_WEIGHT, SCORE_INPUT_WEIGHT, SCORE_OUTPUT_WEIGHT, plateau_index
-from .report import fmt, make_console, ms
+from .plots import plot_sweep
+from .report import fmt, make_console, ms, write_bench
 from .results import rounded
-from .runner import bench_target, verdict
+from .runner import bench_target, median_run, run_bench, verdict
 from .workload import Workload
 
 Log = Callable[[str], None]
@@ -217,8 +222,6 @@ class SweepResult:
         return out
 
     def plot(self) -> Path | None:
-        from .plots import plot_sweep
-
         points = self.plot_points()
         if not points:
             return None
@@ -323,9 +326,6 @@ def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequen
     server started, benched ``repeat`` times, removed). Servers are published on and reached at
     ``host_address`` (default: from ``environ``).
     """
-    from ..resolve import resolve
-    from ..runs import new_run_id
-
     workload.validate()
     environ = os.environ if environ is None else environ
     points = combinations(params)
@@ -363,8 +363,6 @@ def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequen
 
 def _build_point(i: int, point: SweepPoint, resolved: Any, result: SweepResult, environ: Mapping[str, str],
                  echo: Log) -> bool:
-    from ..build import build_target
-
     label = " ".join(f"{k}={v}" for k, v in point.params.items())
     echo(f"[{i}/{len(result.points)}] {label}")
     with _quiet_log(result.run_dir / f"point-{i}.log") as log:
@@ -415,11 +413,6 @@ def _sweep_sequential(result: SweepResult, resolved_points: Sequence[Any], workl
 def _sweep_interleaved(result: SweepResult, resolved_points: Sequence[Any], workload: Workload, *,
                        environ: Mapping[str, str], echo: Log, startup_timeout: float | None,
                        host_address: str | None = None) -> None:
-    from ..run import serving
-    from ..runs import new_run_id
-    from .report import write_bench
-    from .runner import median_run, run_bench
-
     built = [i for i, (point, resolved) in enumerate(zip(result.points, resolved_points, strict=True))
              if _build_point(i + 1, point, resolved, result, environ, echo)]
     servers: dict[int, Any] = {}
