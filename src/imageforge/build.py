@@ -31,7 +31,7 @@ import subprocess
 import tarfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +81,7 @@ from .runs import RunLog, image_lock
 from .runs import new_run_id as new_run_id  # smoke and bench still import it from here
 from .scripts import IDLE_LOOP
 from .steps import SERVING_CONFIG, ApplyContext, Changes, ContainerFS, Entry, StepProblem, kind
-from .verify import verify_image, verify_spec
+from .verify import verified_contents, verify_context, verify_image, verify_spec
 
 Log = Callable[[str], None]
 
@@ -105,7 +105,7 @@ class StepResult:
     id: str
     kind: str
     stage: str
-    cache: str  # HIT, BUILT, SKIPPED (already applied)
+    cache: str  # HIT, BUILT, SKIPPED (already applied), REUSED (verify: the imports passed on this content before)
     key: str
     image_id: str
     seconds: float
@@ -267,13 +267,15 @@ class Builder:
         assert self.info is not None
         parent_config = client().images.get(parent).attrs["Config"] or {}
         spec = verify_spec(self.plan, self.info.site)
+        spec = replace(spec, context=verify_context(self.plan, self.base_id, self.info.python, spec, self.environ),
+                       verified=verified_contents())
         with daemon_errors("verifying"):
             report = verify_image(self.scope, parent, parent_config, self.target, self.info, spec, log=self.log,
                                   verbose=self.verbose)
         image_id = self.commit(report.container, planned, parent_config,
                                extra_labels={L_VERIFIED: canonical(report.summary())})
         self.scope.remove(report.container)
-        return image_id, report.text()
+        return image_id, ("REUSED " if report.reused else "") + report.text()
 
     def run_config(self, planned: PlannedStep, parent: str) -> tuple[str, str]:
         parent_config = client().images.get(parent).attrs["Config"] or {}
@@ -379,7 +381,9 @@ def build(plan: Plan, base: BaseIdentity, *, runlog: RunLog, verbose: bool = Fal
                 runner = {"verify": builder.run_verify, "config": builder.run_config}.get(planned.stage,
                                                                                          builder.run_step)
                 image_id, detail = runner(planned, parent)
-                cache = "SKIPPED" if detail.startswith("already applied") else "BUILT"
+                cache = ("SKIPPED" if detail.startswith("already applied")
+                         else "REUSED" if detail.startswith("REUSED ") else "BUILT")
+                detail = detail.removeprefix("REUSED ")
             dt = time.monotonic() - t0
             results.append(StepResult(planned.id, planned.kind, planned.stage, cache, planned.key,
                                       image_id, dt, detail))
