@@ -14,7 +14,8 @@ first one in the manifest: the most steps redone); a profile-only change (one se
 profile).  imageforge's verification step (stale bytecode, py_compile, imports of the patched
 modules in the image) has no Dockerfile counterpart: users wait for it, so the ratio counts it
 (issue 25); the ratio without it is shown next to it. The same Dockerfile is built a second time per
-round with its own salt (A/A): its ratio to the first says how much of a difference is noise.  Prints a markdown table; --write-results puts it into bench/RESULTS.md under
+round with its own salt (A/A): its ratio to the first says how much of a difference is noise.
+Prints a markdown table; --write-results puts it into bench/RESULTS.md under
 ``## Build engine vs Dockerfile (issue 5)`` (only that section is replaced).
 """
 

@@ -28,8 +28,8 @@ CASES: list[tuple[str, list[str], float | None]] = [
     ('import floor: python -c "import yaml, jsonschema, invoke"', FLOOR, None),
     ("import floor again (A/A)", FLOOR, None),
     ("invoke validate", [*INVOKE, "validate"], 0.5),
-    ("invoke plan --target bi100 --profile aggressive --json --no-daemon",
-     [*INVOKE, "plan", "--target", "bi100", "--profile", "aggressive", "--json", "--no-daemon"], 0.5),
+    ("invoke plan --target bi100 --profile replay-big-chunks --json --no-daemon",
+     [*INVOKE, "plan", "--target", "bi100", "--profile", "replay-big-chunks", "--json", "--no-daemon"], 0.5),
     ("invoke plan --target cpu (asks the daemon)", [*INVOKE, "plan", "--target", "cpu"], None),
     ("invoke build --target cpu (no-op, all HIT)", [*INVOKE, "build", "--target", "cpu"], 0.5),
 ]

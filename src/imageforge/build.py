@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import json
 import os
 import subprocess
@@ -124,13 +125,13 @@ class Builder:
     base_ref: str
     base_id: str
     environ: Mapping[str, str]
-    base_config: dict[str, Any] = field(init=False)
-    revision: str = field(init=False)
     info: PackageInfo | None = field(init=False, default=None)
 
-    def __post_init__(self) -> None:
-        self.base_config = client().images.get(self.base_id).attrs["Config"] or {}
-        self.revision = git_revision(self.resolved.manifest.root)
+    @functools.cached_property
+    def revision(self) -> str:
+        """The manifest checkout's git revision, for the labels: asked only when a layer is committed
+        (two git processes; a no-op build commits nothing)."""
+        return git_revision(self.resolved.manifest.root)
 
     @property
     def resolved(self) -> Resolved:

@@ -225,7 +225,8 @@ def _accept_all(resolved: Resolved) -> FlagTable:
 
 def test_a_flag_cache_hit_opens_no_session_and_parses_no_yaml_with_the_position_loader(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The no-op build's flag check: manifest loaded once by the position loader, then nothing of it again."""
+    """The no-op build's manifest and flag check: read with libyaml, never the position-tracking Python loader
+    (it re-reads a file only to report a problem in it)."""
     env = {"IMAGEFORGE_CACHE": str(tmp_path / "cache")}
     positional: list[str] = []
     original = yamldoc._Loader.__init__
@@ -240,7 +241,7 @@ def test_a_flag_cache_hit_opens_no_session_and_parses_no_yaml_with_the_position_
     monkeypatch.setattr(yamldoc._Loader, "__init__", counting)
     monkeypatch.setattr(checkpatches, "image_session", no_daemon)
     manifest = load_manifest(REPO / "build.yaml")
-    assert len(positional) == 1  # the manifest itself
+    assert positional == []
     resolved = resolve(manifest, "cpu", None, environ=env)
     target = resolved.target
     base_id = "sha256:" + "1" * 64
@@ -249,7 +250,18 @@ def test_a_flag_cache_hit_opens_no_session_and_parses_no_yaml_with_the_position_
     assert check_resolved(resolved, env) is None  # checked: no "flags not checked" note
     assert check_resolved(resolved, env) is None  # the suite's models now come from their content cache
     assert list((tmp_path / "cache" / "flags" / "suites").glob("*.json"))
-    assert len(positional) == 1, positional
+    assert positional == []
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("version: 1\ntargets: [\n")
+    with pytest.raises(ConfigError):
+        load_manifest(broken)
+    assert len(positional) == 1  # a file with a problem: the position loader says where
+
+
+@pytest.mark.parametrize("name", ["build.yaml", "smoke/dummy.yaml", "smoke/real-weights.yaml", "images/cpu/base.yaml"])
+def test_libyaml_reads_the_same_document_as_the_position_loader(name: str) -> None:
+    slow, fast = yamldoc.load_yaml(REPO / name), yamldoc.load_yaml_c(REPO / name)
+    assert (fast.data, fast.positions, fast.scalars, fast.raw) == (slow.data, slow.positions, slow.scalars, slow.raw)
 
 
 def test_the_flag_index_is_keyed_by_content_so_a_fresh_clone_finds_it(tmp_path: Path) -> None:
