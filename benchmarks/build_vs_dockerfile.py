@@ -88,6 +88,8 @@ class Imageforge:
         cpu = text[start:end]
         cpu = re.sub(r"\n      recipe: images/cpu[^\n]*", f'\n      image: "{base_ref}"', cpu, count=1)
         cpu = cpu.replace("\n    image: imageforge/cpu\n", "\n    image: imageforge-bench/cpu\n", 1)
+        # an image base's flags default to a static read of the parser source; the recipe base's are introspected
+        cpu = cpu.replace("\n    package:\n", "\n    package:\n      flags: introspect\n", 1)
         assert FIRST_PATCH_NEW in cpu, "benchmarks/Dockerfile.cpu and this script follow the manifest's first patch"
         cpu = cpu.replace(FIRST_PATCH_NEW, FIRST_PATCH_NEW[:-1] + f' bench-{salt}"', 1)
         self.manifest = self.root / "build.yaml"

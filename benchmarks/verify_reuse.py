@@ -73,6 +73,8 @@ def main() -> int:
                 cpu = re.sub(r"\n      recipe: images/cpu[^\n]*", f'\n      image: "{base_ref}"', text[start:end],
                              count=1)
                 cpu = cpu.replace("\n    image: imageforge/cpu\n", "\n    image: imageforge-bench/verify-reuse\n", 1)
+                # an image base: its flags would be read statically; the recipe base's are introspected
+                cpu = cpu.replace("\n    package:\n", "\n    package:\n      flags: introspect\n", 1)
                 cpu = cpu.replace(FIRST_PATCH_NEW, FIRST_PATCH_NEW[:-1] + f' bench-{secrets.token_hex(4)}"', 1)
                 assert RENAMED[0] in cpu
                 manifest = work / "build.yaml"

@@ -209,6 +209,7 @@ def test_changed_overlay_rebuilds_from_that_step(project: Path) -> None:
 
 def test_content_verified_before_is_not_imported_again(project: Path, own_verify_facts: Path) -> None:
     """A new chain (the patch step renamed) with the same bytes: the verify layer is made, its imports reused."""
+    (project / "overlays" / "extra.py").write_text(f"EXTRA = 'reuse {project.name}'\n")  # content no test built
     first = do_build(project)
     verify_row = next(s for s in first.steps if s.stage == "verify")
     assert verify_row.cache == "BUILT" and "2 imports ok" in verify_row.detail
