@@ -61,7 +61,8 @@ def ensure_model(recipe_dir: Path, dest: Path | None = None, *, log: Log = print
     it is already there for this script version; return the directory."""
     recipe = load_recipe(recipe_dir)
     digest = model_digest(recipe_dir)
-    dest = Path(dest) if dest is not None else default_model_dir(recipe_dir)
+    # default_model_dir's name, from the digest just made (each digest asks importlib.metadata three times)
+    dest = Path(dest) if dest is not None else cache_dir() / "models" / f"{recipe.model['name']}-{digest[:12]}"
     stamp = dest / _MODEL_STAMP
     if stamp.is_file() and stamp.read_text().strip() == digest:
         log(f"reuse tiny model {dest}")
