@@ -98,7 +98,7 @@ class Imageforge:
     def build(self, profile: str | None = None) -> Run:
         seconds, out = sh([INVOKE, "build", "--manifest", str(self.manifest), "--target", "cpu", "--profile",
                            profile or self.profile, "--json"])
-        data = json.loads(out[out.index("{"):])
+        data, _ = json.JSONDecoder().raw_decode(out[out.index("{"):])  # the log lines on stderr follow it
         steps = data["steps"]
         MADE.extend(("imageforge", s["image_id"]) for s in steps if s["cache"] != "HIT")
         verify = sum(s["seconds"] for s in steps if s["stage"] == "verify" and s["cache"] != "HIT")

@@ -40,7 +40,7 @@ def build(manifest: Path) -> tuple[float, dict[str, object]]:
     if proc.returncode != 0:
         raise SystemExit(f"build failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     out = proc.stdout
-    data: dict[str, object] = json.loads(out[out.index("{"):])
+    data: dict[str, object] = json.JSONDecoder().raw_decode(out[out.index("{"):])[0]
     return seconds, data
 
 
