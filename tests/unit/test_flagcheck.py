@@ -280,3 +280,28 @@ def test_the_flag_index_is_keyed_by_content_so_a_fresh_clone_finds_it(tmp_path: 
     assert index_key(here, env) == index_key(there, env)
     (clone / "images" / "cpu" / "install.sh").write_text("# another recipe\n")
     assert index_key(here, env) != index_key(load_manifest(clone / "build.yaml").targets["cpu"], env)
+
+
+def test_the_flags_key_follows_the_parser_not_the_layer_chain(tmp_path: Path) -> None:
+    """An edit of a patch to a module that is not a parser file keeps the flags (no new introspection)."""
+    for part in ("build.yaml", "images", "overlays", "smoke"):
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, tmp_path / part)
+    env: dict[str, str] = {}
+    text = (tmp_path / "build.yaml").read_text()
+
+    def keys(manifest_text: str) -> tuple[str, str | None]:
+        (tmp_path / "build.yaml").write_text(manifest_text)
+        target = load_manifest(tmp_path / "build.yaml").targets["cpu"]
+        return flags_key("sha256:" + "1" * 64, target.steps, env), index_key(target, env)
+
+    before = keys(text)
+    edited = text.replace("BASE_BLOCK = 64  # imageforge", "BASE_BLOCK = 32  # imageforge", 1)
+    assert edited != text
+    assert keys(edited) == before  # prefix_prefill.py is no parser file
+    script = tmp_path / "overlays" / "cpu" / "scripts" / "ldconfig.sh"
+    script.write_text(script.read_text() + "\n# changed\n")
+    assert keys(text) != before  # a script may change anything
