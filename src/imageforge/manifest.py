@@ -32,7 +32,7 @@ from . import settings
 from .errors import ConfigError, ErrorCollector, Location
 from .patching import reapplies
 from .tolerances import EquivSettings, equiv_settings
-from .yamldoc import YamlDocument, did_you_mean, load_yaml, validate_schema
+from .yamldoc import YamlDocument, did_you_mean, load_yaml_c, validate_schema
 
 DEFAULT_MANIFEST = settings.DEFAULT_MANIFEST
 StepKind = Literal["overlay", "patch", "script", "symlink"]
@@ -683,7 +683,7 @@ class _Builder:
 def load_manifest(path: Path | str = DEFAULT_MANIFEST) -> Manifest:
     """Load, schema-check and semantically check a manifest. Raises ConfigError listing all problems."""
     path = Path(path)
-    doc = load_yaml(path, what="manifest")
+    doc = load_yaml_c(path, what="manifest")  # libyaml; any problem is re-read by the position loader
     if not isinstance(doc.data, dict):
         raise ConfigError(
             "manifest must be a mapping",
