@@ -545,6 +545,17 @@ def wheels(c: Context, python: str = "3.10", out: str = "", json: bool = False, 
         _print(result.to_json() if json else result.text(), json)
 
 
+@task(help={"json": "Print one JSON object", "traceback": TRACEBACK_HELP})
+def engine(c: Context, json: bool = False, traceback: bool = False) -> None:
+    """Make the Docker engine answer: the docker CLI's endpoint (DOCKER_HOST, else the current docker context);
+    on this machine's socket installs docker.io and starts dockerd when none answers."""
+    with user_errors(traceback):
+        info = app.engine(log=(lambda line: print(line, file=sys.stderr)) if json else print)
+        _print(info if json else (f"Docker {info['server_version']} ({info['os']}/{info['arch']}) at "
+                                  f"{info['endpoint']} ({info['source']}, {'local' if info['local'] else 'remote'})"),
+               json)
+
+
 def _quiet(_line: str) -> None:
     return None
 
@@ -563,6 +574,6 @@ def _print(payload: object, as_json: bool) -> None:
 
 
 ns = Collection(validate, plan, base, build, test, check_patches, patch_from, lock, export, clean, run, stop,
-                smoke, demo, bench, sweep, equiv, bisect, ablate, submission, wheels)
+                smoke, demo, bench, sweep, equiv, bisect, ablate, submission, wheels, engine)
 ns.configure({"run": {"echo": True}})
 os.environ.setdefault("PYTHONUNBUFFERED", "1")

@@ -36,11 +36,10 @@ from .build import build_target
 from .docker_engine import (
     client,
     daemon_errors,
-    docker_host,
+    endpoint,
     ensure_daemon,
     explanation,
     image_or_none,
-    is_local_default_host,
 )
 from .errors import ConfigError, InfraError, SmokeError
 from .labels import L_KIND, L_STARTED_BY, L_TARGET, L_TOOL, TOOL
@@ -249,7 +248,7 @@ def start_server(resolved: Resolved, *, log: Log = print, **options: Unpack[Star
     host_address = options.get("host_address") or default_host_address(environ)
     ensure_daemon(log=log)
     run_id = run_id or new_run_id()
-    local = is_local_default_host(docker_host())
+    local = endpoint().local  # from the client's base URL: a socket or loopback TCP is this machine
     if port is not None:
         if not 0 < port < 65536:
             raise ConfigError("--port must be 1-65535", found=str(port))
@@ -452,7 +451,7 @@ def start_detached(resolved: Resolved, *, base: bool, port: int | None, timeout:
 
     Without ``port`` (and with a local daemon) the target's ``run.port`` is used when it is free.
     """
-    if port is None and is_local_default_host(docker_host()):
+    if port is None and endpoint().local:
         configured = resolved.run.port
         port = None if port_in_use(configured, host_address) else configured
         if port is None:
