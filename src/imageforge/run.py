@@ -41,6 +41,7 @@ from .docker_engine import (
     explanation,
     image_or_none,
 )
+from .docker_engine.forward import SSHForward
 from .errors import ConfigError, InfraError, SmokeError
 from .labels import L_KIND, L_STARTED_BY, L_TARGET, L_TOOL, TOOL
 from .resolve import Resolved
@@ -153,6 +154,7 @@ class Server:
     image: str
     run_dir: Path
     started: float = field(default_factory=time.monotonic)
+    forward: SSHForward | None = None  # ssh:// daemon: the ssh -L forward that makes ``url`` reach the port
     ready_at: float | None = None
     startup_seconds: float | None = None
 
@@ -232,6 +234,7 @@ class StartOptions(TypedDict, total=False):
     run_id: str | None
     labels: Mapping[str, str] | None  # extra container labels
     host_address: str | None  # where the port is published and reached (default: from environ)
+    detach_forward: bool  # ssh:// daemon: the ssh -L forward outlives this process (`invoke run`)
 
 
 def start_server(resolved: Resolved, *, log: Log = print, **options: Unpack[StartOptions]) -> Server:
@@ -283,10 +286,23 @@ def start_server(resolved: Resolved, *, log: Log = print, **options: Unpack[Star
             raise
     if host_port is None:
         host_port = published_port(container, container_port(resolved))
+    url, forward = f"http://{host_address}:{host_port}", None
+    ep = endpoint()
+    if ep.is_ssh:  # the port is on the ssh host: reach it through a forward of our own
+        forward = SSHForward(ep.host, host_address, host_port)
+        try:
+            forward.open(detach=bool(options.get("detach_forward")))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                container.remove(force=True, v=True)
+            raise
+        url = forward.url
+        log(f"ssh forward {forward.url} -> {host_address}:{host_port} on {ep.host} (ssh pid {forward.pid})")
     server = Server(
         container=container,
         run_id=run_id,
-        url=f"http://{host_address}:{host_port}",
+        url=url,
+        forward=forward,
         host_port=host_port,
         target=resolved.target.name,
         profile="base" if base else resolved.profile_name,
@@ -408,6 +424,8 @@ def remove_server(server: Server, *, log: Log | None = None, keep_log: bool = Tr
         server.container.stop(timeout=STOP_TIMEOUT)
     with contextlib.suppress(Exception):
         server.container.remove(force=True, v=True)
+    if server.forward is not None:
+        server.forward.close()
     if log is not None:
         log(f"removed {server.name}")
 
@@ -457,7 +475,7 @@ def start_detached(resolved: Resolved, *, base: bool, port: int | None, timeout:
         if port is None:
             log(f"port {configured} is taken: picking a free one")
     server = start_server(resolved, base=base, port=port, log=log, labels={L_STARTED_BY: STARTED_BY_RUN},
-                          host_address=host_address)
+                          host_address=host_address, detach_forward=True)
     try:
         wait_ready(server, timeout=timeout or resolved.target.smoke.startup_timeout, log=log, resolved=resolved)
     except BaseException:

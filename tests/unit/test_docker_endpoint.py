@@ -84,3 +84,22 @@ def test_docker_host_keeps_the_sdks_tls_variables(tmp_path: Path) -> None:
     kwargs = client_kwargs(resolve_endpoint(env), env)
     assert kwargs["base_url"] == "tcp://10.0.0.9:2376" and kwargs["tls"] is not None
     assert "use_ssh_client" not in kwargs
+
+
+def test_ssh_hosts_need_the_ssh_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "paramiko" else real(name, *a))
+    with pytest.raises(InfraError) as ei:
+        client_kwargs(Endpoint("ssh://me@box", "DOCKER_HOST"), {"DOCKER_HOST": "ssh://me@box"})
+    assert ei.value.exit_code == EXIT_INFRA and "imageforge[ssh]" in (ei.value.hint or "")
+
+
+def test_ssh_destination_matches_the_sdks_ssh_arguments() -> None:
+    from imageforge.docker_engine.forward import ssh_destination
+
+    assert ssh_destination("ssh://builder@10.0.0.7:2222") == ["-l", "builder", "-p", "2222", "--", "10.0.0.7"]
+    assert ssh_destination("ssh://box") == ["--", "box"]
+    with pytest.raises(ValueError):
+        ssh_destination("tcp://box:2375")

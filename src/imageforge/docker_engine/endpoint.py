@@ -13,13 +13,18 @@ disk; ``ssh://`` and other TCP hosts do not. Only the default socket lets imagef
 dockerd itself (:attr:`Endpoint.default_socket`).
 
 ``ssh://`` endpoints use the SDK's ssh client (``use_ssh_client=True``: the system ``ssh`` binary
-running ``docker system dial-stdio`` on the host) rather than paramiko (the ``docker[ssh]`` extra):
-the binary honours ``~/.ssh/config``, the agent, ``known_hosts``, ProxyJump and certificates exactly
-as the docker CLI does, and adds no dependency (paramiko brings cryptography, bcrypt and PyNaCl).
+running ``docker system dial-stdio`` on the host) rather than paramiko's own SSH: the binary honours
+``~/.ssh/config``, the agent, ``known_hosts``, ProxyJump and certificates exactly as the docker CLI
+does, and the ``ssh -L`` forward to a served port (:mod:`imageforge.docker_engine.forward`) goes
+through the same binary and configuration. The SDK still *imports* paramiko for any ssh:// URL
+(docker/transport/sshconn.py), so ssh hosts need the ``imageforge[ssh]`` extra (``docker[ssh]``);
+the core install stays without paramiko, cryptography, bcrypt and PyNaCl, and
+:func:`client_kwargs` says so (exit 5) when the extra is missing.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import os
 from collections.abc import Mapping
@@ -121,5 +126,10 @@ def client_kwargs(endpoint: Endpoint, environ: Mapping[str, str] | None = None) 
         if endpoint.tls is not None:
             kwargs["tls"] = endpoint.tls
     if endpoint.is_ssh:
+        if importlib.util.find_spec("paramiko") is None:  # the SDK's ssh transport imports it, binary or not
+            raise InfraError(f"the Docker endpoint {endpoint.describe()} is an ssh:// host and the docker SDK "
+                             "needs paramiko for those",
+                             hint="pip install 'imageforge[ssh]' (docker[ssh]); the connection itself then uses "
+                             "the ssh binary and ~/.ssh/config")
         kwargs["use_ssh_client"] = True
     return kwargs
