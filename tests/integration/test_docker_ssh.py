@@ -178,3 +178,68 @@ def test_the_forward_reaches_a_port_on_the_ssh_host_and_is_closed(over_ssh: Sshd
         assert bad.pid is None
     finally:
         server.shutdown()
+
+
+HEALTH_SERVER = """\
+import http.server, sys
+port = int(sys.argv[1])
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"ok over ssh"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+http.server.HTTPServer(("0.0.0.0", port), H).serve_forever()
+"""
+
+
+@pytest.fixture(scope="module")
+def health_image(cpu_resolved: object) -> Iterator[str]:
+    """A tiny image on the OS base whose entrypoint answers 200 on the cpu target's container port."""
+    import io
+    import tarfile
+
+    from imageforge.server_spec import container_port
+
+    os_ref = next((t for i in de.client().images.list(name="imageforge/os") for t in i.tags), None)
+    if os_ref is None:
+        pytest.skip("no imageforge/os image (invoke base makes it)")
+    port = container_port(cpu_resolved)  # type: ignore[arg-type]
+    dockerfile = (f"FROM {os_ref}\nCOPY health.py /health.py\n"
+                  f'ENTRYPOINT ["python3", "/health.py", "{port}"]\n').encode()
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        for name, data in (("Dockerfile", dockerfile), ("health.py", HEALTH_SERVER.encode())):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    context.seek(0)
+    tag = f"imageforge-test/ssh-health:{os.getpid()}"
+    de.client().images.build(fileobj=context, custom_context=True, tag=tag, rm=True, network_mode="none")
+    try:
+        yield tag
+    finally:
+        de.client().images.remove(tag, force=True)
+
+
+def test_a_server_on_the_ssh_host_is_reached_through_a_forward_that_is_closed_after(
+        over_ssh: Sshd, health_image: str, cpu_resolved: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    from imageforge.run import serving
+
+    monkeypatch.setenv("DOCKER_HOST", over_ssh.url)
+    de._client_for.cache_clear()
+    lines: list[str] = []
+    with serving(cpu_resolved, image=health_image, build_image=False, environ=os.environ,  # type: ignore[arg-type]
+                 log=lines.append, startup_timeout=120) as server:
+        assert server.forward is not None
+        assert server.url == server.forward.url != f"http://127.0.0.1:{server.host_port}"
+        assert httpx.get(server.url + "/v1/models", timeout=10).text == "ok over ssh"
+        pid = server.forward.pid
+        name = server.name
+    assert pid is not None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert server.forward.pid is None
+    assert any("ssh forward" in line for line in lines)
+    assert de.client().containers.list(all=True, filters={"name": name}) == []
