@@ -41,9 +41,9 @@ from .docker_engine import (
     explanation,
     image_or_none,
 )
-from .docker_engine.forward import SSHForward
+from .docker_engine.forward import SSHForward, end_recorded
 from .errors import ConfigError, InfraError, SmokeError
-from .labels import L_KIND, L_STARTED_BY, L_TARGET, L_TOOL, TOOL
+from .labels import L_KIND, L_RUN, L_STARTED_BY, L_TARGET, L_TOOL, TOOL
 from .resolve import Resolved
 from .runs import new_run_id, run_dir
 from .server_spec import KIND_SERVER, container_port, container_spec
@@ -481,7 +481,14 @@ def start_detached(resolved: Resolved, *, base: bool, port: int | None, timeout:
     except BaseException:
         remove_server(server, log=log)
         raise
+    if server.forward is not None:  # ssh:// daemon: the forward stays up with the server; `stop` ends it
+        server.forward.record(forward_record(server.run_id))
     return server
+
+
+def forward_record(run_id: str) -> Path:
+    """Where ``run`` records the ssh forward of a detached server (pid + start time), for ``stop``."""
+    return settings.cache_dir() / "forwards" / f"{run_id}.json"
 
 
 def list_servers(target: str | None = None, *, every: bool = False) -> list[Any]:
@@ -506,6 +513,10 @@ def stop_servers(target: str | None = None, *, every: bool = False, log: Log = p
             container.stop(timeout=STOP_TIMEOUT)
         with contextlib.suppress(Exception):
             container.remove(force=True, v=True)
+        run_id = (container.labels or {}).get(L_RUN)
+        ended = end_recorded(forward_record(run_id)) if run_id else None
+        if ended is not None:
+            log(f"closed the ssh forward of {container.name} (pid {ended})")
         names.append(str(container.name))
         log(f"removed {container.name}")
     if not names:

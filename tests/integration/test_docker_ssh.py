@@ -243,3 +243,38 @@ def test_a_server_on_the_ssh_host_is_reached_through_a_forward_that_is_closed_af
     assert server.forward.pid is None
     assert any("ssh forward" in line for line in lines)
     assert de.client().containers.list(all=True, filters={"name": name}) == []
+
+
+def test_run_leaves_its_forward_up_and_stop_closes_it(over_ssh: Sshd, health_image: str, cpu_resolved: object,
+                                                      monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from imageforge.run import forward_record, start_detached, stop_servers
+
+    monkeypatch.setenv("DOCKER_HOST", over_ssh.url)
+    monkeypatch.setenv("IMAGEFORGE_CACHE", str(tmp_path / "cache"))
+    de._client_for.cache_clear()
+    monkeypatch.setattr("imageforge.run.image_for", lambda *a, **k: health_image)  # no build: the tiny image
+    server = start_detached(cpu_resolved, base=False, port=None, timeout=120,  # type: ignore[arg-type]
+                            host_address="127.0.0.1", log=print)
+    try:
+        record = forward_record(server.run_id)
+        pid = json.loads(record.read_text())["pid"]
+        os.kill(pid, 0)  # up, in its own session: it outlives `invoke run`
+        assert os.getsid(pid) == pid
+        assert httpx.get(server.url + "/health", timeout=10).text == "ok over ssh"
+    finally:
+        lines: list[str] = []
+        stop_servers(cpu_resolved.target.name, log=lines.append)  # type: ignore[attr-defined]
+    assert any(f"closed the ssh forward of {server.name} (pid {pid})" in line for line in lines)
+    assert not record.exists()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        with_zombie = Path(f"/proc/{pid}/stat")
+        if with_zombie.exists() and with_zombie.read_text().rpartition(")")[2].split()[0] == "Z":
+            break  # ended; our child until reaped
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"ssh forward {pid} still running after stop")

@@ -10,10 +10,14 @@ and ``~/.ssh/config`` the docker SDK's ssh client uses) with ``-N -L 127.0.0.1:L
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
 
@@ -41,6 +45,34 @@ def ssh_destination(ssh_url: str) -> list[str]:
     if parts.port:
         args += ["-p", str(parts.port)]
     return [*args, "--", parts.hostname]
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks (/proc/PID/stat field 22): tells a reused pid apart."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[19]
+
+
+def end_recorded(path: Path) -> int | None:
+    """End the detached forward recorded at ``path`` (when that very process still runs); remove the record.
+
+    Returns the pid that was ended, else None.
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    path.unlink(missing_ok=True)
+    pid = int(data.get("pid") or 0)
+    if pid <= 0 or data.get("start") is None or _start_time(pid) != data.get("start"):
+        return None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+        return pid
+    return None
 
 
 def _accepts(port: int) -> bool:
@@ -115,6 +147,14 @@ class SSHForward:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
+
+    def record(self, path: Path) -> None:
+        """Write pid + start time of a detached forward to ``path`` (``end_recorded`` ends it later)."""
+        if self.proc is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"pid": self.proc.pid, "start": _start_time(self.proc.pid), "url": self.url,
+                                    "ssh": self.ssh_url}), encoding="utf-8")
 
     def __enter__(self) -> SSHForward:
         return self.open() if self.proc is None else self
