@@ -103,7 +103,7 @@ def base(s: Settings, target: str | None, log: Log = print) -> str:
     """`base`: the Docker engine, the target's base image (made from its recipe) and its model."""
     from .build import prepare_base
 
-    return prepare_base(_resolve(s, load(s), target, None), s.environ, log).ref
+    return prepare_base(_resolve(s, load(s), target, None), s.environ, log, start=True).ref
 
 
 def build(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, verbose: bool,
@@ -229,7 +229,7 @@ def demo(s: Settings, *, target: str = "cpu", echo: Log = print) -> SmokeReport:
     t0 = time.monotonic()
     resolved = _resolve(s, load(s), target, None)
     echo(f"demo: {target}:{resolved.profile_name} -- Docker engine, base image, build, serve, smoke")
-    ensure_daemon(log=echo)
+    ensure_daemon(start=True, log=echo)
     # the build makes the base image (and model) first
     report = smoke_target(resolved, environ=s.environ, echo=echo, host_address=s.host_address)
     echo(f"demo: {report.summary_line()} in {time.monotonic() - t0:.0f}s")
@@ -383,6 +383,20 @@ def check_submission(s: Settings, target: str | None, profile: str | None, sets:
 
     resolved = _resolve(s, load(s), target, profile, sets)
     return check(resolved, Path(out), environ=s.environ, log=log)
+
+
+def engine(log: Log = print) -> dict[str, Any]:
+    """`engine`: the Docker daemon the docker CLI would use answers; on this machine's socket, install
+    Debian's docker.io and start dockerd when needed. Returns what answered."""
+    from .docker_engine import client, daemon_errors, endpoint, ensure_daemon
+
+    ensure_daemon(start=True, log=log)
+    ep = endpoint()
+    with daemon_errors("asking the daemon for its version"):
+        version = client().version()
+    return {"endpoint": ep.host, "source": ep.source, "local": ep.local, "ssh": ep.is_ssh,
+            "server_version": version.get("Version"), "api_version": version.get("ApiVersion"),
+            "os": version.get("Os"), "arch": version.get("Arch")}
 
 
 # --------------------------------------------------------------------------- the card's box (issue 21)

@@ -450,8 +450,12 @@ def build_target(resolved: Resolved, *, environ: Mapping[str, str], echo: Log = 
         runlog.close()
 
 
-def prepare_base(resolved: Resolved, environ: Mapping[str, str], log: Log = print) -> BaseIdentity:
-    """Make sure the Docker engine answers and the target's base image (and model) exist."""
-    ensure_daemon(log=log)
+def prepare_base(resolved: Resolved, environ: Mapping[str, str], log: Log = print, *,
+                 start: bool | None = None) -> BaseIdentity:
+    """Make sure the Docker engine answers and the target's base image (and model) exist.
+
+    ``start``: install and start a local dockerd when none answers (`base`, `test`); see ensure_daemon.
+    """
+    ensure_daemon(start=start, log=log)
     with daemon_errors("making the base image"):
         return base_reference(resolved, environ, log, make=True)

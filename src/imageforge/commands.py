@@ -501,8 +501,17 @@ def wheels(c: Context, cmd: Output, python: str = "3.10", out: str = "") -> None
     cmd.result(result.text(), result.to_json())
 
 
+@command(json=True, manifest=False)
+def engine(c: Context, cmd: Output) -> None:
+    """Make the Docker engine answer: the docker CLI's endpoint (DOCKER_HOST, else the current docker context);
+    on this machine's socket installs docker.io and starts dockerd when none answers."""
+    info = app.engine(log=cmd.log)
+    cmd.result(f"Docker {info['server_version']} ({info['os']}/{info['arch']}) at {info['endpoint']} "
+               f"({info['source']}, {'local' if info['local'] else 'remote'})", info)
+
+
 TASKS: tuple[Task[Any], ...] = (validate, plan, base, build, init, check_patches, patch_from, lock, export, clean, run,
-                                 stop, smoke, demo, bench, sweep, equiv, bisect, ablate, submission, wheels)
+                                 stop, smoke, demo, bench, sweep, equiv, bisect, ablate, submission, wheels, engine)
 
 
 def collection(*extra: Task[Any]) -> Collection:

@@ -5,7 +5,7 @@ Over 600 lines: the one place that validates build.yaml (every kind's fields, pr
 Three passes, each reporting every problem it finds:
 
 1. safe YAML load with positions (:mod:`imageforge.yamldoc`);
-2. JSON Schema ``build.schema.json`` (package data, ``src/imageforge/schema/``; strict: unknown
+2. JSON Schema ``build.schema.json`` (top-level ``schema/``, package data in the wheel; strict: unknown
    keys -> "did you mean");
 3. semantic checks: default target/profile exist, step ids unique, sources exist,
    destinations stay inside their root, ``extends`` resolves without cycles,
