@@ -46,5 +46,8 @@ def test_a_server_process_counts_once_and_its_workers_not() -> None:
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # its own session: the server and its worker
         proc.wait()
-    assert counter.lines() == [f"{len(counter.processes)} vLLM starts (0 in Docker containers, "
-                               f"{len(counter.processes)} as processes in place)"]
+    counter.containers["c0ffee"] = "tests/integration/test_x.py::test_y"
+    lines = counter.lines()
+    assert "   1 in Docker,  0 in place  tests/integration/test_x.py" in lines
+    assert lines[-1] == (f"{len(counter.processes) + 1} vLLM starts (1 in Docker containers, "
+                         f"{len(counter.processes)} as processes in place)")
