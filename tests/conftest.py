@@ -35,7 +35,10 @@ def runs_vllm_server(argv: list[str]) -> bool:
 class VllmStarts:
     """Counts vLLM server starts while the session runs (see the module's docstring)."""
 
-    def __init__(self) -> None:
+    FAKE = b"IMAGEFORGE_TEST_FAKE_VLLM=1"  # in a process's environment: a test's stand-in, not a server start
+
+    def __init__(self, *, count_fakes: bool = False) -> None:
+        self.count_fakes = count_fakes
         self.containers: dict[str, str] = {}  # container id -> the test running when it started
         self.processes: dict[tuple[int, str], tuple[str, str]] = {}  # (pid, start time) -> (its cgroups, test)
         self.current = "(outside any test)"
@@ -85,6 +88,8 @@ class VllmStarts:
                 parent = Path(f"/proc/{ppid}/cmdline").read_bytes().decode(errors="replace").split("\0")
                 if runs_vllm_server(parent):
                     continue  # a worker of a server already seen
+                if not self.count_fakes and self.FAKE in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    continue
                 cgroup = Path(f"/proc/{pid}/cgroup").read_text()
                 with self._lock:
                     self.processes.setdefault((pid, started), (cgroup, self.current))
