@@ -215,12 +215,12 @@ def test_cpu_server_started_with_the_yaml_passes_the_dummy_smoke_suite(cpu_pair:
 # --------------------------------------------------------------------------- bi100 on the vendor-layout fixture
 
 
-def bi100_tree(tmp: Path, base: str) -> Path:
+def bi100_tree(tmp: Path, base: str, *, scripts: Path = BASELINE) -> Path:
     from imageforge.manifest import load_manifest
     from imageforge.resolve import resolve
     from imageforge.submission import write_submission
 
-    env = {**os.environ, "IMAGEFORGE_BI100_BASE": base, "IMAGEFORGE_BI100_SCRIPTS": str(BASELINE)}
+    env = {**os.environ, "IMAGEFORGE_BI100_BASE": base, "IMAGEFORGE_BI100_SCRIPTS": str(scripts)}
     resolved = resolve(load_manifest(REPO / "build.yaml"), "bi100", "baseline", environ=env)
     result = write_submission(resolved, tmp, environ=env)
     assert result.base.site == SITE
