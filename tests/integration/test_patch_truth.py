@@ -129,7 +129,7 @@ def test_a_breaking_step_fails_check_patches_build_and_the_plain_docker_build_al
         assert status in row and message in row, check.stdout
         assert "6 of 7 step(s) ok, 1 would fail" in check.stdout
 
-        build = invoke("build", "--target", "bi100", "--quiet", env=env)
+        build = invoke("build", "--target", "bi100", env=env)
         assert_clean_failure(build, 3)
         assert message in build.stderr and "sorted-moe-call" in build.stderr, build.stderr
 
