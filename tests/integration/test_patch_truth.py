@@ -18,7 +18,6 @@ base's labels).
 from __future__ import annotations
 
 import contextlib
-import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +27,7 @@ import pytest
 
 from tests.integration.bi100_fixture import BASELINE, SITE, vendor_image
 from tests.integration.forge_fixtures import assert_clean_failure, client, invoke
-from tests.integration.test_submission import bi100_tree, plain_docker_build
+from tests.integration.test_submission import bi100_tree, build_layers, plain_docker_build, remove_layers
 
 pytestmark = pytest.mark.integration
 
@@ -88,16 +87,9 @@ def removes_what_it_builds() -> Iterator[list[str]]:
         for raw in sorted(fresh, key=lambda i: -int(i.get("Created") or 0)):
             with contextlib.suppress(docker.errors.APIError):
                 c.api.remove_image(raw["Id"], force=True)
-        for layer in reversed(layers):
-            with contextlib.suppress(docker.errors.APIError):
-                c.api.remove_image(layer, force=True)
+        remove_layers(layers)
         left = image_ids() - before
         assert not {i for i in left if any(i.startswith("sha256:" + x) for x in layers)}, "plain-build layers left"
-
-
-def build_layers(lines: list[str]) -> list[str]:
-    """The legacy builder's ` ---> 0123456789ab` lines: every layer it committed (in order)."""
-    return [m.group(1) for ln in lines if (m := re.match(r"^ ---> ([0-9a-f]{12})$", ln.strip()))]
 
 
 @pytest.fixture(scope="module")
