@@ -475,7 +475,9 @@ class _Applier:
             now = state_of(path)
             old = snapshot.get(key_, dict(ABSENT))
             if now["type"] == "dir" and old["type"] == "dir" and now.get("mode") == old.get("mode"):
-                continue  # a directory's mtime: put back with its entries' directories
+                if now.get("mtime_ns") != old.get("mtime_ns") and key_ not in journal.paths:
+                    journal.data["dirs"].setdefault(key_, old)  # only its mtime moved (a file made and removed)
+                continue
             if _same(now, old):
                 continue
             if now["type"] == "file":
