@@ -56,7 +56,7 @@ targets:
         kind: script
         source: overlays/ldconfig.sh
         args: [/usr/local/lib]
-        touches: [/usr/local/lib, /etc/ld.so.cache]
+        touches: [/usr/local/lib, /etc/ld.so.cache, /var/cache/ldconfig]
     verify:
       imports: [vllm.y, vllm.sorted]
     serving:
@@ -80,6 +80,8 @@ LDCONFIG = """\
 set -eu
 n=$(ls "$IMAGEFORGE_ROOT$1" | wc -l)
 echo "cache of $n libs" > "$IMAGEFORGE_ROOT/etc/ld.so.cache"
+echo aux > "$IMAGEFORGE_ROOT/var/cache/ldconfig/aux-cache"   # made and removed: only the directory's mtime moves
+rm "$IMAGEFORGE_ROOT/var/cache/ldconfig/aux-cache"
 echo "ldconfig: $n"
 """
 
@@ -107,6 +109,7 @@ def make_root(tmp: Path) -> Path:
     (root / "opt/libs/libfoo.so.1").write_bytes(b"\x7fELF")
     (root / "usr/local/lib").mkdir(parents=True)
     (root / "etc").mkdir()
+    (root / "var/cache/ldconfig").mkdir(parents=True)
     (root / "etc/ld.so.cache").write_text("old cache\n")
     # an old timestamp pyc of y.py: a same-size patch that keeps the mtime must not import it
     subprocess.run([sys.executable, "-c", "import py_compile,sys; py_compile.compile(sys.argv[1])", str(pkg / "y.py")],
