@@ -10,6 +10,7 @@ One box per test session.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import subprocess
@@ -74,11 +75,13 @@ def wheels_tar(directory: Path) -> bytes:
 
 
 class Box:
-    def __init__(self, container: Any) -> None:
+    def __init__(self, container: Any, trees: list[str] = TREES, environ: dict[str, str] | None = None) -> None:
         self.container = container
+        self.trees = trees
+        self.environ = environ or {}
 
     def sh(self, command: str, *, check: bool = True) -> tuple[int, str]:
-        code, out = self.container.exec_run(["/bin/sh", "-c", command], workdir="/repo")
+        code, out = self.container.exec_run(["/bin/sh", "-c", command], workdir="/repo", environment=self.environ)
         text = out.decode(errors="replace")
         if check and code != 0:
             raise AssertionError(f"box: {command} -> exit {code}\n{text[-4000:]}")
@@ -91,7 +94,7 @@ class Box:
 
     def listing(self) -> list[list[Any]]:
         rows: list[list[Any]] = json.loads(self.sh(
-            "/opt/imageforge/bin/python -c " + _quote(LISTING) + " " + " ".join(TREES))[1])
+            "/opt/imageforge/bin/python -c " + _quote(LISTING) + " " + " ".join(self.trees))[1])
         return rows
 
 
@@ -102,11 +105,16 @@ def _quote(text: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
-    image = cpu_base()
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """imageforge and its dependencies as wheels (cp311: the boxes' Python), for an install with no network."""
     wheels = tmp_path_factory.mktemp("wheels")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(wheels), str(REPO)], check=True,
-                   timeout=900)
+                   timeout=900, capture_output=True)
+    return wheels
+
+
+@contextlib.contextmanager
+def make_box(image: str, wheels: Path, **kwargs: Any) -> Iterator[Box]:
     client = docker.from_env()
     container = client.containers.run(image, ["sleep", "infinity"], detach=True, network_disabled=True,
                                       network_mode="none", shm_size="1g", labels={"org.imageforge.test": "inplace-box"},
@@ -114,12 +122,18 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
     try:
         container.put_archive("/", repo_tar())
         container.put_archive("/", wheels_tar(wheels))
-        b = Box(container)
+        b = Box(container, **kwargs)
         b.sh("/usr/bin/python3 -m venv /opt/imageforge && /opt/imageforge/bin/pip install -q --no-index "
              "--find-links /wheels imageforge")
         yield b
     finally:
         container.remove(force=True)
+
+
+@pytest.fixture(scope="session")
+def box(wheelhouse: Path) -> Iterator[Box]:
+    with make_box(cpu_base(), wheelhouse) as b:
+        yield b
 
 
 def test_the_box_has_no_docker_and_no_network(box: Box) -> None:
@@ -165,3 +179,26 @@ def test_apply_status_revert_and_apply_again(box: Box) -> None:
     _, load = box.sh("cat /proc/loadavg")
     print(f"\nINPLACE-TIMES apply+imports {apply_s:.2f}s revert {revert_s:.2f}s apply(--no-imports) {apply2_s:.2f}s "
           f"revert {revert2_s:.2f}s load {load.strip()}")
+
+
+BI100_SITE = "/usr/local/corex/lib64/python3/dist-packages"
+
+
+def test_bi100_vendor_layout_applies_in_place_and_reverts(wheelhouse: Path) -> None:
+    """The vendor-layout fixture with the fixture baseline (patch_ops.sh run as a local process in its folder)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bi100_fixture import vendor_image
+
+    trees = [f"{BI100_SITE}/vllm", "/workspace", "/usr/local/corex"]
+    with make_box(vendor_image(), wheelhouse, trees=trees,
+                  environ={"IMAGEFORGE_BI100_SCRIPTS": "/repo/tests/fixtures/bi100-baseline/qwen3_6_scripts"}) as b:
+        before = b.listing()
+        _, out, _ = b.invoke("apply --target bi100 --in-place --no-imports --json")
+        report = json.loads(out[out.index("{"):])
+        ids = [s["id"] for s in report["steps"]]
+        assert ids[0] == "organisers-baseline" and ids[-1] == "verify"
+        assert report["steps"][0]["status"] == "ran" and report["steps"][0]["paths"] > 0
+        _, text = b.sh("grep -c . /workspace/qwen3_6_scripts/patch_ops.sh")
+        assert int(text.strip()) > 0
+        _, out, _ = b.invoke("revert")
+        assert b.listing() == before

@@ -47,7 +47,7 @@ targets:
         kind: patch
         file: vllm/moe.py
         old: "ONE = 1"
-        new: "ONE = 10"
+        new: "ONE = 7"
       - id: libs
         kind: symlink
         glob: /opt/libs/lib*.so*
@@ -72,7 +72,7 @@ targets:
             kind: patch
             file: vllm/moe.py
             old: "TWO = 2"
-            new: "TWO = 20"
+            new: "TWO = 9"
 """
 
 LDCONFIG = """\
@@ -193,10 +193,10 @@ def test_the_same_apply_again_has_nothing_to_do(box: dict[str, Any]) -> None:
 
 def test_another_profile_reapplies_the_file_two_steps_touch(box: dict[str, Any]) -> None:
     apply(box, "big")
-    assert (box["root"] / "site/vllm/moe.py").read_text() == "ONE = 10\nTWO = 20\n"
+    assert (box["root"] / "site/vllm/moe.py").read_text() == "ONE = 7\nTWO = 9\n"
     report = apply(box, "small")
     assert report.undone == ("verify", "moe-two")
-    assert (box["root"] / "site/vllm/moe.py").read_text() == "ONE = 10\nTWO = 2\n"
+    assert (box["root"] / "site/vllm/moe.py").read_text() == "ONE = 7\nTWO = 2\n"
     report = apply(box, "small", skip=["moe-one"])
     assert "moe-one" in report.undone
     assert (box["root"] / "site/vllm/moe.py").read_text() == "ONE = 1\nTWO = 2\n"

@@ -64,7 +64,8 @@ def dry_run(resolved: Resolved, *, root: Path = Path("/"), python: str = "python
     want = resolved.target.package.version
     problem = None if want in ("*", pkg.version) else \
         f"{resolved.target.package.distribution} {pkg.version} is installed; the manifest says {want}"
-    rows, _ = check_steps(select_steps(resolved, steps, skip), {}, LocalFS(root), pkg.site)
+    rows, _ = check_steps(select_steps(resolved, steps, skip), {}, LocalFS(root), pkg.site,
+                          python_version=pkg.python_version)
     return CheckReport(resolved.target.name, f"in place: {root} (python {pkg.python})", "", pkg.site, pkg.version,
                        problem, tuple(rows), False)
 

@@ -362,8 +362,8 @@ class _Applier:
         t0 = time.monotonic()
         journal = self.journal
         journal.begin(step.id, key)
-        changes = kind(step.kind).apply(step, LocalFS(self.pkg.root), ApplyContext(site=self.pkg.site,
-                                                                                 environ=self.environ))
+        changes = kind(step.kind).apply(step, LocalFS(self.pkg.root), ApplyContext(  # .py checked (pycheck)
+            site=self.pkg.site, environ=self.environ, python_version=self.pkg.python_version))
         todo = self._plan_changes(step, changes)
         journal.save()  # write-ahead: every path's original and new state before the first write
         for action in todo:
@@ -453,7 +453,8 @@ class _Applier:
         before = stat_scan(tops, skip, deep)
         runner = LocalRunner(self.pkg.root, journal.directory / "scratch", self.environ)
         changes = kind(step.kind).apply(step, LocalFS(self.pkg.root), ApplyContext(
-            site=self.pkg.site, environ=self.environ, runner=runner, echo=self.echo))
+            site=self.pkg.site, environ=self.environ, runner=runner, echo=self.echo,
+            python_version=self.pkg.python_version))
         after = stat_scan(tops, skip, deep)
         undeclared = sorted(k for k in {*before, *after} if before.get(k) != after.get(k))
         if undeclared:
