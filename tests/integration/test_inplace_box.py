@@ -88,9 +88,15 @@ class Box:
         return code, text
 
     def invoke(self, args: str, *, check: bool = True) -> tuple[int, str, float]:
+        """The installed `imageforge` command; (exit code, its stdout: the result, seconds)."""
         t0 = time.monotonic()
-        code, out = self.sh(f"/opt/imageforge/bin/invoke {args}", check=check)
-        return code, out, time.monotonic() - t0
+        code, (out, err) = self.container.exec_run(["/bin/sh", "-c", f"/opt/imageforge/bin/imageforge {args}"],
+                                                   workdir="/repo", environment=self.environ, demux=True)
+        seconds = time.monotonic() - t0
+        stdout, stderr = (out or b"").decode(errors="replace"), (err or b"").decode(errors="replace")
+        if check and code != 0:
+            raise AssertionError(f"box: imageforge {args} -> exit {code}\n{stdout[-3000:]}\n{stderr[-3000:]}")
+        return code, stdout, seconds
 
     def listing(self) -> list[list[Any]]:
         rows: list[list[Any]] = json.loads(self.sh(
