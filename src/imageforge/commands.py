@@ -510,8 +510,60 @@ def engine(c: Context, cmd: Output) -> None:
                f"({info['source']}, {'local' if info['local'] else 'remote'})", info)
 
 
+# ----------------------------------------------------------------- in place (no Docker): apply, revert, status
+
+
+def _ids(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+@command(json=True, help={
+    "target": TARGET_HELP, "profile": PROFILE_HELP,
+    "in_place": "Apply to this machine's files (the only mode: images are made by `build`)",
+    "root": "The file system root to apply under (default /)",
+    "python": "The target's interpreter (default: python3 on PATH); its package is the one patched",
+    "steps": "Only these step ids (comma-separated)", "skip": "Every step but these (comma-separated)",
+    "dry_run": "Write nothing; print what each step would do (check-patches' table)",
+    "no_imports": "Skip the import check of verify (e.g. no torch on this machine)",
+    "force": "Go on past drifted files (their copies are kept aside)"})
+def apply(c: Context, cmd: Output, target: str = "", profile: str = "", in_place: bool = False, root: str = "/",
+          python: str = "python3", steps: str = "", skip: str = "", dry_run: bool = False, no_imports: bool = False,
+          force: bool = False) -> None:
+    """Apply TARGET:PROFILE's steps to this machine's files (--in-place), journaled; `revert` undoes them."""
+    from .errors import BuildError
+
+    if not in_place:
+        raise ConfigError("apply works in place only: give --in-place", hint="images are made by `build`")
+    report = app.apply_in_place(cmd.settings, target or None, profile or None, root=root, python=python,
+                                steps=_ids(steps), skip=_ids(skip), dry_run=dry_run, imports=not no_imports,
+                                force=force, show=lambda _text: None, log=cmd.log)
+    cmd.result(report.text(), report.to_json())
+    if dry_run and not report.ok:
+        raise BuildError(f"{len(report.failed)} step(s) would not apply in place")
+
+
+@command(json=True, manifest=False, help={"root": "The root an in-place apply changed (default /)",
+                                          "force": "Go on past drifted files (their copies are kept aside)"})
+def revert(c: Context, cmd: Output, root: str = "/", force: bool = False) -> None:
+    """Put back every file an in-place apply changed (bytes, mode, owner, mtime, links) and remove its journal."""
+    report = app.revert(cmd.settings, root=root, force=force, log=cmd.log)
+    cmd.result(report.text(), report.to_json())
+
+
+@command(json=True, manifest=False, help={"root": "The root an in-place apply changed (default /)"})
+def status(c: Context, cmd: Output, root: str = "/") -> None:
+    """What is applied in place (journal), drift, and the package against its dist-info RECORD (exit 3: not ok)."""
+    from .errors import BuildError
+
+    report = app.status(cmd.settings, root=root)
+    cmd.result(report.text(), report.to_json())
+    if not report.ok:
+        raise BuildError("the in-place status is not clean (drift, or package files changed outside the journal)")
+
+
 TASKS: tuple[Task[Any], ...] = (validate, plan, base, build, init, check_patches, patch_from, lock, export, clean, run,
-                                 stop, smoke, demo, bench, sweep, equiv, bisect, ablate, submission, wheels, engine)
+                                 stop, smoke, demo, bench, sweep, equiv, bisect, ablate, submission, wheels, engine,
+                                 apply, revert, status)
 
 
 def collection(*extra: Task[Any]) -> Collection:
