@@ -61,6 +61,12 @@ PROFILE_HELP = "Profile name (default: the target's default_profile)"
 SET_HELP = "Override a value: KEY=VALUE (serving flag, env.NAME, run.port); repeatable"
 MANIFEST_HELP = "Manifest file (default: $IMAGEFORGE_MANIFEST or ./build.yaml)"
 TRACEBACK_HELP = "Show Python tracebacks (also IMAGEFORGE_TRACEBACK=1)"
+#: In-place mode (issue 21): the target's files under --root, served as a process (no Docker).
+IN_PLACE_HELP = {
+    "in_place": "On this machine, no Docker: serve the target's files under --root as a process",
+    "root": "In-place: the root the target's files live under (default /)",
+    "python": "In-place: the target's interpreter (default python3 on PATH)",
+}
 HOST_ADDRESS_HELP = (
     "Address of the Docker host where ports are published and reached "
     "(default 127.0.0.1; also IMAGEFORGE_HOST_ADDRESS)"
@@ -246,27 +252,36 @@ def clean(c: Context, keep: int = 3, dry_run: bool = False, target: str = "", mi
         "manifest": MANIFEST_HELP,
         "host_address": HOST_ADDRESS_HELP,
         "traceback": TRACEBACK_HELP,
+        **IN_PLACE_HELP,
     },
 )
 def run(c: Context, target: str = "", profile: str = "", base: bool = False, port: int = 0,
         set_: list[str] | None = None, timeout: float = 0.0, manifest: str = "", host_address: str = "",
-        traceback: bool = False) -> None:
+        traceback: bool = False, in_place: bool = False, root: str = "", python: str = "") -> None:
     """Start TARGET's server on 127.0.0.1, wait until /health answers, leave it running; prints URL=..."""
     s = app.settings(manifest=manifest, traceback=traceback, host_address=host_address)
     with user_errors(s.traceback):
+        where = app.in_place(s, enabled=in_place, root=root, python=python)
         server = app.run(s, target or None, profile or None, set_ or [], base=base, port=port or None,
-                         timeout=timeout or None)
-        print(f"container {server.name} ({server.image}) is serving; `invoke stop` removes it")
+                         timeout=timeout or None, in_place=where)
+        if where is not None:
+            print(f"pid {server.name.removeprefix('pid ')} ({server.image}) is serving; log "
+                  f"{server.run_dir / 'server.log'}; `invoke stop --in-place` ends it")
+        else:
+            print(f"container {server.name} ({server.image}) is serving; `invoke stop` removes it")
         print(f"URL={server.url}")
 
 
 @task(help={"target": "Only this target's servers (default: all)",
-            "all": "Also servers left by interrupted smoke runs or tests", "traceback": TRACEBACK_HELP})
-def stop(c: Context, target: str = "", all: bool = False, traceback: bool = False) -> None:
-    """Stop and remove the server containers `invoke run` started (found by label)."""
-    s = app.settings(traceback=traceback)
+            "all": "Also servers left by interrupted smoke runs or tests", "traceback": TRACEBACK_HELP,
+            "in_place": "End the server processes `run --in-place` recorded (TERM, then KILL); no Docker",
+            "manifest": MANIFEST_HELP})
+def stop(c: Context, target: str = "", all: bool = False, traceback: bool = False, in_place: bool = False,
+         manifest: str = "") -> None:
+    """Stop and remove the server containers `invoke run` started (found by label); --in-place: its processes."""
+    s = app.settings(manifest=manifest, traceback=traceback)
     with user_errors(s.traceback):
-        app.stop(target or None, every=all)
+        app.stop(target or None, every=all, s=s, in_place=in_place)
 
 
 @task(
@@ -284,16 +299,19 @@ def stop(c: Context, target: str = "", all: bool = False, traceback: bool = Fals
         "manifest": MANIFEST_HELP,
         "host_address": HOST_ADDRESS_HELP,
         "traceback": TRACEBACK_HELP,
+        **IN_PLACE_HELP,
     },
 )
 def smoke(c: Context, url: str = "", target: str = "", profile: str = "", suite: str = "", tags: str = "",
           base: bool = False, port: int = 0, wait: float = 0.0, set_: list[str] | None = None, manifest: str = "",
-          host_address: str = "", traceback: bool = False) -> None:
+          host_address: str = "", traceback: bool = False, in_place: bool = False, root: str = "",
+          python: str = "") -> None:
     """Run the smoke suite: against --url, or build + start + test + remove TARGET:PROFILE. Exit 4 on a failure."""
     s = app.settings(manifest=manifest, traceback=traceback, host_address=host_address)
     with user_errors(s.traceback):
         app.smoke(s, target or None, profile or None, set_ or [], url=url or None, suite=suite or None,
-                  tags=tags or None, base=base, port=port or None, wait=wait)
+                  tags=tags or None, base=base, port=port or None, wait=wait,
+                  in_place=app.in_place(s, enabled=in_place, root=root, python=python))
 
 
 @task(help={"manifest": MANIFEST_HELP, "traceback": TRACEBACK_HELP})
@@ -345,6 +363,7 @@ WORKLOAD_HELP = {
         "json": "Print bench.json's summary as one JSON object at the end",
         "host_address": HOST_ADDRESS_HELP,
         "traceback": TRACEBACK_HELP,
+        **IN_PLACE_HELP,
     },
 )
 def bench(c: Context, url: str = "", target: str = "", profile: str = "", set_: list[str] | None = None,
@@ -353,7 +372,8 @@ def bench(c: Context, url: str = "", target: str = "", profile: str = "", set_: 
           duration: float = 300.0, timeout: float = 120.0, warmup: int = 1, max_error_rate: float = 0.0,
           repeat: int = 1, replay: str = "", replay_out: str = "", max_model_len: int = 0,
           planned_output: bool = True, require_targets: bool = False, manifest: str = "", json: bool = False,
-          host_address: str = "", traceback: bool = False) -> None:
+          host_address: str = "", traceback: bool = False, in_place: bool = False, root: str = "",
+          python: str = "") -> None:
     """Load-test --url, or build + serve + bench + remove TARGET:PROFILE: TPS, score, latencies. Exit 4 on failure.
 
     --replay: the evaluator's workload one request at a time, its metrics and PASS/FAIL lines, bench.json + PNG."""
@@ -367,7 +387,8 @@ def bench(c: Context, url: str = "", target: str = "", profile: str = "", set_: 
                                  planned_output=planned_output, duration=duration, timeout=timeout,
                                  max_error_rate=max_error_rate, require_targets=require_targets)
         result = app.bench(s, target or None, profile or None, set_ or [], url=url or None, port=port or None,
-                           workload=workload, replay=options)
+                           workload=workload, replay=options,
+                           in_place=app.in_place(s, enabled=in_place, root=root, python=python))
         if json:
             _print(result.to_json()["report"] if options else result.summary(), True)
 

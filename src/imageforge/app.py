@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .plan import PlanReport
     from .resolve import Resolved, ValidationSummary
     from .run import Server
+    from .serve_process import InPlace, ProcessServer
     from .smoke import SmokeReport
     from .submission import SubmissionResult
 
@@ -159,16 +160,49 @@ def clean(s: Settings, *, keep: int, dry_run: bool, target: str | None, min_age:
 
 
 def run(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, base: bool,
-        port: int | None, timeout: float | None) -> Server:
-    """`run`: start TARGET:PROFILE (built first if needed) on the host address, wait until ready, leave it."""
+        port: int | None, timeout: float | None, in_place: InPlace | None = None) -> Server | ProcessServer:
+    """`run`: start TARGET:PROFILE (built first if needed) on the host address, wait until ready, leave it.
+
+    ``in_place``: the serving command as a process on this machine (the files under its root, as applied).
+    """
+    resolved = _resolve(s, load(s), target, profile, sets)
+    if in_place is not None:
+        from .errors import ConfigError
+        from .serve_process import start_detached as start_process
+
+        if base:
+            raise ConfigError("--in-place serves the files under --root: --base does not apply",
+                              hint="`invoke revert` puts the root back as installed; then run --in-place")
+        return start_process(resolved, in_place, port=port, timeout=timeout, host_address=s.host_address,
+                             environ=s.environ)
     from .run import start_detached
 
-    resolved = _resolve(s, load(s), target, profile, sets)
     return start_detached(resolved, base=base, port=port, timeout=timeout, host_address=s.host_address)
 
 
-def stop(target: str | None, *, every: bool) -> list[str]:
-    """`stop`: remove the servers `run` started (``every``: smoke runs' and tests' too)."""
+def in_place(s: Settings, *, enabled: bool, root: str = "", python: str = "") -> InPlace | None:
+    """The in-place options (`--in-place [--root DIR] [--python PATH]`) as an InPlace, or None without --in-place."""
+    from .errors import ConfigError
+    from .serve_process import InPlace
+
+    if not enabled:
+        if root or python:
+            raise ConfigError("--root and --python go with --in-place", hint="add --in-place")
+        return None
+    return InPlace(root=Path(root or "/"), python=python or "python3")
+
+
+def stop(target: str | None, *, every: bool, s: Settings | None = None, in_place: bool = False) -> list[str]:
+    """`stop`: remove the servers `run` started (``every``: smoke runs' and tests' too).
+
+    ``in_place``: end the server processes `run --in-place` recorded under the manifest's directory (never
+    the Docker engine).
+    """
+    if in_place:
+        from .serve_process import stop_processes
+
+        root = (s or settings()).manifest.resolve().parent
+        return [str(pid) for pid in stop_processes(root, target)]
     from .run import stop_servers
 
     return stop_servers(target, every=every)
@@ -176,12 +210,14 @@ def stop(target: str | None, *, every: bool) -> list[str]:
 
 def smoke(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, url: str | None,
           suite: str | None, tags: str | None, base: bool, port: int | None, wait: float,
-          echo: Log = print) -> SmokeReport:
+          echo: Log = print, in_place: InPlace | None = None) -> SmokeReport:
     """`smoke`: the suite against --url, or build + start + check + remove TARGET:PROFILE (exit 4 on a failure)."""
     from .errors import ConfigError
     from .smoke import DEFAULT_TAGS, parse_tags, smoke_target, smoke_url, suite_for, target_vars, verdict
 
     tag_list = parse_tags(tags)
+    if url and in_place is not None:
+        raise ConfigError("--url tests a running server: --in-place does not apply")
     if url:
         if base or profile:
             raise ConfigError("--url tests a running server: --profile and --base do not apply",
@@ -195,7 +231,7 @@ def smoke(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
     else:
         resolved = _resolve(s, load(s), target, profile, sets)
         report = smoke_target(resolved, environ=s.environ, suite_path=Path(suite) if suite else None, tags=tag_list,
-                              echo=echo, base=base, port=port, host_address=s.host_address)
+                              echo=echo, base=base, port=port, host_address=s.host_address, in_place=in_place)
     verdict(report)
     return report
 
@@ -226,7 +262,8 @@ def _workload(workload: Workload | Sequence[Any]) -> Workload:
 
 
 def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, url: str | None,
-          port: int | None, workload: Workload | Sequence[Any], echo: Log = print, replay: Any = None) -> Any:
+          port: int | None, workload: Workload | Sequence[Any], echo: Log = print, replay: Any = None,
+          in_place: InPlace | None = None) -> Any:
     """`bench`: load-test --url, or build + serve + bench + remove TARGET:PROFILE (exit 4 on a failure).
 
     ``replay`` (a :class:`imageforge.bench.replay.ReplayOptions`): the evaluator's one-at-a-time replay instead of
@@ -242,6 +279,8 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         w = _workload(workload)
     else:
         replay.validate()
+    if url and in_place is not None:
+        raise ConfigError("--url benches a running server: --in-place does not apply")
     if url:
         if target or profile or sets:
             raise ConfigError("--url benches a running server: --target, --profile and --set do not apply",
@@ -257,8 +296,9 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         resolved = _resolve(s, load(s), target, profile, sets)
         if replay is not None:
             return replay_report(replay_target(resolved, replay, environ=s.environ, echo=echo, port=port,
-                                               host_address=s.host_address), replay, echo)
-        result = bench_target(resolved, w, environ=s.environ, echo=echo, port=port, host_address=s.host_address)
+                                               host_address=s.host_address, in_place=in_place), replay, echo)
+        result = bench_target(resolved, w, environ=s.environ, echo=echo, port=port, host_address=s.host_address,
+                              in_place=in_place)
     print_bench(result, echo)
     verdict(result)
     return result

@@ -299,3 +299,20 @@ def test_the_process_path_never_imports_docker(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     assert out.stdout.strip() == "False"
+
+
+def test_the_front_door_runs_and_stops_in_place(fake: Resolved) -> None:
+    from imageforge import app
+
+    s = app.settings(manifest=str(fake.manifest.root / "build.yaml"))
+    where = app.in_place(s, enabled=True, python=sys.executable)
+    assert where == sp.InPlace(Path("/"), sys.executable)
+    assert app.in_place(s, enabled=False) is None
+    with pytest.raises(Exception, match="go with --in-place"):
+        app.in_place(s, enabled=False, root="/x")
+    with pytest.raises(Exception, match="--base does not apply"):
+        app.run(s, "p", None, [], base=True, port=None, timeout=20, in_place=where)
+    server = app.run(s, "p", None, [], base=False, port=free_port(), timeout=20, in_place=where)
+    assert isinstance(server, sp.ProcessServer) and server.running()
+    assert app.stop("p", every=False, s=s, in_place=True) == [str(server.pid)]
+    assert not server.running()
