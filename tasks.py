@@ -437,25 +437,33 @@ def sweep(c: Context, target: str = "", profile: str = "", param: list[str] | No
     help={
         "target": TARGET_HELP,
         "profile": "Profile under test (default: the target's default_profile)",
-        "against": "Reference: base (the target's base image, nothing patched; default), a PROFILE or an IMAGE",
+        "against": "Reference: base (the target's base image, nothing patched; default), a PROFILE, an IMAGE, or a "
+                   "record FILE (equiv --record)",
         "dtype": "float32 or bfloat16 on both sides (default: the target's equiv.dtype, else float32)",
         "top_k": "prompt_logprobs per position (default: the target's equiv.top_k)",
         "greedy_tokens": "Greedy continuation tokens, for the first divergence (default: equiv.greedy_tokens)",
         "prompts": "Use only the first N prompts of the target's equiv prompt set (default: all)",
+        "record": "Serve only the reference and write its teacher-forced evidence to FILE (compare later with "
+                  "--against FILE)",
         "set_": SET_HELP,
         "manifest": MANIFEST_HELP,
         "host_address": HOST_ADDRESS_HELP,
         "traceback": TRACEBACK_HELP,
+        **IN_PLACE_HELP,
     },
 )
 def equiv(c: Context, target: str = "", profile: str = "", against: str = "base", dtype: str = "", top_k: int = 0,
           greedy_tokens: int = 0, prompts: int = 0, set_: list[str] | None = None, manifest: str = "",
-          host_address: str = "", traceback: bool = False) -> None:
-    """Accuracy gate: serve TARGET:PROFILE and the reference at once, compare teacher-forced logprobs. Exit 4 over."""
+          host_address: str = "", traceback: bool = False, record: str = "", in_place: bool = False, root: str = "",
+          python: str = "") -> None:
+    """Accuracy gate: serve TARGET:PROFILE and the reference at once, compare teacher-forced logprobs. Exit 4 over.
+
+    One server at a time: --record FILE keeps the reference's evidence, --against FILE compares with it."""
     s = app.settings(manifest=manifest, traceback=traceback, host_address=host_address)
     with user_errors(s.traceback):
         app.equiv(s, target or None, profile or None, set_ or [], against=against, dtype=dtype, top_k=top_k,
-                  greedy_tokens=greedy_tokens, prompts=prompts)
+                  greedy_tokens=greedy_tokens, prompts=prompts, record=record,
+                  in_place=app.in_place(s, enabled=in_place, root=root, python=python))
 
 
 @task(

@@ -324,15 +324,42 @@ def sweep(s: Settings, target: str | None, profile: str | None, params: Sequence
 
 def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, against: str = "base",
           dtype: str = "", top_k: int = 0, greedy_tokens: int = 0, prompts: int = 0,
-          echo: Log = print) -> EquivRun:
-    """`equiv`: TARGET:PROFILE against --against (base, a profile or an image), teacher-forced; exit 4 when exceeded."""
+          echo: Log = print, record: str = "", in_place: InPlace | None = None) -> EquivRun | None:
+    """`equiv`: TARGET:PROFILE against --against (base, a profile, an image or a record FILE), teacher-forced;
+    exit 4 when exceeded.
+
+    ``record`` FILE: serve only the reference and write its evidence there (nothing compared: None).
+    ``in_place``: one server at a time on this machine (the reference is what the root serves, or with an
+    apply engine the required steps applied; see :func:`imageforge.equiv.run.record_reference`).
+    """
     from .equiv import raise_if_failed
-    from .equiv.run import equiv_target, settings_from_cli
+    from .equiv.record import is_record_path
+    from .equiv.run import against_record, equiv_target, load_record, record_reference, settings_from_cli
+    from .errors import ConfigError
 
     resolved = _resolve(s, load(s), target, profile, sets)
     chosen = settings_from_cli(resolved.target.equiv, top_k=top_k, greedy_tokens=greedy_tokens, prompts=prompts)
-    result = equiv_target(resolved, against=against or "base", dtype=dtype or None, settings=chosen, sets=sets,
-                          environ=s.environ, echo=echo, host_address=s.host_address)
+    file_against = bool(against) and is_record_path(against)
+    if record:
+        if file_against:
+            raise ConfigError("equiv: --record FILE writes a reference; --against FILE compares with one",
+                              hint="record first, then compare with --against FILE")
+        record_reference(resolved, Path(record), against=against or "base", dtype=dtype or None, settings=chosen,
+                         sets=sets, environ=s.environ, echo=echo, host_address=s.host_address, in_place=in_place)
+        return None
+    if file_against:
+        if top_k or greedy_tokens or prompts:
+            raise ConfigError("equiv --against FILE compares on the recorded prompts: --top-k, --greedy-tokens and "
+                              "--prompts do not apply")
+        result = against_record(resolved, load_record(Path(against)), dtype=dtype or None, environ=s.environ,
+                                echo=echo, host_address=s.host_address, in_place=in_place, where=against)
+    else:
+        if in_place is not None:
+            raise ConfigError("equiv --in-place serves one server at a time: --record FILE first, then "
+                              "--against FILE", hint="`invoke equiv --in-place --record ref.json`, then "
+                              "`invoke equiv --in-place --against ref.json`")
+        result = equiv_target(resolved, against=against or "base", dtype=dtype or None, settings=chosen, sets=sets,
+                              environ=s.environ, echo=echo, host_address=s.host_address)
     raise_if_failed(result.verdict)
     return result
 
