@@ -170,7 +170,8 @@ def test_repo_manifest_loads_with_default_equiv_settings() -> None:
 
 
 def test_equiv_memory_block(write_manifest: Callable[[str], Path]) -> None:
-    m = load_manifest(write_equiv(write_manifest, "    equiv: {memory: {params_billion: 7, devices: 1, device_gb: 24}}\n"))
+    block = "    equiv: {memory: {params_billion: 7, devices: 1, device_gb: 24}}\n"
+    m = load_manifest(write_equiv(write_manifest, block))
     settings = m.targets["t"].equiv
     assert settings.fits("bfloat16") is None
     assert settings.fits("float32") == "7B x 4 B = 28 GB of weights in float32 > 1 x 24 GB = 24 GB"
