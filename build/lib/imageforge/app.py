@@ -1,0 +1,426 @@
+"""The front door: one function per invoke task, and nothing else calls the library for a user.
+
+Each function takes the command's :class:`~imageforge.settings.Settings` (the tool options, resolved
+once from the command line and the environment), loads the manifest once, resolves the target
+and hands frozen values to the stage functions, lowest stage first::
+
+    manifest -> resolve -> plan -> base -> build (verify inside) -> run -> smoke/bench -> equiv/forensics
+        -> export/submission
+
+Nothing here reads ``os.environ`` directly: it comes in through ``Settings.environ``.  The
+modules below are imported inside the functions so that ``invoke --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from .bench import SweepResult, Workload
+    from .build import BuildResult
+    from .checkpatches import CheckReport, PatchFromResult
+    from .equiv.run import EquivRun
+    from .export import ExportResult
+    from .forensics.run import AblationRun, BisectRun
+    from .housekeeping import CleanResult
+    from .manifest import Manifest
+    from .plan import PlanReport
+    from .resolve import Resolved, ValidationSummary
+    from .run import Server
+    from .serve_process import InPlace, ProcessServer
+    from .smoke import SmokeReport
+    from .submission import SubmissionResult
+
+Log = Callable[[str], None]
+
+
+def _quiet(_line: str) -> None:
+    return None
+
+
+def settings(*, manifest: str = "", traceback: bool = False, host_address: str = "") -> Settings:
+    """The command's Settings from its options ("" = not given)."""
+    return Settings.from_cli(manifest=manifest or None, traceback=traceback, host_address=host_address or None)
+
+
+def load(s: Settings) -> Manifest:
+    from .manifest import load_manifest
+
+    return load_manifest(s.manifest)
+
+
+def _resolve(s: Settings, manifest: Manifest, target: str | None, profile: str | None,
+             sets: Sequence[str] = ()) -> Resolved:
+    from .resolve import resolve
+
+    return resolve(manifest, target, profile, environ=s.environ, sets=sets)
+
+
+# --------------------------------------------------------------------------- manifest, plan, base, build
+
+
+def validate(s: Settings) -> ValidationSummary:
+    """`validate`: YAML, schema, files, paths and every profile of every target."""
+    from .flagcheck import check_validate
+    from .resolve import validate_all
+
+    summary = validate_all(load(s))
+    return replace(summary, notes=tuple(check_validate(summary.manifest, s.environ)))
+
+
+def plan(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *,
+         use_daemon: bool) -> PlanReport:
+    """`plan`: resolve, then ask the daemon (when one answers) what is cached."""
+    from .base import daemon_probe
+    from .flagcheck import check_resolved
+    from .plan import PlanReport, make_plan
+
+    resolved = _resolve(s, load(s), target, profile, sets)
+    probe = daemon_probe() if use_daemon else None
+    note = check_resolved(resolved, s.environ, use_daemon=probe is not None)
+    return PlanReport(make_plan(resolved, environ=s.environ, probe=probe), notes=(note,) if note else ())
+
+
+def base(s: Settings, target: str | None, log: Log = print) -> str:
+    """`base`: the Docker engine, the target's base image (made from its recipe) and its model."""
+    from .build import prepare_base
+
+    return prepare_base(_resolve(s, load(s), target, None), s.environ, log).ref
+
+
+def build(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, verbose: bool,
+          quiet: bool, locked: bool = False) -> BuildResult:
+    """`build`: every layer of TARGET:PROFILE built or reused, verified, tagged."""
+    from .build import build_target
+    from .flagcheck import check_resolved
+
+    resolved = _resolve(s, load(s), target, profile, sets)
+    note = check_resolved(resolved, s.environ)  # exit 2 before any build work
+    if note and not quiet:
+        print(note)
+    return build_target(resolved, environ=s.environ, echo=_quiet if quiet else print, verbose=verbose,
+                        locked=locked)
+
+
+# --------------------------------------------------------------------------- tools around the engine
+
+
+def check_patches(s: Settings, target: str | None, profile: str | None, *, diff: bool,
+                  show: Callable[[CheckReport], None]) -> CheckReport:
+    """`check-patches`: ``show`` the report, then fail (exit 3) when a step would not apply."""
+    from .checkpatches import check_patches as check
+    from .checkpatches import fail_if_broken
+    from .flagcheck import check_target
+
+    manifest = load(s)
+    report = check(manifest, target, profile, environ=s.environ, diff=diff)
+    show(report)
+    fail_if_broken(report)
+    check_target(manifest, target, s.environ)  # the serving flags against the parser after the steps
+    return report
+
+
+def patch_from(s: Settings, target: str | None, file: str, edited: str, *, against_base: bool,
+               id_prefix: str) -> PatchFromResult:
+    """`patch-from`: the anchored patch steps that turn an image file into EDITED."""
+    from .checkpatches import patch_from as derive
+
+    return derive(load(s), target, file, edited, environ=s.environ, against_base=against_base, id_prefix=id_prefix)
+
+
+def lock(s: Settings, target: str | None) -> tuple[Path, dict[str, Any]]:
+    """`lock`: write the target's entry of build.lock."""
+    from .housekeeping import write_lock
+
+    return write_lock(_resolve(s, load(s), target, None), s.environ)
+
+
+def export(s: Settings, target: str | None, profile: str | None, *, out: str | None, push: str | None,
+           gzip_: bool, save: bool, quiet: bool) -> ExportResult:
+    """`export`: the tarball, its sha256 and description of TARGET:PROFILE; ``push`` to a registry."""
+    from .export import export as do_export
+
+    return do_export(_resolve(s, load(s), target, profile), environ=s.environ, out=out, push=push, gzip_=gzip_,
+                     save=save, log=_quiet if quiet else print)
+
+
+def clean(s: Settings, *, keep: int, dry_run: bool, target: str | None, min_age: float) -> CleanResult:
+    """`clean`: remove the labelled images and containers no retention rule keeps."""
+    from .housekeeping import clean as do_clean
+
+    return do_clean(load(s), keep=keep, dry_run=dry_run, target=target, min_age=min_age)
+
+
+# --------------------------------------------------------------------------- serving
+
+
+def run(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, base: bool,
+        port: int | None, timeout: float | None, in_place: InPlace | None = None) -> Server | ProcessServer:
+    """`run`: start TARGET:PROFILE (built first if needed) on the host address, wait until ready, leave it.
+
+    ``in_place``: the serving command as a process on this machine (the files under its root, as applied).
+    """
+    resolved = _resolve(s, load(s), target, profile, sets)
+    if in_place is not None:
+        from .errors import ConfigError
+        from .serve_process import start_detached as start_process
+
+        if base:
+            raise ConfigError("--in-place serves the files under --root: --base does not apply",
+                              hint="`invoke revert` puts the root back as installed; then run --in-place")
+        return start_process(resolved, in_place, port=port, timeout=timeout, host_address=s.host_address,
+                             environ=s.environ)
+    from .run import start_detached
+
+    return start_detached(resolved, base=base, port=port, timeout=timeout, host_address=s.host_address)
+
+
+def in_place(s: Settings, *, enabled: bool, root: str = "", python: str = "") -> InPlace | None:
+    """The in-place options (`--in-place [--root DIR] [--python PATH]`) as an InPlace, or None without --in-place."""
+    from .errors import ConfigError
+    from .serve_process import InPlace
+
+    if not enabled:
+        if root or python:
+            raise ConfigError("--root and --python go with --in-place", hint="add --in-place")
+        return None
+    return InPlace(root=Path(root or "/"), python=python or "python3")
+
+
+def stop(target: str | None, *, every: bool, s: Settings | None = None, in_place: bool = False) -> list[str]:
+    """`stop`: remove the servers `run` started (``every``: smoke runs' and tests' too).
+
+    ``in_place``: end the server processes `run --in-place` recorded under the manifest's directory (never
+    the Docker engine).
+    """
+    if in_place:
+        from .serve_process import stop_processes
+
+        root = (s or settings()).manifest.resolve().parent
+        return [str(pid) for pid in stop_processes(root, target)]
+    from .run import stop_servers
+
+    return stop_servers(target, every=every)
+
+
+def smoke(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, url: str | None,
+          suite: str | None, tags: str | None, base: bool, port: int | None, wait: float,
+          echo: Log = print, in_place: InPlace | None = None) -> SmokeReport:
+    """`smoke`: the suite against --url, or build + start + check + remove TARGET:PROFILE (exit 4 on a failure)."""
+    from .errors import ConfigError
+    from .smoke import DEFAULT_TAGS, parse_tags, smoke_target, smoke_url, suite_for, target_vars, verdict
+
+    tag_list = parse_tags(tags)
+    if url and in_place is not None:
+        raise ConfigError("--url tests a running server: --in-place does not apply")
+    if url:
+        if base or profile:
+            raise ConfigError("--url tests a running server: --profile and --base do not apply",
+                              hint="drop --url to build, start and stop the target's server")
+        resolved = _resolve(s, load(s), target, None, sets) if target or not suite else None
+        suite_path = suite_for(resolved, suite) if resolved is not None else Path(suite or "")
+        root = resolved.manifest.root if resolved is not None else Path.cwd()
+        chosen = tag_list or (tuple(resolved.target.smoke.tags) if resolved is not None else ()) or DEFAULT_TAGS
+        report = smoke_url(url, suite_path=suite_path, tags=chosen, run_root=root, echo=echo,
+                           vars=target_vars(resolved) if resolved is not None and target else None, wait=wait)
+    else:
+        resolved = _resolve(s, load(s), target, profile, sets)
+        report = smoke_target(resolved, environ=s.environ, suite_path=Path(suite) if suite else None, tags=tag_list,
+                              echo=echo, base=base, port=port, host_address=s.host_address, in_place=in_place)
+    verdict(report)
+    return report
+
+
+def demo(s: Settings, *, target: str = "cpu", echo: Log = print) -> SmokeReport:
+    """`demo`: Docker engine, cpu base, build and smoke of the cpu target, from nothing."""
+    import time
+
+    from .docker_engine import ensure_daemon
+    from .smoke import smoke_target, verdict
+
+    t0 = time.monotonic()
+    resolved = _resolve(s, load(s), target, None)
+    echo(f"demo: {target}:{resolved.profile_name} -- Docker engine, base image, build, serve, smoke")
+    ensure_daemon(log=echo)
+    # the build makes the base image (and model) first
+    report = smoke_target(resolved, environ=s.environ, echo=echo, host_address=s.host_address)
+    echo(f"demo: {report.summary_line()} in {time.monotonic() - t0:.0f}s")
+    verdict(report)
+    return report
+
+
+def _workload(workload: Workload | Sequence[Any]) -> Workload:
+    """A checked Workload: given, or made from the tasks' workload options (in workload_from_cli's order)."""
+    from .bench import Workload, workload_from_cli
+
+    return workload.validate() if isinstance(workload, Workload) else workload_from_cli(*workload)
+
+
+def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, url: str | None,
+          port: int | None, workload: Workload | Sequence[Any], echo: Log = print, replay: Any = None,
+          in_place: InPlace | None = None) -> Any:
+    """`bench`: load-test --url, or build + serve + bench + remove TARGET:PROFILE (exit 4 on a failure).
+
+    ``replay`` (a :class:`imageforge.bench.replay.ReplayOptions`): the evaluator's one-at-a-time replay instead of
+    the concurrent workload; prints its metrics and target lines, writes bench.json + bench.png.
+    """
+    from .bench import bench_target, print_bench, replay_report, replay_target, run_bench, verdict, write_bench
+    from .bench.replay import replay_bench
+    from .errors import ConfigError
+    from .runs import new_run_id, run_dir
+    from .serving_client import check_url
+
+    if replay is None:
+        w = _workload(workload)
+    else:
+        replay.validate()
+    if url and in_place is not None:
+        raise ConfigError("--url benches a running server: --in-place does not apply")
+    if url:
+        if target or profile or sets:
+            raise ConfigError("--url benches a running server: --target, --profile and --set do not apply",
+                              hint="drop --url to build, start and stop the target's server")
+        check_url(url)
+        root = s.manifest.resolve().parent if s.manifest.exists() else Path.cwd()
+        if replay is not None:
+            return replay_report(replay_bench(url, replay, run_dir(root, new_run_id()), echo=echo), replay, echo)
+        result = run_bench(url, w, echo=echo, run_dir=None, write=False)
+        result.run_dir = run_dir(root, result.run_id)
+        write_bench(result)
+    else:
+        resolved = _resolve(s, load(s), target, profile, sets)
+        if replay is not None:
+            return replay_report(replay_target(resolved, replay, environ=s.environ, echo=echo, port=port,
+                                               host_address=s.host_address, in_place=in_place), replay, echo)
+        result = bench_target(resolved, w, environ=s.environ, echo=echo, port=port, host_address=s.host_address,
+                              in_place=in_place)
+    print_bench(result, echo)
+    verdict(result)
+    return result
+
+
+def sweep(s: Settings, target: str | None, profile: str | None, params: Sequence[str], sets: Sequence[str], *,
+          workload: Workload | Sequence[Any], requests_given: bool, concurrency_given: bool,
+          echo: Log = print, interleave: bool = True) -> SweepResult:
+    """`sweep`: one build + serve + bench per combination of --param values; exit 4 when no point gave a result."""
+    from .bench import parse_params, report_sweep, sweep_workload
+    from .bench import sweep as run_sweep
+
+    parsed = parse_params(params)
+    w = sweep_workload(parsed, _workload(workload), requests_given=requests_given,
+                       concurrency_given=concurrency_given)
+    result = run_sweep(load(s), target, profile, parsed, w, sets=sets, environ=s.environ, echo=echo,
+                       host_address=s.host_address, interleave=interleave)
+    return report_sweep(result, echo)
+
+
+# --------------------------------------------------------------------------- accuracy gate and step forensics
+
+
+def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, against: str = "base",
+          dtype: str = "", top_k: int = 0, greedy_tokens: int = 0, prompts: int = 0,
+          echo: Log = print, record: str = "", in_place: InPlace | None = None) -> EquivRun | None:
+    """`equiv`: TARGET:PROFILE against --against (base, a profile, an image or a record FILE), teacher-forced;
+    exit 4 when exceeded.
+
+    ``record`` FILE: serve only the reference and write its evidence there (nothing compared: None).
+    ``in_place``: one server at a time on this machine (the reference is what the root serves, or with an
+    apply engine the required steps applied; see :func:`imageforge.equiv.run.record_reference`).
+    """
+    from .equiv import raise_if_failed
+    from .equiv.record import is_record_path
+    from .equiv.run import against_record, equiv_target, load_record, record_reference, settings_from_cli
+    from .errors import ConfigError
+
+    resolved = _resolve(s, load(s), target, profile, sets)
+    chosen = settings_from_cli(resolved.target.equiv, top_k=top_k, greedy_tokens=greedy_tokens, prompts=prompts)
+    file_against = bool(against) and is_record_path(against)
+    if record:
+        if file_against:
+            raise ConfigError("equiv: --record FILE writes a reference; --against FILE compares with one",
+                              hint="record first, then compare with --against FILE")
+        record_reference(resolved, Path(record), against=against or "base", dtype=dtype or None, settings=chosen,
+                         sets=sets, environ=s.environ, echo=echo, host_address=s.host_address, in_place=in_place)
+        return None
+    if file_against:
+        if top_k or greedy_tokens or prompts:
+            raise ConfigError("equiv --against FILE compares on the recorded prompts: --top-k, --greedy-tokens and "
+                              "--prompts do not apply")
+        result = against_record(resolved, load_record(Path(against)), dtype=dtype or None, environ=s.environ,
+                                echo=echo, host_address=s.host_address, in_place=in_place, where=against)
+    else:
+        if in_place is not None:
+            raise ConfigError("equiv --in-place serves one server at a time: --record FILE first, then "
+                              "--against FILE", hint="`invoke equiv --in-place --record ref.json`, then "
+                              "`invoke equiv --in-place --against ref.json`")
+        result = equiv_target(resolved, against=against or "base", dtype=dtype or None, settings=chosen, sets=sets,
+                              environ=s.environ, echo=echo, host_address=s.host_address)
+    raise_if_failed(result.verdict)
+    return result
+
+
+def bisect(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *,
+           check: Sequence[str] = (), suite: str = "", tags: str = "", repeat: int = 1, flaky: str = "fail",
+           echo: Log = print) -> BisectRun:
+    """`bisect`: the first step whose image fails the selected checks; exit 4 when one did (or the base fails)."""
+    from .errors import ConfigError
+    from .forensics import raise_for
+    from .forensics.run import bisect_target
+    from .smoke import parse_tags
+
+    if not check and not suite:
+        raise ConfigError("bisect needs --check NAME (repeatable; 'equiv' for the accuracy gate) or --suite FILE")
+    if flaky not in ("fail", "unknown"):
+        raise ConfigError("bisect --flaky must be 'fail' or 'unknown'", found=repr(flaky))
+    resolved = _resolve(s, load(s), target, profile, sets)
+    run = bisect_target(resolved, checks=list(check), suite_path=suite or None, tags=parse_tags(tags),
+                        repeat=repeat, flaky="unknown" if flaky == "unknown" else "fail", environ=s.environ,
+                        echo=echo, host_address=s.host_address)
+    step = run.culprit
+    raise_for(run.result, None if step is None else f"{step.id} ({step.location})")
+    return run
+
+
+def ablate(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *,
+           workload: Workload | Sequence[Any], steps: str = "", repeat: int = 3, out: str = "", equiv: bool = True,
+           echo: Log = print) -> AblationRun:
+    """`ablate`: each chosen step's variant without it, benched ABAB against the full image, equiv each."""
+    from .forensics.run import ablate_target
+
+    resolved = _resolve(s, load(s), target, profile, sets)
+    chosen = [name.strip() for name in steps.split(",") if name.strip()] or None
+    return ablate_target(resolved, _workload(workload), steps=chosen, repeats=repeat, out=Path(out) if out else None,
+                         equiv=equiv, environ=s.environ, echo=echo, host_address=s.host_address)
+
+
+# --------------------------------------------------------------------------- what the platform builds
+
+
+def submission(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, out: str,
+               git: bool = False, log: Log = print) -> SubmissionResult:
+    """`submission`: write (or rewrite) the tree the platform builds: root Dockerfile, computility-run.yaml, context."""
+    from .flagcheck import check_resolved
+    from .submission import write_submission
+
+    resolved = _resolve(s, load(s), target, profile, sets)
+    note = check_resolved(resolved, s.environ)  # serving flags vs the image's own vLLM (exit 2), issue 16
+    if note:
+        log(note)
+    return write_submission(resolved, Path(out), environ=s.environ, git=git, log=log)
+
+
+def check_submission(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, out: str,
+                     log: Log = print) -> int:
+    """`submission --check`: compare the tree at OUT with the manifest (exit 2 listing every difference).
+
+    Returns the number of files checked; no daemon needed (the base facts come from the tree's record).
+    """
+    from .submission import check_submission as check
+
+    resolved = _resolve(s, load(s), target, profile, sets)
+    return check(resolved, Path(out), environ=s.environ, log=log)

@@ -1,0 +1,133 @@
+"""Load benchmarks and parameter sweeps against OpenAI-compatible servers, scored like the competition.
+
+* :class:`Workload` (``workload``) -- N requests at concurrency C: prompt length and output length in tokens,
+  the fraction of each prompt shared by every request (it exercises the prefix cache), a seed.
+  Prompts are deterministic words (:func:`prompt_words`); against a server with ``/tokenize``
+  (vLLM) they become token-ID prompts of exactly the requested length, otherwise plain text of
+  about that length.  Output lengths are forced with ``max_tokens`` and ``ignore_eos: true`` (no
+  ``min_tokens``: vLLM's min-tokens logits processor costs every decode step, and ``vllm bench serve`` does
+  not send it), so random weights produce exactly the tokens asked for.
+* :func:`run_bench` (``runner``, over ``client``) -- the load client (asyncio + httpx, streaming through
+  :mod:`imageforge.serving_client` for the time to first token).  It stops by itself: after ``requests``
+  requests or ``duration`` seconds, whichever is first; it talks only to the URL it is given.
+* Measures (``results``, ``metrics``): Output TPS (generated tokens / wall), Input TPS (prompt tokens / wall),
+  Cache TPS (prompt tokens served from the prefix cache / wall: from ``usage.prompt_tokens_details.cached_tokens``
+  when the server reports it -- vLLM only with ``--enable-prompt-tokens-details`` -- else from the
+  delta of vLLM's ``/metrics`` counter ``vllm:prompt_tokens_cached_total`` or ``vllm:prefix_cache_hits_total``),
+  TTFT / latency / time per output token percentiles, errors, and :func:`score`.
+* :func:`bench_target` -- build if needed, serve, bench, always remove; :func:`sweep` (``sweeps``) -- one
+  server per parameter combination (``--set`` values; only the serving-config layer is rebuilt),
+  best score and Output-TPS plateau marked, ``sweep.json`` + ``sweep.md``.
+
+* The evaluator's replay (``replay``, ``evaluator``): a seeded agent-like workload (or a user's JSONL) sent
+  **one at a time** through the same request loop (:func:`.client.stream_request`), scored with the
+  evaluator's definitions (per-request Output TPS including TTFT, p10, TTFT p90, error classes, PASS/FAIL
+  targets, a labelled score estimate); :func:`replay_bench` / :func:`replay_target` (``invoke bench --replay``).
+* ``plots``: the PNGs of a replay (``bench.png``) and of a sweep (``sweep.png``), matplotlib's Agg canvas.
+
+One percentile (:func:`metrics.percentile`, numpy's linear) and one set of score weights serve all of it.
+Reports go to ``.imageforge/runs/<run id>/`` (``bench.json``: ``report``; ``sweep.json``, ``sweep.md``).
+A bench fails (SmokeError, exit 4) when its error rate exceeds the threshold or no token came back.
+"""
+
+from __future__ import annotations
+
+from .client import BenchClient
+from .evaluator import EvalReport, RequestRecord, TargetLine, classify_error, evaluate
+from .metrics import (
+    CACHED_TOKEN_COUNTERS,
+    GENERATION_TOKEN_COUNTERS,
+    PLATEAU_TOLERANCE,
+    PROMPT_TOKEN_COUNTERS,
+    SCORE_CACHE_WEIGHT,
+    SCORE_INPUT_WEIGHT,
+    SCORE_OUTPUT_WEIGHT,
+    counter_delta,
+    metrics_counters,
+    percentile,
+    plateau_index,
+    score,
+)
+from .replay import (
+    ReplayBench,
+    ReplayOptions,
+    ReplaySpec,
+    generate,
+    load_jsonl,
+    replay_bench,
+    replay_options,
+    run_replay,
+)
+from .report import bench_rows, print_bench, write_bench
+from .results import BenchResult, RequestResult
+from .runner import bench_target, median_run, replay_report, replay_target, run_bench, verdict
+from .sweeps import (
+    SweepPoint,
+    SweepResult,
+    build_note,
+    combinations,
+    parse_params,
+    print_sweep,
+    report_sweep,
+    set_args,
+    sweep,
+    sweep_image,
+    sweep_workload,
+)
+from .workload import APIS, Prompt, Workload, prompt_words, workload_from_cli
+
+__all__ = [
+    "APIS",
+    "CACHED_TOKEN_COUNTERS",
+    "GENERATION_TOKEN_COUNTERS",
+    "PLATEAU_TOLERANCE",
+    "PROMPT_TOKEN_COUNTERS",
+    "SCORE_CACHE_WEIGHT",
+    "SCORE_INPUT_WEIGHT",
+    "SCORE_OUTPUT_WEIGHT",
+    "BenchClient",
+    "BenchResult",
+    "EvalReport",
+    "Prompt",
+    "ReplayBench",
+    "ReplayOptions",
+    "ReplaySpec",
+    "RequestRecord",
+    "RequestResult",
+    "SweepPoint",
+    "SweepResult",
+    "TargetLine",
+    "Workload",
+    "bench_rows",
+    "bench_target",
+    "build_note",
+    "classify_error",
+    "combinations",
+    "counter_delta",
+    "evaluate",
+    "generate",
+    "load_jsonl",
+    "median_run",
+    "metrics_counters",
+    "parse_params",
+    "percentile",
+    "plateau_index",
+    "print_bench",
+    "print_sweep",
+    "prompt_words",
+    "replay_bench",
+    "replay_options",
+    "replay_report",
+    "replay_target",
+    "report_sweep",
+    "run_bench",
+    "run_replay",
+    "score",
+    "set_args",
+    "sweep",
+    "sweep_image",
+    "sweep_workload",
+    "verdict",
+    "workload_from_cli",
+    "write_bench",
+]

@@ -1,0 +1,293 @@
+"""The HTTP side of one bench: one httpx.AsyncClient against the URL it is given, nothing else.
+
+The streams are read by :func:`imageforge.serving_client.open_stream` (httpx-sse), the same reader smoke uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from httpx_sse import SSEError
+
+from ..errors import SmokeError
+from ..serving_client import StreamReader, open_stream
+from .metrics import metrics_counters
+from .results import RequestResult
+from .workload import Prompt, Workload
+
+
+class BenchClient:
+    """The HTTP side of one bench: one httpx.AsyncClient against ``url`` only."""
+
+    def __init__(self, url: str, workload: Workload, transport: Any = None) -> None:
+        import httpx
+
+        self.url = url.rstrip("/")
+        self.workload = workload
+        limits = httpx.Limits(max_connections=workload.concurrency + 4,
+                              max_keepalive_connections=workload.concurrency + 4)
+        self.http = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(workload.timeout, connect=10.0),
+                                      limits=limits, transport=transport)
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    async def model(self) -> tuple[str, int | None]:
+        """The first served model's name and its max_model_len (vLLM lists it; None elsewhere)."""
+        import httpx
+
+        try:
+            response = await self.http.get("/v1/models", timeout=15.0)
+        except httpx.HTTPError as exc:
+            raise SmokeError(f"no server answers at {self.url}", found=f"{type(exc).__name__}: {exc}",
+                             hint="start one with `invoke run --target T` (it prints URL=...), or let "
+                             "`invoke bench --target T` start and stop one") from None
+        if response.status_code != 200:
+            raise SmokeError(f"GET {self.url}/v1/models answered HTTP {response.status_code}",
+                             found=response.text[:300], hint="pass --model NAME")
+        try:
+            entries = response.json()["data"]
+            entry = next((e for e in entries if e["id"] == self.workload.model), entries[0])
+            limit = entry.get("max_model_len")
+            return str(entry["id"]), int(limit) if isinstance(limit, int) else None
+        except (ValueError, KeyError, IndexError, TypeError, StopIteration):
+            raise SmokeError(f"GET {self.url}/v1/models lists no model", found=response.text[:300],
+                             hint="pass --model NAME") from None
+
+    async def tokenize(self, model: str, text: str) -> list[int] | None:
+        """Token IDs of ``text`` (no special tokens); None when the server has no /tokenize."""
+        import httpx
+
+        try:
+            response = await self.http.post("/tokenize", json={"model": model, "prompt": text,
+                                                               "add_special_tokens": False})
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        tokens = response.json().get("tokens")
+        return [int(t) for t in tokens] if isinstance(tokens, list) else None
+
+    async def detokenize(self, model: str, tokens: list[int]) -> str | None:
+        import httpx
+
+        try:
+            response = await self.http.post("/detokenize", json={"model": model, "tokens": tokens})
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        text = response.json().get("prompt")
+        return text if isinstance(text, str) else None
+
+    async def metrics(self) -> dict[str, float] | None:
+        import httpx
+
+        try:
+            response = await self.http.get("/metrics", timeout=15.0)
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        try:
+            return metrics_counters(response.text)
+        except ValueError:  # not the Prometheus text format: as if there were no /metrics
+            return None
+
+    async def exact_ids(self, model: str, text_for: Callable[[int], str], n: int) -> list[int] | None:
+        """The first ``n`` token IDs of a text that grows until it has enough; None without /tokenize."""
+        if n == 0:
+            return []
+        words = n + 16
+        for _ in range(8):
+            ids = await self.tokenize(model, text_for(words))
+            if ids is None:
+                return None
+            if len(ids) >= n:
+                return ids[:n]
+            words *= 2
+        raise SmokeError(f"could not build a prompt of {n} tokens from the bench vocabulary")
+
+    async def prompts(self, model: str, indexes: Sequence[int], *, shared: bool = True) -> tuple[list[Prompt], str]:
+        """Prompts for ``indexes`` and the prompt mode (``token-ids`` or text).
+
+        ``shared``: the common prefix + each request's own part (the measured requests); otherwise each
+        prompt is its own words only (warm-up requests: they must not put the shared prefix in the cache).
+        """
+        w = self.workload
+        prefix_len = w.prefix_tokens if shared else 0
+        own_len = w.prompt_tokens - prefix_len
+        prefix_ids = await self.exact_ids(model, w.prefix_text, prefix_len)
+        if prefix_ids is None:
+            prefix = w.prefix_text(prefix_len)
+            texts = [" ".join(p for p in (prefix, w.unique_text(i, own_len)) if p) for i in indexes]
+            return [Prompt(i, text, None) for i, text in zip(indexes, texts, strict=True)], "text"
+        gate = asyncio.Semaphore(max(1, w.concurrency))
+
+        async def one(i: int) -> Prompt:
+            async with gate:
+                own = await self.exact_ids(model, lambda words: w.unique_text(i, words), own_len)
+                ids = prefix_ids + (own or [])
+                if w.api == "chat":
+                    text = await self.detokenize(model, ids)
+                    if text is None:
+                        text = " ".join(p for p in (w.prefix_text(prefix_len), w.unique_text(i, own_len)) if p)
+                    return Prompt(i, text, None)
+                return Prompt(i, ids, len(ids))
+
+        prompts = await asyncio.gather(*(one(i) for i in indexes))
+        return list(prompts), ("token-ids" if w.api == "completions" else "text (decoded token IDs)")
+
+    def body(self, model: str, prompt: Prompt) -> tuple[str, dict[str, Any]]:
+        w = self.workload
+        common: dict[str, Any] = {
+            "model": model,
+            "max_tokens": w.output_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if w.api == "chat":
+            return "/v1/chat/completions", {**common, "messages": [{"role": "user", "content": prompt.body}]}
+        return "/v1/completions", {**common, "prompt": prompt.body}
+
+    async def send(self, model: str, prompt: Prompt) -> RequestResult:
+        import httpx
+
+        endpoint, body = self.body(model, prompt)
+        result = RequestResult(prompt.index, started=time.monotonic())
+        got = await stream_request(self.http, endpoint, body)
+        result.finished = result.started + got.total
+        result.latency = got.total
+        result.status = got.status
+        result.ttft = got.first_chunk
+        if got.usage is not None:
+            result.usage = True
+            result.prompt_tokens, result.completion_tokens = got.prompt_tokens, got.completion_tokens
+            result.cached_tokens = got.cached_tokens
+        if got.status is not None and got.status != 200:
+            result.error = f"HTTP {got.status}: {_error_message(got.error_text or '')}"
+        elif isinstance(got.exception, SSEError):
+            result.error = f"not a stream: {got.exception}"[:300]
+        elif isinstance(got.exception, httpx.TimeoutException):
+            result.error = f"timed out after {self.workload.timeout:.0f}s"
+        elif got.exception is not None:
+            result.error = f"{type(got.exception).__name__}: {got.exception}"[:300]
+        elif got.error_text is not None:
+            result.error = f"stream error: {_error_message(got.error_text)}"
+        if result.error:
+            return result
+        if not result.usage:
+            result.completion_tokens = got.chunks
+            result.prompt_tokens = prompt.tokens or 0
+        if result.completion_tokens == 0:
+            result.error = "no tokens in the answer"
+            return result
+        result.ok = True
+        return result
+
+
+def _error_message(text: str) -> str:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text.strip()[:300]
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict):
+            return str(err.get("message") or err)[:300]
+        return str(err)[:300]
+    return str(data)[:300]
+
+
+@dataclass
+class Streamed:
+    """One streamed request as the client saw it (times in seconds from just before the POST)."""
+
+    status: int | None = None
+    error_text: str | None = None  # a non-200 body, or an ``error`` event in the stream
+    exception: BaseException | None = None  # what httpx / httpx-sse raised (None: nothing)
+    done: bool = False  # ``data: [DONE]`` came
+    first_chunk: float | None = None  # the first chunk with choices (vllm bench serve's TTFT)
+    first_token: float | None = None  # the first chunk whose choice carries generated text, reasoning or a tool call
+    total: float = 0.0  # the end of the stream, or the failure
+    chunks: int = 0  # chunks with choices
+    usage: dict[str, Any] | None = None  # the last usage block
+
+    @property
+    def ttft(self) -> float | None:
+        """The first generated token, else the first chunk with choices."""
+        return self.first_token if self.first_token is not None else self.first_chunk
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int((self.usage or {}).get("prompt_tokens") or 0)
+
+    @property
+    def completion_tokens(self) -> int:
+        return int((self.usage or {}).get("completion_tokens") or 0)
+
+    @property
+    def cached_tokens(self) -> int | None:
+        details = (self.usage or {}).get("prompt_tokens_details")
+        if isinstance(details, dict) and details.get("cached_tokens") is not None:
+            return int(details["cached_tokens"])
+        return None
+
+
+def _carries_token(choice: Any) -> bool:
+    if not isinstance(choice, dict):
+        return False
+    if choice.get("text"):
+        return True
+    delta = choice.get("delta")
+    return isinstance(delta, dict) and any(delta.get(k) for k in ("content", "reasoning_content", "reasoning",
+                                                                    "tool_calls"))
+
+
+async def stream_request(http: Any, endpoint: str, body: dict[str, Any], *,
+                         clock: Callable[[], float] = time.perf_counter) -> Streamed:
+    """POST one streamed request through :func:`imageforge.serving_client.open_stream` and time it.
+
+    The one request loop of the bench: the concurrent bench (:meth:`BenchClient.send`) and the replay
+    (:func:`imageforge.bench.replay.run_replay`) both call it.  Never raises for HTTP or stream trouble:
+    it is recorded in ``exception`` / ``error_text``.
+    """
+    import httpx
+
+    out = Streamed()
+    reader = StreamReader()
+    start = clock()
+    try:
+        async with open_stream(http, endpoint, body, reader=reader) as (response, stream):
+            out.status = response.status_code
+            if response.status_code != 200:
+                out.error_text = (await response.aread()).decode("utf-8", "replace")
+            else:
+                async for chunk in stream:
+                    if not isinstance(chunk, dict):
+                        continue
+                    if chunk.get("error"):
+                        out.error_text = json.dumps(chunk["error"], ensure_ascii=False)
+                        break
+                    choices = chunk.get("choices")
+                    if choices:
+                        out.chunks += 1
+                        if out.first_chunk is None:
+                            out.first_chunk = clock() - start
+                        if out.first_token is None and any(_carries_token(c) for c in choices):
+                            out.first_token = clock() - start
+                    usage = chunk.get("usage")
+                    if isinstance(usage, dict):
+                        out.usage = usage
+    except (SSEError, httpx.HTTPError) as exc:  # SSEError: a 200 answer that is not text/event-stream
+        out.exception = exc
+    out.total = clock() - start
+    out.done = reader.done
+    return out

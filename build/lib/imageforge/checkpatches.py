@@ -1,0 +1,513 @@
+"""`check-patches` and `patch-from`: patches that cannot rot.
+
+* :func:`check_steps` dry-runs a target's steps against an :class:`ImageFS` -- the real base
+  image through a created, never started container, or a dict in unit tests -- with each kind's
+  own ``apply`` (:mod:`imageforge.steps`, the code the build runs): the Changes it returns are
+  recorded on an in-memory :class:`Overlay`, so steps that touch the same file see each other's
+  result, in manifest order; nothing is written, nothing is built.  Script steps run for real in a
+  throwaway :class:`ScriptSandbox` (the same ``apply`` again) when one is given.
+* :func:`patch_from` reads a file of the base image (after the target's steps) and derives the
+  anchored steps that turn it into an edited copy (:func:`imageforge.patching.derive_patch_steps`).
+
+The pure parts (everything but :func:`check_patches`, :func:`patch_from`, :func:`image_session`
+and :class:`ContainerFS`) need no daemon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import posixpath
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import labels as lb
+from .base import base_reference, discover_package, missing_variable_error
+from .docker_engine import client, daemon_errors, ensure_daemon
+from .docker_engine import containers as dc
+from .errors import BuildError, ConfigError, Location
+from .manifest import Manifest, Step, Target, resolve_image_path
+from .patchfrom import apply_steps, derive_patch_steps, render_steps_yaml
+from .patching import NearMatch
+from .resolve import resolve
+from .scripts import IDLE_LOOP
+from .steps import ApplyContext, Changes, ContainerFS, DictFS, Entry, FileMeta, ImageFS, StepProblem, kind
+from .steps.core import RowStatus, text_of
+
+__all__ = ["AFTER_FAILED_SCRIPT", "OK_STATUSES", "CheckReport", "CheckRow", "ContainerFS", "DictFS", "Entry",
+           "ImageFS", "Overlay", "ScriptOutcome", "ScriptSandbox", "check_patches", "check_steps", "patch_from"]
+
+Log = Callable[[str], None]
+
+OK_STATUSES: frozenset[str] = frozenset({"applies", "already applied", "not checked", "ran"})
+AFTER_FAILED_SCRIPT = "not checked (a script before failed)"
+
+
+# --------------------------------------------------------------------------- the image's file system
+# Entry, ImageFS, DictFS and ContainerFS live in imageforge.steps.fs (the step kinds read them); imported above.
+
+
+# --------------------------------------------------------------------------- checking steps
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    step: str
+    kind: str
+    profile: str | None
+    path: str
+    status: RowStatus
+    detail: str
+    near: tuple[NearMatch, ...] = ()
+    diff: str = ""
+    location: Location | None = None
+    log_tail: tuple[str, ...] = ()  # a failed script's last output lines
+
+    @property
+    def ok(self) -> bool:
+        return self.status in OK_STATUSES
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "kind": self.kind, "profile": self.profile, "path": self.path,
+                "status": self.status, "ok": self.ok, "detail": self.detail,
+                "near": [{"line": m.line, "text": m.text, "ratio": m.ratio} for m in self.near],
+                "diff": self.diff, "location": str(self.location) if self.location else None,
+                "log_tail": list(self.log_tail)}
+
+
+@dataclass(frozen=True)
+class ScriptOutcome:
+    """What running a script step for real gave: the image's files afterwards, or the failure."""
+
+    exit_code: int | None
+    fs: ImageFS | None  # the files after the script (None when it failed)
+    detail: str
+    log_tail: tuple[str, ...] = ()
+
+
+#: Runs one script step on the files as the steps so far leave them (``Overlay``); see ScriptSandbox.
+ScriptRunner = Callable[[Step, "Overlay"], ScriptOutcome]
+
+
+@dataclass
+class Overlay:
+    """The in-memory result of the steps checked so far, on top of an ImageFS."""
+
+    fs: ImageFS
+    files: dict[str, bytes] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
+    meta: dict[str, FileMeta] = field(default_factory=dict)
+
+    def copy(self) -> Overlay:
+        return Overlay(self.fs, dict(self.files), dict(self.links), dict(self.meta))
+
+    def record(self, changes: Changes) -> None:
+        """What a step's apply returned becomes what the later steps read."""
+        for f in changes.files:
+            self.files[f.path] = f.data
+            self.meta[f.path] = FileMeta(f.mode, f.uid, f.gid, f.mtime)
+            self.links.pop(f.path, None)
+        for link in changes.links:
+            self.links[link.path] = link.target
+            self.files.pop(link.path, None)
+            self.meta.pop(link.path, None)
+
+    def list_dir(self, directory: str) -> list[tuple[str, Entry]]:
+        """The image's listing (the in-memory changes of earlier steps are not listed)."""
+        return self.fs.list_dir(directory)
+
+    def read_file(self, path: str) -> tuple[bytes, FileMeta] | None:
+        if path in self.files:
+            return self.files[path], self.meta.get(path, FileMeta())
+        return self.fs.read_file(path)
+
+    def stat(self, path: str) -> Entry | None:
+        if path in self.links:
+            return Entry("link", self.links[path])
+        if path in self.files:
+            return Entry("file")
+        entry = self.fs.stat(path)
+        if entry is None and any(p.startswith(path.rstrip("/") + "/") for p in [*self.files, *self.links]):
+            return Entry("dir")
+        return entry
+
+    def read(self, path: str) -> bytes | None:
+        if path in self.files:
+            return self.files[path]
+        return self.fs.read(path)
+
+
+def _row(step: Step, path: str, status: RowStatus, detail: str, *, blame: str | None = None,
+         near: tuple[NearMatch, ...] = (), diff: str = "") -> CheckRow:
+    location = step.where(blame) if blame else step.location
+    return CheckRow(step.id, step.kind, step.profile, path, status, detail, near, diff, location)
+
+
+_text = text_of
+
+
+def _short(path: str, site: str) -> str:
+    site = site.rstrip("/")
+    return path[len(site) + 1:] if path.startswith(site + "/") else path
+
+
+def _step_path(step: Step, site: str) -> str:
+    return kind(step.kind).row_path(step, site)
+
+
+def check_file_step(step: Step, state: Overlay, site: str, *, with_diff: bool) -> CheckRow:
+    """A file kind's ``apply`` (the build's code) on the overlay; its Changes recorded there, its result the row."""
+    try:
+        changes = kind(step.kind).apply(step, state, ApplyContext(site=site, checking=True, with_diff=with_diff))
+    except StepProblem as problem:
+        return _row(step, problem.path, problem.status, problem.detail, blame=problem.blame, near=problem.near)
+    state.record(changes)
+    return _row(step, changes.path, changes.status, changes.detail, diff=changes.diff)
+
+
+def check_script(step: Step, state: Overlay, run_script: ScriptRunner | None) -> CheckRow:
+    """A process kind: the runner (ScriptSandbox: the kind's ``apply`` in a throwaway container) or "not checked"."""
+    path = _step_path(step, "")
+    if run_script is None:
+        return CheckRow(step.id, step.kind, step.profile, path, "not checked",
+                        "script: runs only at build time (later checks do not see its changes)",
+                        location=step.location)
+    outcome = run_script(step, state)
+    if outcome.fs is None or outcome.exit_code != 0:
+        return CheckRow(step.id, step.kind, step.profile, path, "script failed", outcome.detail,
+                        location=step.location, log_tail=outcome.log_tail)
+    # the later steps see the image as the script left it
+    state.fs = outcome.fs
+    state.files.clear()
+    state.links.clear()
+    return CheckRow(step.id, step.kind, step.profile, path, "ran", outcome.detail, location=step.location)
+
+
+def check_step(step: Step, state: Overlay, site: str, *, with_diff: bool,
+               run_script: ScriptRunner | None = None) -> CheckRow:
+    if kind(step.kind).runs_process:
+        return check_script(step, state, run_script)
+    return check_file_step(step, state, site, with_diff=with_diff)
+
+
+def check_steps(shared: Sequence[Step], profiles: Mapping[str, Sequence[Step]], fs: ImageFS, site: str, *,
+                with_diff: bool = False, run_script: ScriptRunner | None = None) -> tuple[list[CheckRow], Overlay]:
+    """Rows for the shared steps, then for each profile's steps (on a copy of the shared result).
+
+    A profile step inherited by several profiles is reported once.  Returns the rows and the
+    state after the shared steps.  With ``run_script``, script steps run for real (the later
+    steps are checked against what they leave); without it they are "not checked".  After a
+    script that failed, the later steps are "not checked (a script before failed)".
+    """
+    state = Overlay(fs)
+    failed = False
+
+    def one(step: Step, on: Overlay) -> CheckRow:
+        nonlocal failed
+        if failed:
+            return CheckRow(step.id, step.kind, step.profile, _step_path(step, site), "not checked",
+                            AFTER_FAILED_SCRIPT, location=step.location)
+        row = check_step(step, on, site, with_diff=with_diff, run_script=run_script)
+        failed = row.status == "script failed"
+        return row
+
+    rows = [one(step, state) for step in shared]
+    shared_failed = failed
+    seen: set[str] = {r.step for r in rows}
+    for _name, steps in profiles.items():
+        pstate = state.copy()
+        failed = shared_failed
+        for step in steps:
+            row = one(step, pstate)
+            if step.id not in seen:
+                rows.append(row)
+                seen.add(step.id)
+    return rows, state
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    target: str
+    base_ref: str
+    base_id: str
+    site: str
+    package_version: str
+    version_problem: str | None
+    rows: tuple[CheckRow, ...]
+    with_diff: bool
+
+    @property
+    def failed(self) -> tuple[CheckRow, ...]:
+        return tuple(r for r in self.rows if not r.ok)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and self.version_problem is None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target, "base": {"reference": self.base_ref, "image_id": self.base_id},
+                "site": self.site, "package_version": self.package_version,
+                "version_problem": self.version_problem, "ok": self.ok, "rows": [r.to_json() for r in self.rows]}
+
+    def text(self) -> str:
+        out = [f"check-patches {self.target}: base {self.base_ref} ({self.base_id.split(':')[-1][:12]}), "
+               f"package {self.package_version} in {self.site}"]
+        if self.version_problem:
+            out.append(f"  ! {self.version_problem}")
+        headers = ("#", "step", "kind", "file", "status", "detail")
+        body = [(str(i), r.step + (f" ({r.profile})" if r.profile else ""), r.kind, _short(r.path, self.site),
+                 r.status, r.detail) for i, r in enumerate(self.rows, 1)]
+        widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(headers)]
+        widths[3] = min(widths[3], 60)
+        fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
+        out.append(fmt.format(*headers))
+        out.append(fmt.format(*("-" * w for w in widths[:-1]), "-" * 6))
+        for row, cells in zip(self.rows, body, strict=True):
+            out.append(fmt.format(*cells).rstrip())
+            for m in row.near:
+                out.append(f"{'':>{widths[0]}}  near line {m.line} ({m.ratio:.0%}): {m.text.strip()}")
+            if row.location is not None and not row.ok:
+                out.append(f"{'':>{widths[0]}}  at {row.location}")
+            for line in row.log_tail:
+                out.append(f"{'':>{widths[0]}}  | {line}")
+        if self.with_diff:
+            for row in self.rows:
+                if row.diff:
+                    out.append("")
+                    out.append(f"# {row.step}")
+                    out.append(row.diff.rstrip("\n"))
+        failed = len(self.failed)
+        out.append("")
+        out.append(f"{len(self.rows) - failed} of {len(self.rows)} step(s) ok" + (f", {failed} would fail" if failed
+                                                                                 else ""))
+        return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- against the daemon
+
+
+class ScriptSandbox:
+    """ScriptRunner against the daemon: each script step runs for real, in a throwaway container.
+
+    The container comes from the step's parent (the base image, or the previous script's throwaway
+    image) with the in-memory changes of the file steps checked since written into it; the network is
+    off and no resource limit is set (the daemon's defaults). A script that exits 0 is committed to a
+    throwaway image that the later steps are read from; :meth:`close` removes every container and
+    image it made (a failed script leaves none).
+    """
+
+    def __init__(self, base_id: str, environ: Mapping[str, str], labels: Mapping[str, str]) -> None:
+        self.image = base_id
+        self.environ = environ
+        self.labels = {**labels, lb.L_KIND: "check-patches-script"}
+        self.images: list[str] = []
+        self.scope = dc.Containers(self.labels)
+
+    def __call__(self, step: Step, state: Overlay) -> ScriptOutcome:
+        import docker.errors
+
+        parent_config = client().images.get(self.image).attrs["Config"] or {}
+        container = self.scope.create(self.image, network_disabled=True,
+                                      **dc.process_overrides(parent_config, IDLE_LOOP))
+        try:
+            container.start()
+            self._materialise(container, state)
+            try:
+                changes = kind(step.kind).apply(step, ContainerFS(container), ApplyContext(
+                    site="", environ=self.environ, checking=True, container=container, image=self.image))
+            except StepProblem as problem:
+                return ScriptOutcome(problem.script_exit_code, None, problem.detail, tuple(problem.log_tail))
+            with contextlib.suppress(docker.errors.APIError):
+                container.kill()
+            image = container.commit(message=f"imageforge check-patches {step.id}", conf={"Labels": self.labels})
+            self.images.append(str(image.id))
+            self.image = str(image.id)
+        finally:
+            self.scope.remove(container)
+        reader = self.scope.create(self.image, entrypoint=["/bin/true"], command=[])
+        return ScriptOutcome(0, ContainerFS(reader), changes.detail.replace("exit 0:", "exit 0 (network off):", 1))
+
+    @staticmethod
+    def _materialise(container: Any, state: Overlay) -> None:
+        """Write the file steps' in-memory results into the container, as the build writes their Changes.
+
+        Each file keeps the mode/owner/mtime its step's Changes gave it (a patched file: the image's; an overlay:
+        the step's); a file recorded without them keeps the mode of the file it replaces.
+        """
+        if not state.files and not state.links:
+            return
+        entries = []
+        payloads: dict[str, bytes] = {}
+        for path, data in sorted(state.files.items()):
+            meta = state.meta.get(path)
+            if meta is None:
+                mode = 0o644
+                with contextlib.suppress(BuildError):
+                    found = dc.read_file(container, path)
+                    if found is not None:
+                        mode = found[1].mode
+                meta = FileMeta(mode)
+            extra = {} if meta.mtime is None else {"mtime": meta.mtime}
+            entries.append(dc.file_entry(path, data, mode=meta.mode, uid=meta.uid, gid=meta.gid, **extra))
+            payloads[entries[-1].name] = data
+        entries += [dc.symlink_entry(link, target) for link, target in sorted(state.links.items())]
+        if not container.put_archive("/", dc.tar_of(entries, payloads)):
+            raise BuildError("the daemon refused to write the checked files into the script's container")
+
+    def close(self) -> None:
+        self.scope.close()
+        api = client().api
+        for image in reversed(self.images):
+            with contextlib.suppress(Exception):
+                api.remove_image(image, force=True, noprune=False)
+        self.images.clear()
+
+
+@contextlib.contextmanager
+def script_sandbox(base_id: str, target: Target, environ: Mapping[str, str]) -> Iterator[ScriptSandbox]:
+    sandbox = ScriptSandbox(base_id, environ, {lb.L_TOOL: lb.TOOL, lb.L_TARGET: target.name})
+    try:
+        yield sandbox
+    finally:
+        sandbox.close()
+
+
+@dataclass(frozen=True)
+class _Session:
+    target: Target
+    base_ref: str
+    base_id: str
+    site: str
+    version: str
+    version_problem: str | None
+    fs: ImageFS
+    shared: tuple[Step, ...]
+    profiles: Mapping[str, tuple[Step, ...]]
+
+
+@contextlib.contextmanager
+def image_session(manifest: Manifest, target_name: str | None, profile: str | None, *, environ: Mapping[str, str],
+                  log: Log) -> Iterator[_Session]:
+    """Open the target's base image for reading: resolve, discover the package, create one container."""
+    target = manifest.target(target_name)
+    names: list[str | None] = [profile] if profile else [*sorted(target.profiles)] or [None]
+    resolved_all = [resolve(manifest, target.name, name, environ=environ) for name in names]
+    resolved = resolved_all[0]
+    with daemon_errors("reading the base image"):
+        if target.base.recipe is None and target.base.reference(environ) is None:
+            raise missing_variable_error(target)
+        ensure_daemon(log=log)
+        base_ref, base_id = base_reference(resolved, environ, log, make=False)
+        labels = {lb.L_TOOL: lb.TOOL, lb.L_TARGET: target.name, lb.L_KIND: "check-patches"}
+        with dc.containers(labels) as scope:
+            info = discover_package(base_id, target, scope, log, check_version=False)
+            problem = None
+            if target.package.version != "*" and info.version != target.package.version:
+                problem = (f"{target.package.distribution} in the base image is {info.version}, the manifest says "
+                           f"{target.package.version} (targets.{target.name}.package.version)")
+            container = scope.create(base_id, entrypoint=["/bin/true"], command=[])
+            profiles = {r.profile_name: r.profile_steps for r in resolved_all if r.profile_steps}
+            yield _Session(target, base_ref, base_id, info.site, info.version, problem, ContainerFS(container),
+                           resolved.shared_steps, profiles)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def check_patches(manifest: Manifest, target: str | None, profile: str | None, *, environ: Mapping[str, str],
+                  diff: bool, log: Log = _stderr) -> CheckReport:
+    """`invoke check-patches`: the report (the caller prints it, then fails when it is not ok)."""
+    with image_session(manifest, target, profile, environ=environ, log=log) as s, \
+            daemon_errors("reading files of the base image"), script_sandbox(s.base_id, s.target, environ) as sandbox:
+        rows, _ = check_steps(s.shared, s.profiles, s.fs, s.site, with_diff=diff, run_script=sandbox)
+        return CheckReport(s.target.name, s.base_ref, s.base_id, s.site, s.version, s.version_problem,
+                           tuple(rows), diff)
+
+
+def fail_if_broken(report: CheckReport) -> None:
+    if report.ok:
+        return
+    bad = report.failed
+    parts = [f"{r.step}: {r.status}" for r in bad]
+    if report.version_problem:
+        parts.append(report.version_problem)
+    raise BuildError(f"{len(bad)} step(s) would fail on the base image of target {report.target!r}"
+                     if bad else "the package version differs from the manifest",
+                     found="; ".join(parts),
+                     hint="`invoke check-patches --diff` shows each change; `invoke patch-from` writes new anchors")
+
+
+@dataclass(frozen=True)
+class PatchFromResult:
+    file: str
+    path: str
+    steps: tuple[dict[str, Any], ...]
+    yaml: str
+    against: str
+
+
+def package_file(path: str, site: str) -> str:
+    """The manifest's spelling of an image path: relative to the site directory when inside it."""
+    if path.startswith("/"):
+        norm = posixpath.normpath(path)
+        site = site.rstrip("/")
+        return norm[len(site) + 1:] if norm.startswith(site + "/") else norm
+    return posixpath.normpath(path)
+
+
+def patch_from(manifest: Manifest, target: str | None, file: str, edited: str, *, environ: Mapping[str, str],
+               against_base: bool = False, id_prefix: str = "", log: Log = _stderr) -> PatchFromResult:
+    """`invoke patch-from`: steps that turn the image's file into ``edited``.
+
+    The original is the file as the target's existing steps leave it (they are applied in
+    memory first), so the printed steps go at the end of ``targets.<T>.steps``; with
+    ``against_base`` it is the file in the base image as is.
+    """
+    edited_path = Path(edited)
+    try:
+        edited_text = edited_path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read the edited file {edited}", found=str(exc)) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{edited} is not UTF-8 text; patch steps hold text") from None
+    with image_session(manifest, target, None, environ=environ, log=log) as s, \
+            daemon_errors("reading files of the base image"), script_sandbox(s.base_id, s.target, environ) as sandbox:
+        rel = package_file(file, s.site)
+        path = resolve_image_path(rel, s.site)
+        state = Overlay(s.fs)
+        against = "the base image"
+        if not against_base:
+            rows, state = check_steps(s.shared, {}, s.fs, s.site, run_script=sandbox)
+            touching = [r for r in rows if r.path == path]
+            for r in touching:
+                if not r.ok:
+                    log(f"warning: existing step {r.step} does not apply ({r.status}); ignored")
+            before = [r.step for r in rows if r in touching or r.status in ("ran", "script failed")]
+            if before:
+                against = "the base image after step(s) " + ", ".join(before)
+        try:
+            data = state.read(path)
+        except BuildError as exc:
+            raise BuildError(f"cannot read {path} from the base image: {exc.message}") from None
+        if data is None:
+            raise BuildError(f"{path} is not in the base image of target {s.target.name!r}",
+                             hint="give a path relative to the site directory (vllm/...) or an absolute one")
+        original = _text(data)
+        if original is None:
+            raise BuildError(f"{path} is not UTF-8 text in the image; use an overlay step instead")
+        taken = [st.id for st in s.shared] + [st.id for p in s.target.profiles.values() for st in p.steps]
+        prefix = id_prefix or posixpath.splitext(posixpath.basename(path))[0].replace("_", "-")
+        steps = derive_patch_steps(original, edited_text, file=rel, id_prefix=prefix, taken=taken)
+        check = apply_steps(original, steps)
+        if check != edited_text:  # pragma: no cover - derive_patch_steps guarantees this
+            raise BuildError("internal error: the derived steps do not reproduce the edited file")
+        if steps:
+            header = [f"patch-from: {len(steps)} step(s) turning {path}", f"({against}) into {edited}.",
+                      f"Paste at the end of targets.{s.target.name}.steps."]
+            text = render_steps_yaml(steps, header=header)
+        else:
+            text = f"# patch-from: {edited} equals {path} ({against}): nothing to patch\n"
+        return PatchFromResult(rel, path, tuple(steps), text, against)

@@ -1,0 +1,395 @@
+"""``invoke equiv``: serve the image under test and a reference at once, compare them teacher-forced.
+
+The orchestration over the pure core (:mod:`.client`, :mod:`.compare`):
+
+1. resolve the image under test (target + profile + ``--set``) and the reference (``--against``):
+
+   * ``base`` (default): the target's base image, started with the same serving args as
+     ``vllm serve`` flags (``invoke run --base`` style): nothing patched, the same config;
+   * a PROFILE of the target: that profile's image (built or reused);
+   * anything else is an IMAGE (tag or ID): started with the under-test serving args as flags,
+     so only the image differs, never the config;
+
+2. both sides get ``dtype`` = the ``equiv:`` block's dtype (``--dtype`` wins; default float32) as a
+   serving value, so they compute in the same precision (the image under test gets a new
+   serving-config layer only, tagged in ``<image>-equiv``: the target's own tags never move);
+3. both servers start at once on distinct free ports (each started once), the reference's
+   evidence is collected first, then the candidate scores exactly the same token ids;
+4. the comparison is gated with the manifest's tolerance for that dtype; ``equiv.txt``,
+   ``equiv.json`` and both evidences are written under ``.imageforge/runs/<run id>/``; a failed
+   gate raises :class:`~imageforge.equiv.compare.EquivError` (exit 4).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+from ..tolerances import DTYPES, Dtype, EquivSettings
+from .client import collect_against, collect_reference
+from .compare import Verdict, compare, gate
+from .evidence import Evidence
+from .record import Record, load_record, make_record, write_record
+
+if TYPE_CHECKING:
+    from ..resolve import Resolved
+    from ..run import Server
+
+Log = Callable[[str], None]
+EQUIV_SOURCE = "cli:equiv"  # provenance of the dtype both servers get (a variant: never the profile's tags)
+
+
+# --------------------------------------------------------------------------- resolved values
+
+
+def with_serving_value(resolved: Resolved, key: str, value: Any, *, source: str = EQUIV_SOURCE) -> Resolved:
+    """``resolved`` with one serving argument replaced or added (any target, even one without ``key``)."""
+    from ..resolve import Value
+
+    values = list(resolved.serving)
+    for i, v in enumerate(values):
+        if v.key == key:
+            if v.value == value:
+                return resolved
+            values[i] = Value(key, value, source, v.default, v.reason)
+            break
+    else:
+        values.append(Value(key, value, source, None, "equiv: both servers compute in the same dtype"))
+    return dataclasses.replace(resolved, serving=tuple(values))
+
+
+def renamed(resolved: Resolved, suffix: str) -> Resolved:
+    """``resolved`` whose images are tagged in ``<image>-<suffix>`` (cache keys ignore the name)."""
+    target = dataclasses.replace(resolved.target, image=f"{resolved.target.image}-{suffix}")
+    return dataclasses.replace(resolved, target=target)
+
+
+def check_dtype(dtype: str) -> Dtype:
+    if dtype not in DTYPES:
+        raise ConfigError(f"equiv: unknown dtype {dtype!r}", expected=" or ".join(DTYPES), found=repr(dtype),
+                          hint="float32 (default) gates on the max; bfloat16 on mean, p95 and top-1")
+    return dtype
+
+
+def check_fits(resolved: Resolved, settings: EquivSettings, dtype: Dtype) -> None:
+    """Refuse a dtype whose weights alone exceed the devices (``equiv.memory``), with the arithmetic."""
+    why = settings.fits(dtype)
+    if why is not None:
+        other = next((d for d in DTYPES if d != dtype and settings.fits(d) is None), None)
+        raise ConfigError(f"equiv: {resolved.target.name} cannot be served in {dtype} for the comparison",
+                          found=why, key_path=f"targets.{resolved.target.name}.equiv.memory",
+                          hint=f"compare in {other} (--dtype {other}; its gate is mean, p95 and top-1)" if other
+                          else "no dtype fits: check equiv.memory")
+
+
+def served_dtype(resolved: Resolved) -> Dtype | None:
+    """The tolerance dtype the servers of ``resolved`` compute in, when it is one equiv has a gate for."""
+    raw = str(resolved.serving_args().get("dtype", "")).lower()
+    return {"float32": "float32", "float": "float32", "bfloat16": "bfloat16"}.get(raw)  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- the two sides
+
+
+@dataclass(frozen=True)
+class Side:
+    """How one server of the pair is started."""
+
+    label: str  # "image under test", "base image", "profile NAME", "image REF"
+    resolved: Resolved
+    base: bool = False  # run the image with the serving args as `vllm serve` flags
+    image: str | None = None  # an explicit image (None: build or reuse ``resolved``)
+
+
+def sides(resolved: Resolved, against: str, *, dtype: Dtype, sets: Sequence[str] = (),
+          environ: Mapping[str, str] | None = None) -> tuple[Side, Side]:
+    """(candidate, reference) for ``against`` = ``base`` | a profile of the target | an image."""
+    from ..resolve import resolve
+
+    environ = os.environ if environ is None else environ
+    cand = Side(f"{resolved.target.name}:{resolved.profile_name}",
+                renamed(with_serving_value(resolved, "dtype", dtype), "equiv"))
+    against = against or "base"
+    if against == "base":
+        return cand, Side("base image (serving config only)", cand.resolved, base=True)
+    if against in resolved.target.profiles:
+        other = resolve(resolved.manifest, resolved.target.name, against, environ=environ, sets=sets)
+        if other.profile_name == resolved.profile_name:
+            raise ConfigError(f"equiv: --against {against} is the profile under test",
+                              hint="compare against base, another profile or an image")
+        return cand, Side(f"profile {against}", renamed(with_serving_value(other, "dtype", dtype), "equiv"))
+    from ..docker_engine import image_or_none
+
+    if image_or_none(against) is None:
+        raise ConfigError(
+            f"equiv: --against {against!r} is neither 'base', a profile of {resolved.target.name!r} nor an image",
+            expected="base, one of " + ", ".join(resolved.target.profiles) + ", or an image tag/ID on the daemon",
+            found=repr(against),
+        )
+    return cand, Side(f"image {against}", cand.resolved, base=True, image=against)
+
+
+@contextlib.contextmanager
+def serving_pair(candidate: Side, reference: Side, *, environ: Mapping[str, str] | None = None, log: Log = print,
+                 run_id: str | None = None, startup_timeout: float | None = None,
+                 candidate_image: str | None = None,
+                 host_address: str | None = None) -> Iterator[tuple[Server, Server]]:
+    """Start both servers at once (distinct free ports on ``host_address``), wait for both, always remove both."""
+    from ..run import remove_server, sigterm_as_interrupt, start_server, wait_ready
+    from ..runs import new_run_id
+
+    environ = os.environ if environ is None else environ
+    run_id = run_id or new_run_id()
+    started: list[Server] = []
+    try:
+        with sigterm_as_interrupt():
+            for side, suffix, image in ((reference, "ref", reference.image), (candidate, "cand",
+                                                                               candidate_image or candidate.image)):
+                started.append(start_server(side.resolved, environ=environ, base=side.base, image=image,
+                                            run_id=f"{run_id}-{suffix}", log=log, host_address=host_address))
+            for side, server in zip((reference, candidate), started, strict=True):
+                wait_ready(server, timeout=startup_timeout or side.resolved.target.smoke.startup_timeout, log=log,
+                           resolved=side.resolved)
+            yield started[1], started[0]
+    finally:
+        for server in started:
+            remove_server(server, log=log)
+
+
+# --------------------------------------------------------------------------- comparing two running servers
+
+
+@dataclass(frozen=True)
+class EquivRun:
+    verdict: Verdict
+    reference: Evidence
+    candidate: Evidence
+    run_dir: Path | None
+    labels: tuple[str, str] = ("candidate", "reference")
+
+    def text(self) -> str:
+        return (f"candidate: {self.labels[0]} ({self.verdict.comparison.candidate})\n"
+                f"reference: {self.labels[1]} ({self.verdict.comparison.reference})\n" + self.verdict.text())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"candidate_label": self.labels[0], "reference_label": self.labels[1], **self.verdict.to_json(),
+                "run_dir": None if self.run_dir is None else str(self.run_dir)}
+
+    def write(self, run_dir: Path) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "equiv.txt").write_text(self.text() + "\n")
+        (run_dir / "equiv.json").write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        (run_dir / "evidence-reference.json").write_text(json.dumps(self.reference.to_json()) + "\n")
+        (run_dir / "evidence-candidate.json").write_text(json.dumps(self.candidate.to_json()) + "\n")
+
+
+def compare_urls(reference_url: str, candidate_url: str, settings: EquivSettings, dtype: Dtype | None, *,
+                 labels: tuple[str, str] = ("candidate", "reference"), run_dir: Path | None = None) -> EquivRun:
+    """Collect both evidences (reference first), compare and gate (``dtype`` None: report only)."""
+    from ..tolerances import Tolerance
+
+    ref = collect_reference(reference_url, settings.prompts, top_k=settings.top_k,
+                            greedy_tokens=settings.greedy_tokens)
+    cand = collect_against(candidate_url, ref)
+    tolerance = settings.tolerance(dtype) if dtype is not None else Tolerance()
+    verdict = gate(compare(ref, cand), tolerance, dtype or "unknown dtype (no gate)")
+    result = EquivRun(verdict, ref, cand, run_dir, labels)
+    if run_dir is not None:
+        result.write(run_dir)
+    return result
+
+
+def equiv_target(resolved: Resolved, *, against: str = "base", dtype: str | None = None,
+                 settings: EquivSettings | None = None, sets: Sequence[str] = (),
+                 environ: Mapping[str, str] | None = None, echo: Log = print,
+                 startup_timeout: float | None = None, host_address: str | None = None) -> EquivRun:
+    """Build what is needed, serve both sides at once, compare, write the reports; never raises on a gate."""
+    from ..build import build_target
+    from ..runs import new_run_id
+
+    environ = os.environ if environ is None else environ
+    settings = settings or resolved.target.equiv
+    chosen = check_dtype(dtype or settings.dtype)
+    check_fits(resolved, settings, chosen)
+    candidate, reference = sides(resolved, against, dtype=chosen, sets=sets, environ=environ)
+    run_id = new_run_id()
+    run_dir = resolved.manifest.root / ".imageforge" / "runs" / run_id
+    echo(f"equiv {candidate.label} vs {reference.label}: {len(settings.prompts)} prompts, top-{settings.top_k}, "
+         f"{settings.greedy_tokens} greedy tokens, both in {chosen}  run {run_id}")
+    built = build_target(candidate.resolved, environ=environ, echo=echo)
+    ref_image = reference.image
+    if not reference.base and ref_image is None:
+        ref_image = build_target(reference.resolved, environ=environ, echo=echo).image_id
+    reference = dataclasses.replace(reference, image=ref_image)
+    with serving_pair(candidate, reference, environ=environ, log=echo, run_id=run_id,
+                      startup_timeout=startup_timeout, candidate_image=built.image_id,
+                      host_address=host_address) as (cand, ref):
+        result = compare_urls(ref.url, cand.url, settings, chosen, labels=(candidate.label, reference.label),
+                              run_dir=run_dir)
+    echo(result.text())
+    echo(f"reports: {run_dir / 'equiv.txt'}, {run_dir / 'equiv.json'}")
+    return result
+
+
+# --------------------------------------------------------------------------- one server at a time
+
+
+def required_resolved(resolved: Resolved) -> Resolved:
+    """``resolved`` with only its ``required: true`` steps and what they require (in-place equiv's reference)."""
+    by_id = {s.id: s for s in resolved.steps}
+    wanted: set[str] = set()
+    todo = [s.id for s in resolved.steps if s.required]
+    while todo:
+        ident = todo.pop()
+        if ident in wanted or ident not in by_id:
+            continue
+        wanted.add(ident)
+        todo.extend(by_id[ident].requires)
+    return dataclasses.replace(resolved, shared_steps=tuple(s for s in resolved.shared_steps if s.id in wanted),
+                               profile_steps=tuple(s for s in resolved.profile_steps if s.id in wanted))
+
+
+@contextlib.contextmanager
+def serving_one(side: Side, *, image: str | None, environ: Mapping[str, str], log: Log, run_id: str,
+                startup_timeout: float | None, host_address: str | None, in_place: Any = None) -> Iterator[Any]:
+    """One server for ``side``: its container (Docker), or with ``in_place`` the process serving the root."""
+    if in_place is not None:
+        cm = in_place.serving(side.resolved, environ=environ, run_id=run_id, log=log,
+                              startup_timeout=startup_timeout, host_address=host_address)
+    else:
+        from ..run import serving
+
+        cm = serving(side.resolved, environ=environ, base=side.base, image=image, run_id=run_id, log=log,
+                     startup_timeout=startup_timeout, host_address=host_address)
+    with cm as server:
+        yield server
+
+
+def _served_id(server: Any, image: str | None, in_place: Any) -> str:
+    if in_place is not None:
+        return str(server.image)
+    from ..docker_engine import image_or_none
+
+    found = image_or_none(image or server.image)
+    return str(getattr(found, "id", None) or image or server.image)
+
+
+def _image_of(side: Side, environ: Mapping[str, str], echo: Log) -> str | None:
+    """The image a Docker side runs: given, the base (None: found by ``serving``), or built (or reused)."""
+    if side.image is not None or side.base:
+        return side.image
+    from ..build import build_target
+
+    return build_target(side.resolved, environ=environ, echo=echo).image_id
+
+
+def record_reference(resolved: Resolved, path: Path, *, against: str = "base", dtype: str | None = None,
+                     settings: EquivSettings | None = None, sets: Sequence[str] = (),
+                     environ: Mapping[str, str] | None = None, echo: Log = print, startup_timeout: float | None = None,
+                     host_address: str | None = None, in_place: Any = None, reference: Side | None = None) -> Record:
+    """``equiv --record FILE``: serve the reference alone, collect its evidence, write the record.
+
+    Docker: the reference ``--against`` names (default the base image with the serving config). In place:
+    ``reference`` (default: what the root serves now, e.g. the required steps applied).
+    """
+    from ..runs import new_run_id
+
+    environ = os.environ if environ is None else environ
+    settings = settings or resolved.target.equiv
+    chosen = check_dtype(dtype or settings.dtype)
+    check_fits(resolved, settings, chosen)
+    if reference is None:
+        if in_place is not None:
+            reference = Side("what the root serves", with_serving_value(resolved, "dtype", chosen))
+        else:
+            reference = sides(resolved, against, dtype=chosen, sets=sets, environ=environ)[1]
+    echo(f"equiv --record {path}: {reference.label}, {len(settings.prompts)} prompts, top-{settings.top_k}, "
+         f"{settings.greedy_tokens} greedy tokens, in {chosen}")
+    image = None if in_place is not None else _image_of(reference, environ, echo)
+    with serving_one(reference, image=image, environ=environ, log=echo, run_id=new_run_id() + "-ref",
+                     startup_timeout=startup_timeout, host_address=host_address, in_place=in_place) as server:
+        evidence = collect_reference(server.url, settings.prompts, top_k=settings.top_k,
+                                     greedy_tokens=settings.greedy_tokens)
+        served = _served_id(server, image, in_place)
+    record = make_record(evidence, settings, chosen, served=served, label=reference.label,
+                         target=resolved.target.name,
+                         profile="base" if reference.base else reference.resolved.profile_name,
+                         flags=reference.resolved.serving_args(), env=reference.resolved.serving_env())
+    write_record(record, path)
+    echo(f"recorded {len(evidence.prompts)} prompts of {served} to {path}")
+    return record
+
+
+def against_record(resolved: Resolved, record: Record, *, dtype: str | None = None,
+                   environ: Mapping[str, str] | None = None, echo: Log = print, startup_timeout: float | None = None,
+                   host_address: str | None = None, in_place: Any = None, where: str = "") -> EquivRun:
+    """``equiv --against FILE``: serve the candidate alone, score the recorded sequences, gate in the record's dtype."""
+    from ..runs import new_run_id
+
+    environ = os.environ if environ is None else environ
+    if dtype and dtype != record.dtype:
+        raise ConfigError(f"equiv: the record was served in {record.dtype}, --dtype says {dtype}",
+                          hint=f"drop --dtype (the candidate is served in {record.dtype}), or record again")
+    if record.target and record.target != resolved.target.name:
+        raise ConfigError(f"equiv: the record is of target {record.target!r}, not {resolved.target.name!r}",
+                          found=record.describe())
+    settings = record.settings(resolved.target.equiv)
+    check_fits(resolved, settings, record.dtype)
+    candidate = Side(f"{resolved.target.name}:{resolved.profile_name}",
+                     renamed(with_serving_value(resolved, "dtype", record.dtype), "equiv"))
+    run_id = new_run_id()
+    run_dir = resolved.manifest.root / ".imageforge" / "runs" / run_id
+    echo(f"equiv {candidate.label} vs {record.describe()}: {len(record.evidence.prompts)} prompts, "
+         f"top-{record.top_k}, in {record.dtype}  run {run_id}")
+    image = None if in_place is not None else _image_of(candidate, environ, echo)
+    with serving_one(candidate, image=image, environ=environ, log=echo, run_id=run_id, startup_timeout=startup_timeout,
+                     host_address=host_address, in_place=in_place) as server:
+        cand = collect_against(server.url, record.evidence)
+    verdict = gate(compare(record.evidence, cand), settings.tolerance(record.dtype), record.dtype)
+    result = EquivRun(verdict, record.evidence, cand, run_dir,
+                      (candidate.label, f"{where or 'record'}: {record.describe()}"))
+    result.write(run_dir)
+    echo(result.text())
+    echo(f"reports: {run_dir / 'equiv.txt'}, {run_dir / 'equiv.json'}")
+    return result
+
+
+def settings_from_cli(settings: EquivSettings, *, top_k: int = 0, greedy_tokens: int = 0,
+                      prompts: int = 0) -> EquivSettings:
+    """The target's settings with CLI overrides (0: keep); ``prompts`` N keeps the first N prompts."""
+    if top_k < 0 or greedy_tokens < 0 or prompts < 0:
+        raise ConfigError("equiv: --top-k, --greedy-tokens and --prompts must be >= 0")
+    return dataclasses.replace(
+        settings,
+        top_k=top_k or settings.top_k,
+        greedy_tokens=greedy_tokens or settings.greedy_tokens,
+        prompts=settings.prompts[:prompts] if prompts else settings.prompts,
+    )
+
+
+__all__ = [
+    "EquivRun",
+    "Side",
+    "against_record",
+    "check_dtype",
+    "check_fits",
+    "compare_urls",
+    "equiv_target",
+    "load_record",
+    "record_reference",
+    "renamed",
+    "required_resolved",
+    "served_dtype",
+    "serving_one",
+    "serving_pair",
+    "settings_from_cli",
+    "sides",
+    "with_serving_value",
+]

@@ -1,0 +1,369 @@
+"""Serving flags learnt from the target's own package and the manifest checked against them (issue 16).
+
+:mod:`imageforge.flags` reads and checks; this module wires it to the image and a cache:
+
+* :func:`flag_method` -- ``package.flags`` (``introspect`` | ``static`` | ``off``); when not written,
+  ``off`` when the package is not ``vllm``, ``introspect`` for a recipe base (this project's image: its
+  vLLM imports without a device) and ``static`` for an image base (the vendor image needs the card).
+* :func:`parser_steps` -- the steps up to and including the last one that can change the parser: a
+  script step, or a patch/overlay writing one of :data:`PARSER_FILES` (bi100's baseline script replaces
+  ``cli_args.py``). The cache key (:func:`flags_key`) is the plan's chain key of that step: the base
+  image ID plus those steps' keys (the base ID itself when no step changes the parser).
+* :func:`learn_flags` -- against the daemon: the parser steps run in check-patches' machinery
+  (:func:`~imageforge.checkpatches.check_steps` with a :class:`~imageforge.checkpatches.ScriptSandbox`),
+  then the parser files are read (static) or vLLM's own parser is listed in a throwaway container,
+  network off, removed after (introspect). The table is cached under ``<cache>/flags/``, with an index
+  by base *reference* so that ``validate`` (no daemon) finds it: :func:`cached_flags`.
+* :func:`check_validate` / :func:`check_resolved` / :func:`check_target` -- the front door's calls:
+  problems are one ConfigError (exit 2) with the file:line of each offending key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from . import labels as lb
+from .checkpatches import Overlay, ScriptSandbox, check_steps, image_session, script_sandbox
+from .docker_engine import daemon_errors
+from .errors import BuildError, ConfigError, ErrorCollector, InfraError, Problem
+from .flags import (
+    FORMAT,
+    INTROSPECT_COMMAND,
+    STATIC_FILES,
+    FlagSpec,
+    FlagTable,
+    Range,
+    ServingArg,
+    check_serving_args,
+    introspection_source,
+    parse_introspection,
+    read_static,
+    run_port_of,
+    serving_args_of_resolved,
+    serving_args_of_target,
+    suite_models,
+)
+from .plan import canonical, chain_key, sha256_bytes, step_inputs
+from .settings import cache_dir
+from .yamldoc import load_yaml
+
+if TYPE_CHECKING:
+    from .manifest import Manifest, Step, Target
+    from .resolve import Resolved
+
+Log = Callable[[str], None]
+FlagMethod = Literal["introspect", "static", "off"]
+
+#: Files whose change changes the parser (relative to the site directory); vLLM 0.32's config classes too.
+PARSER_FILES = (*STATIC_FILES, "vllm/entrypoints/launchers/cli_args.py", "vllm/utils/argparse_utils.py")
+PARSER_DIRS = ("vllm/config/",)
+NOT_CHECKED = "flags not checked: run plan or check-patches once with the daemon"
+INTROSPECT_TIMEOUT_S = 900
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- method and key
+
+
+def flag_method(target: Target) -> FlagMethod:
+    """``package.flags``, else off for a package other than vllm, introspect for a recipe base, static else."""
+    written = target.package.flags
+    if written in ("introspect", "static", "off"):
+        return written  # type: ignore[return-value]
+    if target.package.import_name != "vllm":
+        return "off"  # the flags checked are vLLM's
+    return "introspect" if target.base.recipe is not None else "static"
+
+
+def _in_package(path: str) -> str:
+    """A step's image path as a package path (``vllm/...``) when it names one."""
+    if not path.startswith("/"):
+        return path
+    marker = "/vllm/"
+    return path[path.rfind(marker) + 1:] if marker in path else path
+
+
+def changes_parser(step: Step) -> bool:
+    """A script step (it may do anything), or a file step writing a parser file."""
+    if step.kind == "script":
+        return True
+    key = {"patch": "file", "overlay": "dest"}.get(step.kind)
+    if key is None:
+        return False
+    path = _in_package(str(step.spec[key]))
+    return path in PARSER_FILES or path.startswith(PARSER_DIRS)
+
+
+def parser_steps(steps: Sequence[Step]) -> tuple[Step, ...]:
+    """The steps up to and including the last that can change the parser (none: the base's parser)."""
+    last = max((i for i, step in enumerate(steps) if changes_parser(step)), default=-1)
+    return tuple(steps[: last + 1])
+
+
+def flags_key(base_id: str, steps: Sequence[Step], environ: Mapping[str, str]) -> str:
+    """The plan's chain key of the last parser step (the base ID when there is none)."""
+    key = base_id
+    for step in parser_steps(steps):
+        key = chain_key(key, step.definition(), step_inputs(step, environ))
+    return key
+
+
+def _reference(target: Target, environ: Mapping[str, str]) -> str | None:
+    if target.base.recipe is not None:
+        return f"recipe:{target.base.recipe}"
+    return target.base.reference(environ)
+
+
+def index_key(target: Target, environ: Mapping[str, str]) -> str | None:
+    """What ``validate`` can compute without a daemon: base reference + the parser steps + the method."""
+    ref = _reference(target, environ)
+    if ref is None:
+        return None
+    steps = [[s.definition(), step_inputs(s, environ)] for s in parser_steps(target.steps)]
+    return sha256_bytes(canonical({"ref": ref, "steps": steps, "method": flag_method(target),
+                                   "format": FORMAT}).encode())
+
+
+# --------------------------------------------------------------------------- the cache
+
+
+def flags_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    return cache_dir(environ) / "flags"
+
+
+def _cache_file(key: str, method: str, environ: Mapping[str, str] | None) -> Path:
+    return flags_cache_dir(environ) / f"{key.split(':')[-1][:32]}-{method}.json"
+
+
+def table_to_json(table: FlagTable) -> dict[str, Any]:
+    return {"format": FORMAT, "source": table.source, "flags": [asdict(spec) for spec in table.flags.values()]}
+
+
+def table_from_json(data: Mapping[str, Any]) -> FlagTable:
+    if data.get("format") != FORMAT:
+        raise ValueError(f"flag cache format {data.get('format')!r}")
+    flags: dict[str, FlagSpec] = {}
+    for item in data["flags"]:
+        rng = Range(**item["range"]) if item.get("range") else None
+        spec = FlagSpec(**{**item, "range": rng, **{k: tuple(item.get(k) or ()) for k in
+                                                     ("choices", "aliases", "also")}})
+        flags[spec.name] = spec
+    return FlagTable(flags, str(data["source"]))
+
+
+def store_flags(table: FlagTable, *, key: str, base_id: str, method: str, index: str | None,
+                environ: Mapping[str, str] | None = None) -> Path:
+    """Write the table under its key, and the index entry ``validate`` looks up."""
+    path = _cache_file(key, method, environ)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**table_to_json(table), "key": key, "base_id": base_id, "method": method}))
+    if index is not None:
+        entry = flags_cache_dir(environ) / "index" / f"{index[:32]}.json"
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        entry.write_text(json.dumps({"file": path.name, "base_id": base_id, "key": key}))
+    return path
+
+
+def _load(path: Path) -> FlagTable | None:
+    if not path.exists():
+        return None
+    try:
+        return table_from_json(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError, OSError):
+        return None  # an unreadable or older cache entry is learnt again
+
+
+def cached_flags(target: Target, environ: Mapping[str, str]) -> FlagTable | None:
+    """The table last learnt for this base reference and these parser steps (no daemon), or None."""
+    index = index_key(target, environ)
+    if index is None:
+        return None
+    entry = flags_cache_dir(environ) / "index" / f"{index[:32]}.json"
+    if not entry.exists():
+        return None
+    try:
+        name = json.loads(entry.read_text())["file"]
+    except (ValueError, KeyError, OSError):
+        return None
+    return _load(flags_cache_dir(environ) / str(name))
+
+
+# --------------------------------------------------------------------------- learning against the daemon
+
+
+def _image_after(sandbox: ScriptSandbox, state: Overlay) -> str:
+    """An image holding the parser steps' result: the last script's, plus the file steps since."""
+    if not state.files and not state.links:
+        return sandbox.image
+    container = sandbox.scope.create(sandbox.image, entrypoint=["/bin/true"], command=[])
+    try:
+        ScriptSandbox._materialise(container, state)
+        image = container.commit(message="imageforge flags", conf={"Labels": sandbox.labels})
+    finally:
+        sandbox.scope.remove(container)
+    sandbox.images.append(str(image.id))  # removed with the sandbox
+    return str(image.id)
+
+
+def _introspect(sandbox: ScriptSandbox, image: str, log: Log) -> str:
+    container = sandbox.scope.create(
+        image, entrypoint=[], command=[*INTROSPECT_COMMAND, introspection_source()], network_disabled=True,
+        environment={"VLLM_TARGET_DEVICE": "cpu", "HOME": "/tmp"}, labels={lb.L_KIND: "flags"})
+    try:
+        container.start()
+        status = container.wait(timeout=INTROSPECT_TIMEOUT_S)
+        output = str(container.logs(stdout=True, stderr=True).decode("utf-8", "replace"))
+    finally:
+        sandbox.scope.remove(container)
+    if status.get("StatusCode") != 0:
+        raise BuildError("the image's vLLM could not list its flags", found=f"exit code {status.get('StatusCode')}",
+                         hint="package.flags: static reads them from the source instead",
+                         log_tail=output.splitlines()[-20:])
+    log("  listed the serving flags with the image's own vLLM parser")
+    return output
+
+
+def _read_sources(state: Overlay, site: str) -> dict[str, str]:
+    sources: dict[str, str] = {}
+    for rel in STATIC_FILES:
+        data = state.read(f"{site.rstrip('/')}/{rel}")
+        if data is not None:
+            sources[rel] = data.decode("utf-8", "replace")
+    return sources
+
+
+def learn_flags(manifest: Manifest, target_name: str, *, environ: Mapping[str, str],
+                log: Log = _stderr) -> FlagTable | None:
+    """The target's flags after its parser steps, from the cache or learnt now (None: ``package.flags: off``)."""
+    target = manifest.target(target_name)
+    method = flag_method(target)
+    if method == "off":
+        return None
+    with image_session(manifest, target.name, None, environ=environ, log=log) as s, \
+            daemon_errors("learning the serving flags"):
+        steps = parser_steps(s.shared)
+        key = flags_key(s.base_id, steps, environ)
+        index = index_key(target, environ)
+        table = _load(_cache_file(key, method, environ))
+        if table is None:
+            with script_sandbox(s.base_id, s.target, environ) as sandbox:
+                rows, state = check_steps(steps, {}, s.fs, s.site, run_script=sandbox)
+                bad = [r for r in rows if not r.ok]
+                if bad:
+                    raise BuildError(
+                        f"cannot learn the serving flags of target {target.name!r}: a step before them fails",
+                        found="; ".join(f"{r.step}: {r.status}" for r in bad),
+                        hint=f"`invoke check-patches --target {target.name}` shows why")
+                if method == "static":
+                    sources = _read_sources(state, s.site)
+                    after = f" after step {steps[-1].id}" if steps else ""
+                    table = read_static(sources, label=f"the vLLM {s.version} parser source{after}")
+                    if not len(table):
+                        raise BuildError(f"no serving flags found in the parser files of target {target.name!r}",
+                                         found=", ".join(sources) or "none of " + ", ".join(STATIC_FILES),
+                                         hint=f"set targets.{target.name}.package.flags: introspect or off")
+                else:
+                    table = parse_introspection(_introspect(sandbox, _image_after(sandbox, state), log))
+        store_flags(table, key=key, base_id=s.base_id, method=method, index=index, environ=environ)
+        return table
+
+
+# --------------------------------------------------------------------------- the checks the front door calls
+
+
+def _suite(target: Target) -> list[ServingArg]:
+    if target.smoke.suite is None:
+        return []
+    with contextlib.suppress(ConfigError, OSError):
+        return suite_models(load_yaml(target.smoke.suite, what="smoke suite"))
+    return []
+
+
+def _raise(problems: Sequence[Problem]) -> None:
+    ErrorCollector(list(problems)).raise_if_any("serving flags do not match the image's vLLM")
+
+
+def _target_problems(manifest: Manifest, name: str, table: FlagTable) -> list[Problem]:
+    target = manifest.targets[name]
+    return check_serving_args(serving_args_of_target(manifest, name), table, run_port=run_port_of(manifest, name),
+                              suite=_suite(target))
+
+
+def check_validate(manifest: Manifest, environ: Mapping[str, str]) -> list[str]:
+    """``validate``: every target against its cached flags (ConfigError on a problem); notes for the rest."""
+    problems: list[Problem] = []
+    notes: list[str] = []
+    for name, target in manifest.targets.items():
+        if flag_method(target) == "off":
+            continue
+        table = cached_flags(target, environ)
+        if table is None:
+            notes.append(f"target {name}: {NOT_CHECKED}")
+            continue
+        problems.extend(_target_problems(manifest, name, table))
+        notes.append(f"target {name}: serving flags checked against {table.source} (cached)")
+    _raise(problems)
+    return notes
+
+
+def check_target(manifest: Manifest, name: str | None, environ: Mapping[str, str], log: Log = _stderr) -> None:
+    """``check-patches``: the target's args and every profile's, against flags learnt now (or cached)."""
+    target = manifest.target(name)
+    table = learn_flags(manifest, target.name, environ=environ, log=log)
+    if table is not None:
+        _raise(_target_problems(manifest, target.name, table))
+
+
+def check_resolved(resolved: Resolved, environ: Mapping[str, str], *, use_daemon: bool = True,
+                   log: Log = _stderr) -> str | None:
+    """``plan``/``build``/``submission``: the resolved args (``--set`` included) before any build work.
+
+    Without the daemon (``plan --no-daemon``), or when the base cannot be read yet (not loaded, not
+    made, a ``${VAR}`` unset), the cached table is used as ``validate`` does; returns a note then.
+    """
+    manifest, target = resolved.manifest, resolved.target
+    if flag_method(target) == "off":
+        return None
+    table: FlagTable | None = None
+    note: str | None = None
+    if use_daemon:
+        try:
+            table = learn_flags(manifest, target.name, environ=environ, log=log)
+        except (InfraError, BuildError) as exc:  # no base yet, a ${VAR} unset, a step that does not apply
+            note = exc.message
+    if table is None:
+        table = cached_flags(target, environ)
+        if table is None:
+            return f"target {target.name}: {NOT_CHECKED}" + (f" ({note})" if note else "")
+    problems = check_serving_args(serving_args_of_resolved(resolved), table,
+                                  run_port=run_port_of(manifest, target.name), suite=_suite(target))
+    _raise(problems)
+    return None
+
+
+__all__ = [
+    "NOT_CHECKED",
+    "PARSER_FILES",
+    "cached_flags",
+    "changes_parser",
+    "check_resolved",
+    "check_target",
+    "check_validate",
+    "flag_method",
+    "flags_key",
+    "index_key",
+    "learn_flags",
+    "parser_steps",
+    "store_flags",
+    "table_from_json",
+    "table_to_json",
+]

@@ -1,0 +1,496 @@
+"""Start a target's serving container, wait until it is ready, stop it again.
+
+* :func:`start_server` creates the container :func:`imageforge.server_spec.container_spec`
+  describes (the built ``<image>:<profile>``, or the base image with ``base=True``) and starts it.
+* The container port is published on 127.0.0.1 only (or ``--host-address``), on ``port`` or on a
+  free port.
+* :func:`wait_ready` polls ``GET /health`` with a progress line; a container that exits or a
+  timeout raises with the state, the exit code, the last 50 log lines and a hint.
+* :func:`serving` is the context manager the smoke runner and the tests use: the container is
+  always stopped and removed (errors and Ctrl-C included), its log kept in the run directory.
+* :func:`start_detached` is ``invoke run``: start, wait, leave running.
+* :func:`stop_servers` removes what ``invoke run`` left running, found by label.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypedDict
+
+from typing_extensions import Unpack
+
+from . import settings
+from .base import base_reference
+from .build import build_target
+from .docker_engine import (
+    client,
+    daemon_errors,
+    docker_host,
+    ensure_daemon,
+    explanation,
+    image_or_none,
+    is_local_default_host,
+)
+from .errors import ConfigError, InfraError, SmokeError
+from .labels import L_KIND, L_STARTED_BY, L_TARGET, L_TOOL, TOOL
+from .resolve import Resolved
+from .runs import new_run_id, run_dir
+from .server_spec import KIND_SERVER, container_port, container_spec
+
+Log = Callable[[str], None]
+
+STARTED_BY_RUN = "invoke-run"
+HOST = settings.DEFAULT_HOST_ADDRESS
+LOG_TAIL = 50
+STOP_TIMEOUT = 5  # seconds of SIGTERM before SIGKILL (vLLM stops in ~1.3 s once serving)
+
+
+def default_host_address(environ: Mapping[str, str] | None = None) -> str:
+    """Where servers are published and reached: ``$IMAGEFORGE_HOST_ADDRESS`` or 127.0.0.1.
+
+    With a remote ``DOCKER_HOST``, set it (or ``--host-address``) to an address of that host this
+    machine can reach; ports are then published there and picked by the daemon.
+    """
+    return settings.host_address(None, os.environ if environ is None else environ)
+
+
+def port_in_use(port: int, host: str = HOST) -> bool:
+    """True when something already listens on ``host:port`` (or the port cannot be bound)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # as a listening server would: connections in TIME_WAIT do not make the port taken
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            sock.listen(1)
+        except OSError:
+            return True
+    return False
+
+
+def free_port(host: str = HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_taken_error(port: int, host: str = HOST) -> InfraError:
+    return InfraError(
+        f"port {port} on {host} is already in use",
+        found=f"something listens on {host}:{port}",
+        hint=f"pass another --port, or leave --port out to pick a free one; `invoke stop` removes servers "
+        f"that `invoke run` left running (`ss -ltnp 'sport = :{port}'` shows who holds it)",
+    )
+
+
+def steps_in_log(lines: Sequence[str], resolved: Resolved) -> list[str]:
+    """``step 'id' (kind, file:line)`` for each build step whose file shows up in the log lines."""
+    text = "\n".join(lines)
+    found: list[str] = []
+    for step in resolved.steps:
+        path = step.spec.get("dest") or step.spec.get("file")
+        if not isinstance(path, str) or not path.endswith(".py"):
+            continue
+        rel = path.lstrip("/")
+        if rel and (f"/{rel}" in text or f'"{rel}' in text):
+            found.append(f"step {step.id!r} ({step.kind}, {step.location})")
+    return found
+
+
+def exit_hint(lines: Sequence[str], resolved: Resolved | None = None) -> str:
+    """A hint for a server that stopped during start-up, from the last log lines."""
+    if resolved is not None:
+        steps = steps_in_log(lines, resolved)
+        if steps:
+            return ("the log goes through a file that " + ", ".join(steps) + " changes: check that step "
+                    f"(`invoke run --target {resolved.target.name} --base` runs the image without the steps)")
+    text = "\n".join(lines)
+    rules: list[tuple[str, str]] = [
+        (r"No module named|ModuleNotFoundError|ImportError", "an import failed: check the overlays and patches "
+         "of this image (`invoke plan` lists them) and rebuild"),
+        (r"SyntaxError|IndentationError", "a patched or overlaid Python file does not compile: check the patch"),
+        (r"Unsupported CPU attention", "the model's head_dim is not supported by the CPU attention backend"),
+        (r"shm|/dev/shm|Bus error", "the container's /dev/shm is too small: raise run.shm_size in the manifest"),
+        (r"out of memory|OOM|Cannot allocate memory", "the server ran out of memory: lower the KV cache "
+         "(VLLM_CPU_KVCACHE_SPACE / gpu-memory-utilization) or max-num-seqs"),
+        (r"unrecognized arguments|invalid choice|error: argument", "vllm serve rejected an argument: check "
+         "the target's serving args (`invoke plan` shows them)"),
+        (r"Address already in use", "the port inside the container is taken: check serving.args.port"),
+        (r"No such file or directory|does not exist|not a valid model|Can't load", "the model directory is "
+         "missing or incomplete: check run.volumes and serving.args.model"),
+    ]
+    for pattern, hint in rules:
+        if re.search(pattern, text):
+            return hint
+    if resolved is not None:
+        return f"the last log lines below say why; `invoke run --target {resolved.target.name} --base` runs " \
+            "the image without the steps"
+    return "the last log lines below say why"
+
+
+# --------------------------------------------------------------------------- the server
+
+
+@dataclass
+class Server:
+    """A started serving container."""
+
+    container: Any
+    run_id: str
+    url: str
+    host_port: int
+    target: str
+    profile: str
+    image: str
+    run_dir: Path
+    started: float = field(default_factory=time.monotonic)
+    ready_at: float | None = None
+    startup_seconds: float | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.container.name)
+
+    def state(self) -> dict[str, Any]:
+        """The container's State (empty when it is gone)."""
+        try:
+            self.container.reload()
+        except Exception:
+            return {}
+        state: dict[str, Any] = self.container.attrs.get("State") or {}
+        return state
+
+    def running(self) -> bool:
+        return bool(self.state().get("Running"))
+
+    def logs(self, tail: int | str = LOG_TAIL) -> list[str]:
+        try:
+            raw = self.container.logs(stdout=True, stderr=True, tail=tail)
+        except Exception:
+            return []
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        return [line.rstrip() for line in text.replace("\r", "\n").splitlines() if line.strip()]
+
+    def save_log(self) -> Path | None:
+        """Write the whole container log to ``<run dir>/server.log``."""
+        try:
+            raw = self.container.logs(stdout=True, stderr=True)
+        except Exception:
+            return None
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.run_dir / "server.log"
+        path.write_bytes(raw if isinstance(raw, bytes) else str(raw).encode())
+        return path
+
+    def describe_state(self) -> str:
+        state = self.state()
+        if not state:
+            return "container is gone"
+        parts = [f"status {state.get('Status')}"]
+        if not state.get("Running"):
+            parts.append(f"exit code {state.get('ExitCode')}")
+        if state.get("OOMKilled"):
+            parts.append("killed for memory (OOMKilled)")
+        if state.get("Error"):
+            parts.append(f"error {state.get('Error')}")
+        return ", ".join(parts)
+
+
+def image_for(resolved: Resolved, environ: Mapping[str, str], log: Log, *, base: bool, build_image: bool) -> str:
+    """The image to run: the base image, or ``<image>:<profile>`` (built or reused first)."""
+    if base:
+        with daemon_errors("finding the base image"):
+            return base_reference(resolved, environ, log, make=True).ref
+    if build_image:
+        result = build_target(resolved, environ=environ, echo=log)
+        return str(result.tags[0])
+    tag = f"{resolved.target.image}:{resolved.profile_name}"
+    if image_or_none(tag) is None:
+        raise InfraError(f"image {tag} does not exist",
+                         hint=f"build it: invoke build --target {resolved.target.name} "
+                         f"--profile {resolved.profile_name}")
+    return tag
+
+
+class StartOptions(TypedDict, total=False):
+    """How :func:`start_server` starts a server (every key optional); :func:`serving` passes them on."""
+
+    environ: Mapping[str, str] | None  # default os.environ
+    base: bool  # serve the base image with the serving config mounted, not the built image
+    port: int | None  # the host port (default: a free one)
+    build_image: bool  # build (or reuse) the image first (default true)
+    image: str | None  # serve this image instead
+    run_id: str | None
+    labels: Mapping[str, str] | None  # extra container labels
+    host_address: str | None  # where the port is published and reached (default: from environ)
+
+
+def start_server(resolved: Resolved, *, log: Log = print, **options: Unpack[StartOptions]) -> Server:
+    """Create and start the serving container (no waiting). Raises InfraError for port/daemon trouble.
+
+    The port is published on ``host_address`` of the Docker host (default 127.0.0.1) and the server's URL
+    uses the same address. With a local daemon a free port is chosen here; with a remote ``DOCKER_HOST`` the
+    daemon picks one and it is read back.
+    """
+    environ = options.get("environ")
+    environ = os.environ if environ is None else environ
+    base, port, image = options.get("base", False), options.get("port"), options.get("image")
+    build_image, run_id, labels = options.get("build_image", True), options.get("run_id"), options.get("labels")
+    host_address = options.get("host_address") or default_host_address(environ)
+    ensure_daemon(log=log)
+    run_id = run_id or new_run_id()
+    local = is_local_default_host(docker_host())
+    if port is not None:
+        if not 0 < port < 65536:
+            raise ConfigError("--port must be 1-65535", found=str(port))
+        if local and port_in_use(port, host_address):
+            raise port_taken_error(port, host_address)
+    ref = image or image_for(resolved, environ, log, base=base, build_image=build_image)
+    cli = client()
+    import docker.errors
+
+    try:
+        config = cli.images.get(ref).attrs.get("Config") or {}
+    except docker.errors.ImageNotFound:
+        raise InfraError(f"image {ref} does not exist", hint=f"invoke build --target {resolved.target.name}") from None
+    host_port: int | None = port if port is not None else (free_port(host_address) if local else None)
+    kwargs = container_spec(resolved, ref, host_port=host_port, run_id=run_id, environ=environ, base=base,
+                            entrypoint=config.get("Entrypoint"), host_address=host_address)
+    image_name = kwargs.pop("image")
+    kwargs.pop("detach")
+    kwargs["labels"] = {**kwargs["labels"], **(labels or {})}
+    with daemon_errors("creating the serving container"):
+        container = cli.containers.create(image_name, **kwargs)
+    with daemon_errors("starting the serving container", hint="check run options (devices, gpus, shm_size) in the "
+                       "manifest"):
+        try:
+            container.start()
+        except docker.errors.APIError as exc:
+            text = explanation(exc)
+            with contextlib.suppress(Exception):
+                container.remove(force=True, v=True)
+            if "port is already allocated" in text or "address already in use" in text.lower():
+                raise port_taken_error(host_port or 0, host_address) from None
+            raise
+    if host_port is None:
+        host_port = published_port(container, container_port(resolved))
+    server = Server(
+        container=container,
+        run_id=run_id,
+        url=f"http://{host_address}:{host_port}",
+        host_port=host_port,
+        target=resolved.target.name,
+        profile="base" if base else resolved.profile_name,
+        image=ref,
+        run_dir=run_dir(resolved.manifest.root, run_id),
+    )
+    log(f"started {server.name} from {ref} on {server.url} (container port {container_port(resolved)})")
+    return server
+
+
+def published_port(container: Any, cport: int) -> int:
+    """The host port the daemon picked for ``cport`` (after start)."""
+    container.reload()
+    bindings = (container.attrs.get("NetworkSettings", {}).get("Ports") or {}).get(f"{cport}/tcp") or []
+    for binding in bindings:
+        if binding.get("HostPort"):
+            return int(binding["HostPort"])
+    raise InfraError(f"the daemon published no host port for container port {cport}",
+                     found=json.dumps(bindings))
+
+
+class Progress:
+    """One progress line: rewritten in place on a terminal, a line every ``every`` s otherwise."""
+
+    def __init__(self, what: str, log: Log, *, every: float = 10.0, stream: Any = None) -> None:
+        self.what = what
+        self.log = log
+        self.every = every
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._last = -every
+
+    def update(self, elapsed: float) -> None:
+        if self.tty:
+            self.stream.write(f"\r{self.what}: {elapsed:5.0f}s")
+            self.stream.flush()
+        elif elapsed - self._last >= self.every:
+            self._last = elapsed
+            self.log(f"{self.what}: {elapsed:.0f}s")
+
+    def done(self, message: str) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+        self.log(message)
+
+
+def wait_ready(
+    server: Server,
+    *,
+    timeout: float,
+    log: Log = print,
+    interval: float = 0.5,
+    resolved: Resolved | None = None,
+    progress_stream: Any = None,
+) -> float:
+    """Poll ``GET /health`` until 200; return the seconds it took.
+
+    The container exiting raises SmokeError (or InfraError when it was killed for memory);
+    a timeout raises SmokeError. Both carry the state, the last 50 log lines and a hint.
+    """
+    import httpx
+
+    from .waits import probe_health, wait_until
+
+    progress = Progress(f"waiting for {server.url}/health", log, stream=progress_stream)
+    t0 = server.started
+    last = "no answer yet"
+
+    def ready() -> float | None:
+        """The start-up seconds once /health answers 200; None while not yet; raises when the container exited."""
+        nonlocal last
+        health = probe_health(http, server.url)
+        if health.ok:
+            server.ready_at = time.monotonic()
+            server.startup_seconds = server.ready_at - t0
+            progress.done(f"ready: {server.url}/health OK after {server.startup_seconds:.1f}s")
+            return server.startup_seconds
+        last = health.short
+        state = server.state()
+        if not state.get("Running"):
+            progress.done("")
+            tail = server.logs(LOG_TAIL)
+            saved = server.save_log()
+            error_cls = InfraError if state.get("OOMKilled") else SmokeError
+            raise error_cls(
+                f"the server of {server.target}:{server.profile} stopped before it was ready "
+                f"({time.monotonic() - t0:.0f}s after start)",
+                found=server.describe_state(),
+                expected=f"GET {server.url}/health -> 200",
+                hint=exit_hint(tail, resolved) + (f"; full log: {saved}" if saved else ""),
+                log_tail=tail,
+            )
+        return None
+
+    with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0)) as http:
+        seconds = wait_until(ready, timeout=timeout, interval=interval, started=t0, on_poll=progress.update)
+    if seconds is not None:
+        return seconds
+    progress.done("")
+    tail = server.logs(LOG_TAIL)
+    saved = server.save_log()
+    raise SmokeError(
+        f"the server of {server.target}:{server.profile} was not ready within {timeout:.0f}s",
+        expected=f"GET {server.url}/health -> 200",
+        found=f"{last}; container {server.describe_state()}",
+        hint="raise targets.<target>.smoke.startup_timeout if start-up is just slow"
+        + (f"; full log: {saved}" if saved else ""),
+        log_tail=tail,
+    )
+
+
+def remove_server(server: Server, *, log: Log | None = None, keep_log: bool = True) -> None:
+    """Stop and remove the container (and its anonymous volumes); keep its log in the run dir."""
+    if keep_log:
+        with contextlib.suppress(Exception):
+            server.save_log()
+    with contextlib.suppress(Exception):
+        server.container.stop(timeout=STOP_TIMEOUT)
+    with contextlib.suppress(Exception):
+        server.container.remove(force=True, v=True)
+    if log is not None:
+        log(f"removed {server.name}")
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """In the main thread, turn SIGTERM into KeyboardInterrupt so cleanup code runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def serving(resolved: Resolved, *, startup_timeout: float | None = None, wait: bool = True, log: Log = print,
+            **start: Unpack[StartOptions]) -> Iterator[Server]:
+    """Start the target's server (``start``: :func:`start_server`'s options), wait until ``/health`` answers,
+    yield it; always stop + remove it."""
+    server = start_server(resolved, log=log, **start)
+    try:
+        with sigterm_as_interrupt():
+            if wait:
+                wait_ready(server, timeout=startup_timeout or resolved.target.smoke.startup_timeout, log=log,
+                           resolved=resolved)
+            yield server
+    finally:
+        remove_server(server, log=log)
+
+
+def start_detached(resolved: Resolved, *, base: bool, port: int | None, timeout: float | None,
+                   host_address: str, log: Log = print) -> Server:
+    """``invoke run``: start, wait until ready, leave running. A failed start is removed again.
+
+    Without ``port`` (and with a local daemon) the target's ``run.port`` is used when it is free.
+    """
+    if port is None and is_local_default_host(docker_host()):
+        configured = resolved.run.port
+        port = None if port_in_use(configured, host_address) else configured
+        if port is None:
+            log(f"port {configured} is taken: picking a free one")
+    server = start_server(resolved, base=base, port=port, log=log, labels={L_STARTED_BY: STARTED_BY_RUN},
+                          host_address=host_address)
+    try:
+        wait_ready(server, timeout=timeout or resolved.target.smoke.startup_timeout, log=log, resolved=resolved)
+    except BaseException:
+        remove_server(server, log=log)
+        raise
+    return server
+
+
+def list_servers(target: str | None = None, *, every: bool = False) -> list[Any]:
+    """Server containers ``invoke run`` started (``every``: also those of smoke runs and tests)."""
+    filters = [f"{L_TOOL}={TOOL}", f"{L_KIND}={KIND_SERVER}"]
+    if not every:
+        filters.append(f"{L_STARTED_BY}={STARTED_BY_RUN}")
+    if target:
+        filters.append(f"{L_TARGET}={target}")
+    return list(client().containers.list(all=True, filters={"label": filters}))
+
+
+def stop_servers(target: str | None = None, *, every: bool = False, log: Log = print) -> list[str]:
+    """Stop and remove the server containers ``invoke run`` started (of ``target``); return their names.
+
+    ``every`` also removes servers of smoke runs and tests (normally removed by their own run).
+    """
+    ensure_daemon(log=log)
+    names: list[str] = []
+    for container in list_servers(target, every=every):
+        with contextlib.suppress(Exception):
+            container.stop(timeout=STOP_TIMEOUT)
+        with contextlib.suppress(Exception):
+            container.remove(force=True, v=True)
+        names.append(str(container.name))
+        log(f"removed {container.name}")
+    if not names:
+        log("no imageforge server containers" + (f" of target {target}" if target else ""))
+    return names

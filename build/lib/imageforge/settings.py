@@ -1,0 +1,90 @@
+"""The tool's own options (not serving values): one frozen object, one precedence rule.
+
+Each option is taken, highest precedence first, from
+
+1. the command line (``--manifest``, ``--traceback``, ``--host-address``);
+2. the environment (``IMAGEFORGE_MANIFEST``, ``IMAGEFORGE_TRACEBACK``, ``IMAGEFORGE_HOST_ADDRESS``,
+   ``IMAGEFORGE_CACHE``);
+3. the default.
+
+The rule is written once (:func:`pick`); every reader of these variables goes through it, and
+:class:`Settings` remembers where each value came from, the way :mod:`imageforge.resolve` does for
+serving values.  Serving values themselves (``IMAGEFORGE_SET``, ``--set``) stay in ``resolve``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+ENV_MANIFEST = "IMAGEFORGE_MANIFEST"
+ENV_TRACEBACK = "IMAGEFORGE_TRACEBACK"
+ENV_HOST_ADDRESS = "IMAGEFORGE_HOST_ADDRESS"
+ENV_CACHE = "IMAGEFORGE_CACHE"
+
+DEFAULT_MANIFEST = "build.yaml"
+DEFAULT_HOST_ADDRESS = "127.0.0.1"
+DEFAULT_CACHE = "~/.cache/imageforge"
+_FALSE = ("", "0", "false", "no")
+
+
+def pick(flag: str | None, environ: Mapping[str, str], variable: str, default: str) -> tuple[str, str]:
+    """(value, source): the command-line value, else the environment's, else ``default``.
+
+    Empty or blank values count as not given.  ``source`` is ``cli``, ``env:VARIABLE`` or ``default``.
+    """
+    if flag is not None and str(flag).strip():
+        return str(flag).strip(), "cli"
+    value = environ.get(variable, "").strip()
+    if value:
+        return value, f"env:{variable}"
+    return default, "default"
+
+
+def manifest_path(flag: str | None, environ: Mapping[str, str]) -> Path:
+    """``--manifest``, ``$IMAGEFORGE_MANIFEST`` or ./build.yaml."""
+    return Path(pick(flag, environ, ENV_MANIFEST, DEFAULT_MANIFEST)[0])
+
+
+def traceback_wanted(flag: bool, environ: Mapping[str, str]) -> bool:
+    """``--traceback``, else ``IMAGEFORGE_TRACEBACK`` set to anything but 0/false/no."""
+    return flag or environ.get(ENV_TRACEBACK, "") not in _FALSE
+
+
+def host_address(flag: str | None, environ: Mapping[str, str]) -> str:
+    """Where servers are published and reached: ``--host-address``, ``$IMAGEFORGE_HOST_ADDRESS``, 127.0.0.1."""
+    return pick(flag, environ, ENV_HOST_ADDRESS, DEFAULT_HOST_ADDRESS)[0]
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The host cache (wheelhouse, discovery, models, locks): ``$IMAGEFORGE_CACHE`` or ~/.cache/imageforge."""
+    value = pick(None, os.environ if environ is None else environ, ENV_CACHE, DEFAULT_CACHE)[0]
+    return Path(value).expanduser()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The options of one command, resolved once at the front door (:mod:`imageforge.app`)."""
+
+    manifest: Path
+    traceback: bool
+    host_address: str
+    cache_dir: Path
+    environ: Mapping[str, str]  # a frozen copy: ${VAR} bases and volumes, IMAGEFORGE_SET
+    sources: Mapping[str, str]  # option -> cli | env:VARIABLE | default
+
+    @classmethod
+    def from_cli(cls, *, manifest: str | None = None, traceback: bool = False, host_address: str | None = None,
+                 environ: Mapping[str, str] | None = None) -> Settings:
+        env = MappingProxyType(dict(os.environ if environ is None else environ))
+        manifest_value, manifest_source = pick(manifest, env, ENV_MANIFEST, DEFAULT_MANIFEST)
+        address, address_source = pick(host_address, env, ENV_HOST_ADDRESS, DEFAULT_HOST_ADDRESS)
+        cache_source = pick(None, env, ENV_CACHE, DEFAULT_CACHE)[1]
+        wanted = traceback_wanted(traceback, env)
+        sources = {"manifest": manifest_source, "host_address": address_source, "cache_dir": cache_source,
+                   "traceback": "cli" if traceback else (f"env:{ENV_TRACEBACK}" if wanted else "default")}
+        return cls(manifest=Path(manifest_value), traceback=wanted, host_address=address,
+                   cache_dir=cache_dir(env), environ=env, sources=MappingProxyType(sources))

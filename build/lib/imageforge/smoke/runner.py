@@ -1,0 +1,483 @@
+"""Running a suite against a server: setup, each check's requests and expectations, liveness, /metrics."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections import ChainMap
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from ..serving_client import (
+    SSE_CONTENT_TYPE,
+    MetricRow,
+    assemble_stream,
+    comparable_choices,
+    metric_value,
+    parse_metrics,
+    parse_sse,
+    short,
+)
+from ..waits import probe_health, wait_until
+from .expectations import describe_difference, evaluate_path, evaluate_regex
+from .expr import ExprError, render
+from .operators import schema_errors
+from .results import FAIL, PASS, SKIP, CheckResult, Exchange
+from .suite import DEFAULT_TIMEOUT, Check, MetricExpectation, Request, Suite
+from .table import LiveTable
+
+Log = Callable[[str], None]
+
+METRICS_SETTLE = 5.0  # seconds to wait for /metrics counters to catch up
+
+
+@dataclass(frozen=True)
+class ServerHooks:
+    """What the runner may ask about the server besides HTTP (a container, when it owns one)."""
+
+    alive: Callable[[], str | None] | None = None  # None when fine, else why the server is gone
+    log_tail: Callable[[int], list[str]] | None = None
+
+
+class Runner:
+    def __init__(self, suite: Suite, url: str, *, tags: Sequence[str], vars: Mapping[str, Any] | None = None,
+                 hooks: ServerHooks | None = None, echo: Log = print, concurrency: int | None = None,
+                 transport: Any = None) -> None:
+        import httpx
+
+        self.suite = suite
+        self.url = url.rstrip("/")
+        self.tags = tuple(tags)
+        self.provided = dict(vars or {})
+        self.hooks = hooks or ServerHooks()
+        self.echo = echo
+        self.concurrency = concurrency or suite.concurrency
+        self.http = httpx.Client(base_url=self.url, transport=transport,
+                                 limits=httpx.Limits(max_connections=128, max_keepalive_connections=32))
+        self.names: dict[str, Any] = {}
+        self.setup_problems: list[str] = []
+        self.server_down: str | None = None
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self.http.close()
+
+    # -- HTTP ------------------------------------------------------------------
+
+    def send(self, method: str, endpoint: str, *, body: Any = None, raw_body: str | None = None,
+             headers: Mapping[str, str] | None = None, stream: bool = False,
+             timeout: float = DEFAULT_TIMEOUT) -> Exchange:
+        import httpx
+
+        ex = Exchange(method, self.url + endpoint, body, raw_body)
+        hdrs = dict(headers or {})
+        kwargs: dict[str, Any] = {"headers": hdrs, "timeout": httpx.Timeout(timeout)}
+        if raw_body is not None:
+            kwargs["content"] = raw_body.encode()
+            hdrs.setdefault("content-type", "application/json")
+        elif body is not None:
+            kwargs["json"] = body
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        try:
+            with self.http.stream(method, endpoint, **kwargs) as response:
+                parts: list[bytes] = []
+                for part in response.iter_bytes():
+                    parts.append(part)
+                    if time.monotonic() > deadline:
+                        raise httpx.ReadTimeout("total time exceeded")
+                ex.status = response.status_code
+                ex.headers = dict(response.headers)
+                ex.text = b"".join(parts).decode("utf-8", "replace")
+        except httpx.TimeoutException as exc:
+            ex.seconds = time.monotonic() - t0
+            ex.error = f"timed out after {ex.seconds:.2f}s (the check's timeout is {timeout:g}s; {type(exc).__name__})"
+            return ex
+        except httpx.HTTPError as exc:
+            ex.seconds = time.monotonic() - t0
+            ex.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            return ex
+        ex.seconds = time.monotonic() - t0
+        content_type = ex.headers.get("content-type", "")
+        if stream and ex.status == 200 and SSE_CONTENT_TYPE in content_type:
+            chunks, done, problems = parse_sse(ex.text)
+            ex.chunks = chunks
+            ex.body = assemble_stream(chunks, done)
+            if problems:
+                ex.body["stream_problems"] = problems
+        else:
+            try:
+                ex.body = json.loads(ex.text) if ex.text.strip() else None
+            except ValueError:
+                ex.body = None
+        return ex
+
+    def render_request(self, request: Request) -> tuple[str, Any]:
+        names = self.names
+        endpoint = str(render(request.endpoint, names))
+        body = render(request.body, names) if request.body is not None else None
+        if request.stream and isinstance(body, dict):
+            body["stream"] = True
+        return endpoint, body
+
+    # -- setup ------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Setup requests bind variables; suite vars fill in the rest; the runner's vars win.
+
+        Suite vars are rendered as soon as what they refer to is known, so setup requests can
+        use plain vars and later vars can use what setup bound.
+        """
+        import jsonpath
+
+        self.names = {**self.provided}
+        pending = {k: v for k, v in self.suite.vars.items() if k not in self.names}
+        self._fill(pending)
+        for step in self.suite.setup:
+            try:
+                endpoint, body = self.render_request(step.request)
+            except ExprError as exc:
+                self.setup_problems.append(f"setup {step.id}: {exc}")
+                continue
+            ex = self.send(step.request.method, endpoint, body=body, raw_body=step.request.raw_body,
+                           headers=step.request.headers, timeout=step.request.timeout)
+            if ex.error or ex.status != 200 or ex.body is None:
+                why = ex.error or f"HTTP {ex.status}: {short(ex.text, 200)}"
+                self.setup_problems.append(f"setup {step.id} ({step.request.method} {endpoint}) failed: {why}")
+                continue
+            for name, path in step.bind.items():
+                if name in self.provided:
+                    continue
+                matches = jsonpath.findall(path, ex.body)
+                if step.all_matches:
+                    self.names[name] = matches
+                elif len(matches) == 1:
+                    self.names[name] = matches[0]
+                else:
+                    self.setup_problems.append(f"setup {step.id}: {path} matched {len(matches)} values, "
+                                               f"expected exactly 1 (to bind {name})")
+            self._fill(pending)
+        for name, value in pending.items():
+            try:
+                render(value, self.names)
+            except ExprError as exc:
+                self.setup_problems.append(f"variable {name}: {exc}")
+
+    def _fill(self, pending: dict[str, Any]) -> None:
+        """Render every pending var whose names are known (repeatedly: vars may use each other)."""
+        progressed = True
+        while progressed and pending:
+            progressed = False
+            for name, value in list(pending.items()):
+                try:
+                    self.names[name] = render(value, self.names)
+                except ExprError:
+                    continue
+                del pending[name]
+                progressed = True
+
+    # -- liveness ---------------------------------------------------------------
+
+    def check_server(self) -> str | None:
+        """None when the server still answers; else why not (and remember it)."""
+        if self.server_down:
+            return self.server_down
+        reason: str | None = None
+        if self.hooks.alive is not None:
+            reason = self.hooks.alive()
+        if reason is None:
+            health = probe_health(self.http, timeout=5)
+            if not health.ok:
+                reason = health.describe()
+            if reason and self.hooks.alive is not None:
+                time.sleep(0.5)  # a container that just died may still read as running
+                reason = self.hooks.alive() or reason
+        if reason:
+            with self._lock:
+                self.server_down = self.server_down or reason
+        return reason
+
+    # -- one check ----------------------------------------------------------------
+
+    def run_check(self, check: Check) -> CheckResult:
+        result = CheckResult(check)
+        t0 = time.monotonic()
+        try:
+            self._run_check(check, result)
+        except Exception as exc:  # a bug in an expectation must not kill the suite
+            result.fail(f"internal error while checking: {type(exc).__name__}: {exc}")
+        result.seconds = time.monotonic() - t0
+        if result.status == "pending":
+            result.status = FAIL if result.failures else PASS
+        if result.status == FAIL and not result.message:
+            result.message = result.failures[0] if result.failures else "failed"
+        lat = sorted(e.seconds for e in result.exchanges if e.status is not None)
+        result.latency = lat[len(lat) // 2] if lat else None
+        return result
+
+    def _run_check(self, check: Check, result: CheckResult) -> None:
+        if check.skip:
+            result.status, result.message = SKIP, check.skip
+            return
+        if self.server_down:
+            result.fail(f"not run: the server is down ({self.server_down})")
+            return
+        req = check.request
+        try:
+            endpoint, body = self.render_request(req)
+        except ExprError as exc:
+            extra = ("; " + "; ".join(self.setup_problems)) if self.setup_problems else ""
+            result.fail(f"cannot render the request: {exc}{extra}")
+            return
+        expect = check.expect
+        before: list[MetricRow] | None = None
+        if expect.metrics:
+            before = self.scrape_metrics(result)
+            if before is None:
+                return
+
+        def one(_: int) -> Exchange:
+            return self.send(req.method, endpoint, body=body, raw_body=req.raw_body, headers=req.headers,
+                             stream=req.stream, timeout=req.timeout)
+
+        if req.repeat == 1:
+            exchanges = [one(0)]
+        else:
+            with ThreadPoolExecutor(max_workers=min(req.concurrency, req.repeat)) as pool:
+                exchanges = list(pool.map(one, range(req.repeat)))
+        result.exchanges = list(exchanges)
+        transport = [e for e in exchanges if e.error]
+        if transport:
+            for e in transport[:3]:
+                result.fail(f"{req.method} {endpoint}: {e.error}")
+            if len(transport) > 3:
+                result.fail(f"... and {len(transport) - 3} more requests failed the same way")
+            if any("timed out" not in (e.error or "") for e in transport):
+                down = self.check_server()
+                if down:
+                    result.fail(f"the server is down: {down}")
+            return
+
+        non_stream: Exchange | None = None
+        if expect.stream_equals_non_stream and isinstance(body, dict):
+            plain = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+            non_stream = self.send(req.method, endpoint, body=plain, headers=req.headers, timeout=req.timeout)
+            result.exchanges.append(non_stream)
+            if non_stream.error or non_stream.status != 200:
+                result.fail(f"the non-stream request failed: {non_stream.error or f'HTTP {non_stream.status}'}")
+                non_stream = None
+
+        reference: tuple[Any, Any] = (None, None)
+        if check.reference is not None:
+            try:
+                ref_endpoint, ref_body = self.render_request(check.reference)
+            except ExprError as exc:
+                result.fail(f"cannot render the reference request: {exc}")
+                return
+            ref = self.send(check.reference.method, ref_endpoint, body=ref_body, raw_body=check.reference.raw_body,
+                            headers=check.reference.headers, stream=check.reference.stream,
+                            timeout=check.reference.timeout)
+            result.exchanges.append(ref)
+            if ref.error or ref.status != 200:
+                result.fail(f"the reference request {check.reference.method} {ref_endpoint} failed: "
+                            f"{ref.error or f'HTTP {ref.status}: {short(ref.text.strip(), 200)}'}")
+                return
+            reference = (ref_body, ref.body)
+
+        bodies = [e.body for e in exchanges]
+        for i, ex in enumerate(exchanges):
+            prefix = f"[{i + 1}/{len(exchanges)}] " if len(exchanges) > 1 else ""
+            for message in self.evaluate(check, ex, body, bodies, non_stream, reference):
+                result.fail(prefix + message)
+            if result.failures and len(exchanges) > 1:
+                break
+
+        if any(e.status is not None and e.status >= 500 for e in result.exchanges):
+            down = self.check_server()
+            if down:
+                result.fail(f"the server is down: {down}")
+                return
+        if before is not None:
+            self.check_metrics(check, result, before, body, bodies, exchanges)
+        if expect.healthy_after:
+            health = probe_health(self.http, timeout=10)
+            if not health.ok:
+                result.fail(f"the server is not healthy after the check: {health.error or health.short}")
+
+    def namespace(self, request_body: Any, ex: Exchange, bodies: Sequence[Any],
+                  non_stream: Exchange | None, reference: tuple[Any, Any] = (None, None)) -> Mapping[str, Any]:
+        special = {
+            "request": request_body,
+            "response": ex.body,
+            "responses": list(bodies),
+            "status": ex.status,
+            "headers": ex.headers,
+            "text": ex.text,
+            "chunks": ex.chunks or [],
+            "non_stream": non_stream.body if non_stream is not None else None,
+            "reference_request": reference[0],
+            "reference": reference[1],
+            "vars": self.names,
+        }
+        layers: list[dict[str, Any]] = [special, self.names]
+        if isinstance(ex.body, dict):
+            layers.append(ex.body)
+        return ChainMap(*layers)
+
+    def evaluate(self, check: Check, ex: Exchange, request_body: Any, bodies: Sequence[Any],
+                 non_stream: Exchange | None, reference: tuple[Any, Any] = (None, None)) -> list[str]:
+        """Every expectation that does not hold for ``ex`` (empty: all hold)."""
+        import jsonpath
+
+        expect = check.expect
+        out: list[str] = []
+        if ex.status not in expect.status:
+            want = " or ".join(map(str, expect.status))
+            detail = ""
+            if isinstance(ex.body, Mapping) and isinstance(ex.body.get("error"), Mapping):
+                detail = f": {short(ex.body['error'].get('message', ''), 200)}"
+            elif ex.text:
+                detail = f": {short(ex.text.strip(), 200)}"
+            out.append(f"status {ex.status}, expected {want}{detail}")
+            return out
+        if check.request.stream and ex.status == 200:
+            if ex.chunks is None:
+                out.append(f"expected a stream (text/event-stream), got {ex.headers.get('content-type')}")
+                return out
+            problems = ex.body.get("stream_problems") if isinstance(ex.body, Mapping) else None
+            if problems:
+                out.extend(f"stream: {p}" for p in problems)
+        elif ex.body is None and (expect.schema or expect.paths or expect.relations):
+            out.append(f"the body is not JSON: {short(ex.text.strip(), 200)}")
+            return out
+        if expect.schema is not None:
+            out.extend(f"schema: {m}" for m in schema_errors(ex.body, expect.schema))
+        if expect.chunk_schema is not None and ex.chunks is not None:
+            for i, chunk in enumerate(ex.chunks):
+                errors = schema_errors(chunk, expect.chunk_schema)
+                if errors:
+                    out.append(f"chunk {i}: {errors[0]}")
+                    break
+        names = self.namespace(request_body, ex, bodies, non_stream, reference)
+        for pe in expect.paths:
+            message = evaluate_path(pe, ex.body, names, jsonpath.findall)
+            if message:
+                out.append(message)
+        for rx in expect.regex:
+            message = evaluate_regex(rx, ex)
+            if message:
+                out.append(message)
+        for rel in expect.relations:
+            try:
+                value = rel.expr.evaluate(names)
+            except ExprError as exc:
+                out.append(f"relation `{rel.expr.text}` could not be evaluated: {exc}")
+                continue
+            if not value:
+                out.append(f"relation `{rel.expr.text}` does not hold: {rel.expr.explain(names)}")
+        if expect.stream_equals_non_stream and non_stream is not None:
+            streamed = comparable_choices(ex.body)
+            plain = comparable_choices(non_stream.body)
+            if streamed != plain:
+                out.append("stream != non-stream: " + describe_difference(streamed, plain))
+        return out
+
+    # -- metrics ------------------------------------------------------------------
+
+    def scrape_metrics(self, result: CheckResult) -> list[MetricRow] | None:
+        ex = self.send("GET", "/metrics", timeout=15)
+        if ex.error or ex.status != 200:
+            result.fail(f"GET /metrics failed: {ex.error or f'HTTP {ex.status}'}")
+            return None
+        try:
+            return parse_metrics(ex.text)
+        except ValueError as exc:
+            result.fail(f"GET /metrics: not the Prometheus text format ({exc})")
+            return None
+
+    def check_metrics(self, check: Check, result: CheckResult, before: list[MetricRow],
+                      request_body: Any, bodies: Sequence[Any], exchanges: Sequence[Exchange]) -> None:
+        names = self.namespace(request_body, exchanges[-1], bodies, None)
+        wanted: list[tuple[MetricExpectation, float | None, float | None]] = []
+        for me in check.expect.metrics:
+            try:
+                exact = float(me.delta.evaluate(names)) if me.delta is not None else None
+                least = float(me.min_delta.evaluate(names)) if me.min_delta is not None else None
+            except (ExprError, TypeError, ValueError) as exc:
+                result.fail(f"metric {me.name}: the expected delta could not be computed: {exc}")
+                continue
+            if metric_value(before, me.name, me.labels) is None:
+                result.fail(f"metric {me.name}{_labels(me.labels)} is not in /metrics")
+                continue
+            wanted.append((me, exact, least))
+        if not wanted:
+            return
+        misses: list[str] = []
+
+        def settled() -> bool | None:
+            """True when every counter grew as expected (or /metrics failed: recorded); None: not yet."""
+            after = self.scrape_metrics(result)
+            if after is None:
+                return True
+            misses.clear()
+            for me, exact, least in wanted:
+                b = metric_value(before, me.name, me.labels) or 0.0
+                a = metric_value(after, me.name, me.labels) or 0.0
+                delta = a - b
+                if exact is not None and not math.isclose(delta, exact, abs_tol=1e-6):
+                    misses.append(f"metric {me.name}{_labels(me.labels)} grew by {delta:g}, expected exactly "
+                                  f"{exact:g} ({me.delta.text if me.delta else ''}) [{b:g} -> {a:g}]")
+                if least is not None and delta < least:
+                    misses.append(f"metric {me.name}{_labels(me.labels)} grew by {delta:g}, expected at least "
+                                  f"{least:g} [{b:g} -> {a:g}]")
+            return None if misses else True
+
+        if wait_until(settled, timeout=METRICS_SETTLE, interval=0.25) is None:
+            for m in misses:
+                result.fail(m)
+
+    # -- the whole suite --------------------------------------------------------
+
+    def run(self, checks: Sequence[Check], table: LiveTable) -> list[CheckResult]:
+        results: dict[str, CheckResult] = {}
+        serial = [c for c in checks if c.serial and not c.skip]
+        parallel = [c for c in checks if not c.serial or c.skip]
+        for check in serial:
+            table.running(check)
+            result = self.run_check(check)
+            results[check.id] = result
+            table.done(result)
+        pool = ThreadPoolExecutor(max_workers=max(1, self.concurrency), thread_name_prefix="smoke")
+        try:
+            futures: dict[Future[CheckResult], Check] = {}
+            for check in parallel:
+                futures[pool.submit(self._run_tracked, check, table)] = check
+            for future in _as_completed(futures):
+                result = future.result()
+                results[result.check.id] = result
+                table.done(result)
+        except BaseException:
+            # Ctrl-C: do not wait for checks in flight (the caller removes the server, which ends them)
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        return [results[c.id] for c in checks]
+
+    def _run_tracked(self, check: Check, table: LiveTable) -> CheckResult:
+        table.running(check)
+        return self.run_check(check)
+
+
+def _as_completed(futures: Mapping[Future[CheckResult], Check]) -> Iterator[Future[CheckResult]]:
+    from concurrent.futures import as_completed
+
+    yield from as_completed(futures)
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""
+

@@ -1,0 +1,236 @@
+"""What every step kind is made of: its result (:class:`Changes`), its failure (:class:`StepProblem`), the
+context it runs in (:class:`ApplyContext`) and the base class with the registry (kind -> class).
+
+One class per kind (``steps/<kind>.py``) holds, in one place:
+
+* ``inputs``: the sha256 of the host files the step reads (they join its cache key with its definition);
+* ``apply(fs, ctx) -> Changes``: what the step does to an image's files, *returned* (files with
+  mode/owner/mtime and bytes, links) rather than written: the build writes the Changes into its step
+  container and commits; check-patches records them in its in-memory overlay and reports a row;
+* ``facts``: what it leaves for the verify layer (changed ``.py`` files, overlay sha256, links);
+* ``emit``: the Dockerfile instructions that do the same with plain ``docker build``.
+
+A failure is a :class:`StepProblem`: the row check-patches shows (status, detail) and the error the
+build raises (:attr:`StepProblem.error`), from the same test in the same code.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from ..errors import BuildError, ConfigError, ImageforgeError
+from ..manifest import Step, resolve_image_path
+from ..patching import NearMatch
+from ..plan import step_inputs
+from .dockerfile import EmitContext, Emitted
+from .fs import ImageFS
+
+Log = Callable[[str], None]
+
+#: The status of a check-patches row (and of a step's apply: the first three are what apply returns).
+RowStatus = Literal[
+    "applies", "already applied", "ran", "anchor missing", "ambiguous", "destination missing", "conflict",
+    "not checked", "script failed",
+]
+
+
+@dataclass(frozen=True)
+class FileChange:
+    """A regular file the step writes: bytes, mode, owner and mtime (None: the fixed mtime of written layers)."""
+
+    path: str
+    data: bytes
+    mode: int
+    uid: int = 0
+    gid: int = 0
+    mtime: int | None = None
+
+
+@dataclass(frozen=True)
+class LinkChange:
+    """A symbolic link the step makes (replacing whatever is at ``path``)."""
+
+    path: str
+    target: str
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What a step did (or would do) to the image: a layer's worth of files and links, plus what to report.
+
+    ``status``/``detail``/``diff`` make check-patches' row, ``summary`` the build log's detail; ``path``
+    is the row's file. A process kind (script) changes the container it ran in: ``files``/``links`` are
+    empty (the container is committed as is).
+    """
+
+    status: Literal["applies", "already applied", "ran"]
+    path: str
+    detail: str
+    summary: str
+    files: tuple[FileChange, ...] = ()
+    links: tuple[LinkChange, ...] = ()
+    diff: str = ""
+
+    @property
+    def empty(self) -> bool:
+        return not self.files and not self.links
+
+
+class StepProblem(BuildError):
+    """A step that does not apply: check-patches' row (status, path, detail) and the build's error.
+
+    ``error`` is what the build raises (a BuildError with the build's wording, or a ConfigError for a
+    malformed step); the row points at the manifest key ``blame`` (the step itself when None).
+    """
+
+    def __init__(self, status: RowStatus, path: str, detail: str, error: ImageforgeError, *,
+                 blame: str | None = None, near: tuple[NearMatch, ...] = (), log_tail: tuple[str, ...] = (),
+                 exit_code: int | None = None) -> None:
+        super().__init__(error.message, location=error.location, key_path=error.key_path, expected=error.expected,
+                         found=error.found, hint=error.hint, log_tail=log_tail or error.log_tail)
+        self.status: RowStatus = status
+        self.path = path
+        self.detail = detail
+        self.error = error
+        self.blame = blame
+        self.near = near
+        self.script_exit_code = exit_code  # a process kind's exit status
+
+
+@dataclass(frozen=True)
+class ApplyContext:
+    """Where a step is applied.
+
+    ``site``: the package's site directory (relative step paths live there). ``checking``: the
+    check-patches face (diffs when ``with_diff``; the checks that only verification would catch later
+    fail the row now). ``container``: the running container a process kind (script) runs in; ``echo``
+    gets its output lines as they come; ``image``: the image it runs on (named in a failure's hint).
+    """
+
+    site: str
+    environ: Mapping[str, str] = field(default_factory=dict)
+    checking: bool = False
+    with_diff: bool = False
+    container: Any = None
+    echo: Log | None = None
+    image: str = ""
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a step leaves for the verify layer (see :func:`imageforge.verify.verify_spec`)."""
+
+    python_files: tuple[str, ...] = ()
+    overlays: Mapping[str, str] = field(default_factory=dict)  # image path -> sha256 of the source
+    links: tuple[str, ...] = ()
+    link_globs: tuple[Mapping[str, str], ...] = ()
+
+
+class StepKind:
+    """One step kind. Subclasses set ``name`` and ``fields`` and are registered with :func:`register`."""
+
+    name: ClassVar[str]
+    #: the manifest keys of the kind (what its spec may hold; the schema's $defs.NAME_step says the same)
+    fields: ClassVar[tuple[str, ...]]
+    #: a process kind runs in a started container (the build's step container, check-patches' sandbox)
+    runs_process: ClassVar[bool] = False
+
+    def inputs(self, step: Step, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """sha256 of every host file the step reads (its ``source``, a script's ``directory``)."""
+        return step_inputs(step, environ)
+
+    def preflight(self, step: Step, environ: Mapping[str, str]) -> None:
+        """Refuse, before Docker is touched, what the build cannot start with (exit 5: a missing host folder)."""
+
+    def context_folder(self, step: Step, environ: Mapping[str, str]) -> Path | None:
+        """A host folder the step copies whole (a root folder of the submission tree), if any."""
+        return None
+
+    def apply(self, step: Step, fs: ImageFS, ctx: ApplyContext) -> Changes:
+        raise NotImplementedError
+
+    def facts(self, step: Step, inputs: Mapping[str, str], site: str) -> Facts:
+        return Facts()
+
+    def emit(self, step: Step, ctx: EmitContext) -> Emitted:
+        raise NotImplementedError
+
+    def row_path(self, step: Step, site: str) -> str:
+        """The file check-patches shows for the step (also when it was not checked)."""
+        raise NotImplementedError
+
+    def touches(self, step: Step, site: str) -> tuple[str, ...]:
+        """Image paths the step writes at or under (the build's directory-listing cache keys off them)."""
+        return ()
+
+
+class OneFileKind(StepKind):
+    """A kind that writes one image file, named by the spec key ``path_key`` (relative to the package's site)."""
+
+    path_key: ClassVar[str]
+
+    def row_path(self, step: Step, site: str) -> str:
+        return resolve_image_path(step.spec[self.path_key], site)
+
+    def touches(self, step: Step, site: str) -> tuple[str, ...]:
+        return (self.row_path(step, site),)
+
+
+KINDS: dict[str, StepKind] = {}
+
+
+def register(cls: type[StepKind]) -> type[StepKind]:
+    KINDS[cls.name] = cls()
+    return cls
+
+
+def kind(name: str) -> StepKind:
+    """The class of a step kind (every module of the package has registered by the time it is imported)."""
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise ConfigError(f"step kind {name!r} has no definition",
+                          hint="add one module in src/imageforge/steps/ (and its schema entry)") from None
+
+
+# --------------------------------------------------------------------------- shared by the file kinds
+
+
+def through_link(fs: ImageFS, path: str, site: str) -> str | None:
+    """A symbolic link inside the site directory on the way to ``path`` (``LINK -> TARGET``), which is refused."""
+    site = site.rstrip("/")
+    if not path.startswith(site + "/"):
+        return None
+    current = site
+    for part in path[len(site) + 1:].split("/")[:-1]:
+        current = f"{current}/{part}"
+        entry = fs.stat(current)
+        if entry is None:
+            return None
+        if entry.kind == "link":
+            return f"{current} -> {entry.link_target}"
+    return None
+
+
+def guard_links(step: Step, fs: ImageFS, path: str, site: str, what: str, blame: str | None = None) -> None:
+    """StepProblem (conflict) when ``path`` goes through a symbolic link in the site directory."""
+    link = through_link(fs, path, site)
+    if link is not None:
+        raise StepProblem("conflict", path, f"{what} goes through a symbolic link ({link})", BuildError(
+            f"destination {path} goes through a symbolic link in the image ({link})",
+            location=step.location, key_path=step.key_path, hint="write to the real path instead"), blame=blame)
+
+
+def text_of(data: bytes) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def norm(path: str) -> str:
+    return posixpath.normpath(path)

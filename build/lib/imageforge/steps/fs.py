@@ -1,0 +1,141 @@
+"""The image file system a step kind's ``apply`` reads: a read-only view, in memory or over a container.
+
+* :class:`DictFS`: an in-memory view (unit tests, the checks' fixtures);
+* :class:`ContainerFS`: a created (never started) container, through get_archive/HEAD archive only.
+
+``apply`` never writes through these: it returns :class:`imageforge.steps.core.Changes`, which
+the build writes into its step container (put_archive) and check-patches records in its overlay.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from ..docker_engine import containers as dc
+from ..errors import BuildError
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What is at a path: a regular file, a directory or a symbolic link (with its target)."""
+
+    kind: Literal["file", "dir", "link"]
+    link_target: str | None = None
+
+
+@dataclass(frozen=True)
+class FileMeta:
+    """A regular file's mode, owner and mtime in the image (None: not known, the writer's defaults)."""
+
+    mode: int = 0o644
+    uid: int = 0
+    gid: int = 0
+    mtime: int | None = None
+
+
+class ImageFS(Protocol):
+    """Read-only view of an image's files (what the step kinds need)."""
+
+    def stat(self, path: str) -> Entry | None: ...
+
+    def read(self, path: str) -> bytes | None:
+        """Bytes of a regular file; None when absent.  May raise BuildError (a link, a directory)."""
+        ...
+
+    def read_file(self, path: str) -> tuple[bytes, FileMeta] | None:
+        """Bytes and mode/owner/mtime of a regular file; None when absent (BuildError as ``read``)."""
+        ...
+
+    def list_dir(self, directory: str) -> list[tuple[str, Entry]]: ...
+
+
+@dataclass
+class DictFS:
+    """An in-memory ImageFS: ``files`` path -> bytes, ``links`` path -> target; directories implied.
+
+    ``meta`` gives a file's mode/owner/mtime (default: 0644, root, unknown mtime).
+    """
+
+    files: dict[str, bytes] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
+    dirs: set[str] = field(default_factory=set)
+    meta: dict[str, FileMeta] = field(default_factory=dict)
+
+    def _dirs(self) -> set[str]:
+        out = set(self.dirs) | {"/"}
+        for path in [*self.files, *self.links, *self.dirs]:
+            parent = posixpath.dirname(path)
+            while parent not in out:
+                out.add(parent)
+                parent = posixpath.dirname(parent)
+        return out
+
+    def stat(self, path: str) -> Entry | None:
+        path = posixpath.normpath(path)
+        if path in self.links:
+            return Entry("link", self.links[path])
+        if path in self.files:
+            return Entry("file")
+        if path in self._dirs():
+            return Entry("dir")
+        return None
+
+    def read(self, path: str) -> bytes | None:
+        path = posixpath.normpath(path)
+        if path in self.links:
+            raise BuildError(f"{path} is a symbolic link in the image (to {self.links[path]})",
+                             hint="patch or overlay the file it points to")
+        if path in self._dirs():
+            raise BuildError(f"{path} is not a regular file in the image")
+        return self.files.get(path)
+
+    def read_file(self, path: str) -> tuple[bytes, FileMeta] | None:
+        data = self.read(path)
+        return None if data is None else (data, self.meta.get(posixpath.normpath(path), FileMeta()))
+
+    def list_dir(self, directory: str) -> list[tuple[str, Entry]]:
+        directory = posixpath.normpath(directory)
+        out: list[tuple[str, Entry]] = []
+        for path in sorted({*self.files, *self.links, *self._dirs()}):
+            if path != directory and posixpath.dirname(path) == directory:
+                entry = self.stat(path)
+                assert entry is not None
+                out.append((posixpath.basename(path), entry))
+        return out
+
+
+class ContainerFS:
+    """ImageFS over a container: get_archive/HEAD archive only (it need not be started)."""
+
+    def __init__(self, container: Any) -> None:
+        self.container = container
+
+    def stat(self, path: str) -> Entry | None:
+        st = dc.path_stat(self.container, path)
+        if st is None:
+            return None
+        if dc.is_symlink(st):
+            return Entry("link", str(st.get("linkTarget", "")))
+        return Entry("dir" if dc.is_dir(st) else "file")
+
+    def read(self, path: str) -> bytes | None:
+        found = dc.read_file(self.container, path)
+        return None if found is None else found[0]
+
+    def read_file(self, path: str) -> tuple[bytes, FileMeta] | None:
+        found = dc.read_file(self.container, path)
+        if found is None:
+            return None
+        data, member = found
+        return data, FileMeta(member.mode, member.uid, member.gid, int(member.mtime))
+
+    def list_dir(self, directory: str) -> list[tuple[str, Entry]]:
+        out: list[tuple[str, Entry]] = []
+        for name, info in dc.list_dir(self.container, directory):
+            if info.issym():
+                out.append((name, Entry("link", info.linkname)))
+            else:
+                out.append((name, Entry("dir" if info.isdir() else "file")))
+        return out

@@ -1,0 +1,73 @@
+"""``patch``: an anchored text replacement in one file of the image (``file``, ``old``, ``new``, ``count``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..errors import BuildError
+from ..manifest import Step
+from ..patching import apply_patch, describe, unified_diff
+from .core import ApplyContext, Changes, Facts, FileChange, OneFileKind, StepProblem, guard_links, register, text_of
+from .dockerfile import EmitContext, Emitted, applier_group, header
+from .fs import ImageFS
+
+
+@register
+class Patch(OneFileKind):
+    name = "patch"
+    path_key = "file"
+    fields = ("file", "old", "new", "count", "verified")
+
+    def apply(self, step: Step, fs: ImageFS, ctx: ApplyContext) -> Changes:
+        path = self.row_path(step, ctx.site)
+        guard_links(step, fs, path, ctx.site, "path")
+        try:
+            found = fs.read_file(path)
+        except BuildError as exc:
+            raise StepProblem("conflict", path, exc.message, exc) from None
+        if found is None:
+            parent = path.rpartition("/")[0] or "/"
+            where = "its directory exists" if fs.stat(parent) is not None else f"{parent} is missing too"
+            raise StepProblem("destination missing", path, f"file not in the image ({where})", BuildError(
+                f"patch target {path} does not exist in the image",
+                location=step.where("file"), key_path=f"{step.key_path}.file",
+                hint="check the path with `invoke check-patches`"), blame="file")
+        data, meta = found
+        text = text_of(data)
+        if text is None:
+            raise StepProblem("conflict", path, "file is not UTF-8 text", BuildError(
+                f"patch target {path} is not UTF-8 text", location=step.where("file"),
+                key_path=f"{step.key_path}.file", hint="use an overlay step for a binary file"))
+        outcome = apply_patch(text, step.spec["old"], step.spec["new"], int(step.spec.get("count", 1)))
+        lines = ", ".join(map(str, outcome.lines))
+        if outcome.status == "already-applied":
+            return Changes("already applied", path, f"new text at line {lines}, anchor absent",
+                           "already applied: skipped")
+        if outcome.result is None:
+            error = BuildError(
+                f"patch {step.id!r} does not apply to {path}: {describe(outcome)}",
+                location=step.where("old"), key_path=f"{step.key_path}.old",
+                expected=f"the anchor exactly {outcome.expected} time(s)", found=f"{outcome.found} time(s)",
+                hint="`invoke check-patches --diff` shows every patch; `invoke patch-from` writes new anchors")
+            if outcome.status == "ambiguous":
+                raise StepProblem("ambiguous", path, f"anchor found {outcome.found} times (lines {lines}), "
+                                  f"expected {outcome.expected}", error, blame="old")
+            raise StepProblem("anchor missing", path,
+                              "anchor not found" + ("" if outcome.near else "; no similar line"), error,
+                              blame="old", near=outcome.near)
+        # Keep the file's mode, owner and mtime: a same-size edit then looks unchanged to
+        # timestamp-based .pyc files, which is exactly what verification must defeat.
+        new = FileChange(path, outcome.result.encode("utf-8"), meta.mode, meta.uid, meta.gid, meta.mtime)
+        return Changes("applies", path, f"anchor at line {lines}", f"patched {path} at line {lines}", files=(new,),
+                       diff=unified_diff(path, text, outcome.result) if ctx.with_diff else "")
+
+    def facts(self, step: Step, inputs: Mapping[str, str], site: str) -> Facts:
+        path = self.row_path(step, site)
+        return Facts(python_files=(path,) if path.endswith(".py") else ())
+
+    def emit(self, step: Step, ctx: EmitContext) -> Emitted:
+        path = self.row_path(step, ctx.base.site)
+        spec = {"op": "patch", "step": step.id, "path": path, "site": ctx.base.site, "old": step.spec["old"],
+                "new": step.spec["new"], "count": int(step.spec.get("count", 1))}
+        instructions, files = applier_group(ctx, spec)
+        return Emitted((header(ctx, step.id, step.kind, step.why), *instructions), files)

@@ -1,0 +1,149 @@
+"""``script``: a host script (``source`` + ``args``) or a host folder (``directory`` copied to ``dest`` + ``command``)
+run in the image, with ``env``, ``user`` and ``workdir``. Its apply runs in a started container: the build's
+step container (committed afterwards) or check-patches' throwaway sandbox.
+
+The Dockerfile face is a plain ``RUN`` in the step's working directory, with the step's env, as the engine's
+exec does:
+
+* ``source``: the script is copied to the engine's scratch folder (mode 0755), run with its args,
+  and the scratch folder is removed (the engine removes it too);
+* ``directory``: the folder is copied to ``dest`` (kept, like the engine's copy), its entries get the
+  engine's modes/owner/mtime (the applier's ``tree`` op: git keeps only the executable bit and the
+  platform's checkout picks directory modes by umask), then ``command`` runs in ``workdir``.
+
+A failing script fails the build with its exit code and a line naming the step.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..docker_engine import client
+from ..errors import BuildError, ConfigError, InfraError
+from ..manifest import Step
+from ..scripts import SCRIPT_SCRATCH, exec_script, script_directory
+from .core import ApplyContext, Changes, StepKind, StepProblem, register
+from .dockerfile import ContextFile, EmitContext, Emitted, applier_group, copy, header, host_file, run
+from .fs import ImageFS
+
+
+def _shell(step: Step, argv: Sequence[str], env: Mapping[str, str], workdir: str | None, cleanup: str | None) -> str:
+    command = " ".join(shlex.quote(a) for a in argv)
+    if env:
+        command = "env " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + " " + command
+    if workdir:
+        command = f"cd {shlex.quote(workdir)} && {command}"
+    text = f"{command}; rc=$?"
+    if cleanup:
+        text += f"; rm -rf {shlex.quote(cleanup)}"
+    message = f"imageforge: script step {step.id} exited with code"
+    text += f'; if [ $rc -ne 0 ]; then echo "{message} $rc" >&2; fi; exit $rc'
+    return text
+
+
+def directory_entries(root: Path) -> list[list[Any]]:
+    """(relative path, type, mode) of the folder as the engine writes it (imageforge.build.directory_entries)."""
+    out: list[list[Any]] = [["", "d", 0o755]]
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            out.append([rel, "l", 0o777])
+        elif path.is_dir():
+            out.append([rel, "d", 0o755])
+        elif path.is_file():
+            out.append([rel, "f", path.stat().st_mode & 0o777])
+    return out
+
+
+def folder_files(root: Path, into: str) -> dict[str, ContextFile]:
+    files: dict[str, ContextFile] = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink():
+            raise ConfigError(f"{path} is a symbolic link: the submission tree holds regular files only",
+                              hint="git keeps links, but the platform's checkout may not; copy the file instead")
+        if path.is_file():
+            files[f"{into}/{path.relative_to(root).as_posix()}"] = host_file(path)
+    return files
+
+
+@register
+class Script(StepKind):
+    name = "script"
+    fields = ("source", "args", "directory", "dest", "command", "workdir", "env", "user", "load_hint")
+    runs_process = True
+
+    def row_path(self, step: Step, site: str) -> str:
+        return str(step.spec.get("dest") or step.spec.get("source", ""))
+
+    def preflight(self, step: Step, environ: Mapping[str, str]) -> None:
+        if "directory" in step.spec:
+            script_directory(step, environ)  # an unset ${VAR} or a missing folder: exit 5 before Docker
+
+    def context_folder(self, step: Step, environ: Mapping[str, str]) -> Path | None:
+        return step.directory(environ) if "directory" in step.spec else None
+
+    def apply(self, step: Step, fs: ImageFS, ctx: ApplyContext) -> Changes:
+        """Run the step in ``ctx.container`` (started); what it changed stays in that container."""
+        if ctx.container is None:
+            raise BuildError(f"script step {step.id!r} needs a running container to apply in")
+        path = self.row_path(step, ctx.site)
+        code, lines = exec_script(ctx.container, step, ctx.environ, echo=ctx.echo)
+        if code != 0:
+            # ENOSPC inside the step is the host's disk, not the script: infrastructure (exit 5)
+            full = any("no space left on device" in line.lower() for line in lines[-30:])
+            error = (InfraError if full else BuildError)(
+                f"script step {step.id!r} exited with code {code}"
+                + (": out of disk space (free some: invoke clean)" if full else ""),
+                location=step.location, key_path=step.key_path,
+                hint=f"run it by hand: docker run --rm -it {ctx.image[:19]} sh" if ctx.image else None,
+                log_tail=lines[-30:],
+            )
+            tail = tuple(lines[-20:])
+            raise StepProblem("script failed", path,
+                              f"exit code {code}" + (f": {tail[-1].strip()[:100]}" if tail else ""), error,
+                              log_tail=tail, exit_code=code)
+        if "source" in step.spec:  # a directory step's copy stays, like a Dockerfile COPY
+            api = client().api
+            cleanup = api.exec_create(ctx.container.id, ["rm", "-rf", SCRIPT_SCRATCH], user="root")["Id"]
+            api.exec_start(cleanup)
+        last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "no output")
+        return Changes("ran", path, f"exit 0: {last[:100]}", (lines[-1].strip() if lines else "no output")[:120])
+
+    def emit(self, step: Step, ctx: EmitContext) -> Emitted:
+        """A plain ``RUN`` in the step's working directory, with the step's env, as the engine's exec does."""
+        s = step.spec
+        user = s.get("user", "root")
+        if user not in ("root", "0", "0:0"):
+            raise ConfigError(f"script step {step.id!r} runs as {user!r}; the Dockerfile emitter runs scripts as "
+                              "root only", key_path=f"{step.key_path}.user",
+                              hint="drop `user` or extend steps/script.py")
+        env = {k: str(v) for k, v in s.get("env", {}).items()}
+        head = header(ctx, step.id, step.kind, step.why)
+        if "directory" in s:
+            directory = step.directory(ctx.environ)
+            if directory is None or not directory.is_dir():
+                raise InfraError(f"script step {step.id!r}: its directory is not there "
+                                 f"(${step.directory_env} unset or not a folder)",
+                                 key_path=f"{step.key_path}.directory", hint=step.load_hint)
+            folder = ctx.folder_name or f"{ctx.step_dir}/{directory.name}"
+            dest = posixpath.normpath(str(s["dest"]))
+            tree_spec = {"op": "tree", "step": step.id, "dest": dest, "entries": directory_entries(directory)}
+            group, files = applier_group(ctx, tree_spec)
+            files.update(folder_files(directory, folder))
+            workdir = str(s.get("workdir") or dest)
+            instructions = [head, copy([folder + "/"], dest + "/"), *group,
+                            run(["/bin/sh", "-c", _shell(step, list(s["command"]), env, workdir, None)])]
+            return Emitted(tuple(instructions), files)
+        name = posixpath.basename(str(s["source"]))
+        scratch = f"{SCRIPT_SCRATCH}/{name}"
+        argv = [scratch, *s.get("args", ())]
+        shell = f"chmod 0755 {shlex.quote(scratch)} && " + _shell(step, argv, env, s.get("workdir"), SCRIPT_SCRATCH)
+        files = {f"{ctx.step_dir}/{name}": ContextFile(step.source.read_bytes(),
+                                                       0o755 if os.access(step.source, os.X_OK) else 0o644)}
+        instructions = [head, copy([f"{ctx.step_dir}/{name}"], scratch), run(["/bin/sh", "-c", shell])]
+        return Emitted(tuple(instructions), files)

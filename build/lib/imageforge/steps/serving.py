@@ -1,0 +1,62 @@
+"""The serving config: the last layer's file (the rendered config), the serving ENV and the CMD.
+
+Not a manifest step (it comes from ``serving:`` and the profile), but a kind with the same faces:
+``apply`` returns the file it writes, ``image_config`` the CMD/ENV the commit sets, ``emit`` the
+Dockerfile instructions that do the same.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Mapping
+from typing import Any
+
+from ..plan import Plan, fit_argv, fit_command, serving_argv
+from .core import Changes, FileChange
+from .dockerfile import ContextFile, EmitContext, Emitted, comment, copy, env_value, run
+
+
+def image_cmd(plan: Plan, entrypoint: tuple[str, ...]) -> list[str]:
+    """The CMD imageforge's config layer sets (fitted to the base's ENTRYPOINT)."""
+    serving = plan.resolved.target.serving
+    if serving.style == "argv":
+        return fit_argv(list(entrypoint) or None, serving_argv(plan.resolved))
+    return fit_command(list(entrypoint) or None, serving.command, serving.config_path)
+
+
+class ServingConfig:
+    name = "config"
+
+    def apply(self, plan: Plan) -> Changes:
+        path = plan.resolved.target.serving.config_path
+        data = plan.serving_config
+        return Changes("applies", path, f"{len(data)} bytes", f"{path} ({len(data)} bytes)",
+                       files=(FileChange(path, data, 0o644),))
+
+    def image_config(self, plan: Plan, parent_config: Mapping[str, Any]) -> dict[str, Any]:
+        """``Cmd`` and ``Env`` of the final layer: the serving ENV replaces the parent's values of the same names."""
+        cmd = image_cmd(plan, tuple(parent_config.get("Entrypoint") or ()))
+        serving_env = plan.resolved.serving_env()
+        env = [e for e in (parent_config.get("Env") or []) if e.split("=", 1)[0] not in serving_env]
+        env += [f"{k}={v}" for k, v in serving_env.items()]
+        return {"Cmd": cmd, "Env": env}
+
+    def emit(self, plan: Plan, ctx: EmitContext) -> Emitted:
+        serving = plan.resolved.target.serving
+        path = posixpath.normpath(serving.config_path)
+        name = f"{ctx.step_dir}/{posixpath.basename(path)}"
+        instructions = [
+            comment(f"step {ctx.index}/{ctx.total} serving-config (config): {path} + serving ENV + CMD "
+                    f"(profile {plan.resolved.profile_name})"),
+            copy([name], path),
+            run(["chmod", "0644", path]),
+        ]
+        env = plan.resolved.serving_env()
+        if env:
+            instructions.append("ENV " + " ".join(f"{k}={env_value(str(v))}" for k, v in env.items()))
+        instructions.append("CMD " + json.dumps(image_cmd(plan, ctx.base.entrypoint)))
+        return Emitted(tuple(instructions), {name: ContextFile(plan.serving_config)})
+
+
+SERVING_CONFIG = ServingConfig()
