@@ -583,3 +583,66 @@ ns = Collection(validate, plan, base, build, test, check_patches, patch_from, lo
                 smoke, demo, bench, sweep, equiv, bisect, ablate, submission)
 ns.configure({"run": {"echo": True}})
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+
+# ---------------------------------------------------------------- in place (no Docker): apply, revert, status
+
+
+def _ids(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+@task(help={"target": TARGET_HELP, "profile": "Profile (default: the target's default_profile)",
+            "in_place": "Apply to this machine's files (the only mode: images are made by `invoke build`)",
+            "root": "The file system root to apply under (default /)",
+            "python": "The target's interpreter (default: python3 on PATH); its package is the one patched",
+            "steps": "Only these step ids (comma-separated)", "skip": "Every step but these (comma-separated)",
+            "dry_run": "Write nothing; print what each step would do (check-patches' table)",
+            "no_imports": "Skip the import check of verify (e.g. no torch on this machine)",
+            "force": "Go on past drifted files (their copies are kept aside)",
+            "manifest": MANIFEST_HELP, "json": "Print one JSON object", "traceback": TRACEBACK_HELP})
+def apply(c: Context, target: str = "", profile: str = "", in_place: bool = False, root: str = "/",
+          python: str = "python3", steps: str = "", skip: str = "", dry_run: bool = False, no_imports: bool = False,
+          force: bool = False, manifest: str = "", json: bool = False, traceback: bool = False) -> None:
+    """Apply TARGET:PROFILE's steps to this machine's files (--in-place), journaled; `revert` undoes them."""
+    s = app.settings(manifest=manifest, traceback=traceback)
+    with user_errors(s.traceback):
+        if not in_place:
+            raise ConfigError("apply works in place only: give --in-place", hint="images are made by `invoke build`")
+        report = app.apply_in_place(s, target or None, profile or None, root=root, python=python,
+                                    steps=_ids(steps), skip=_ids(skip), dry_run=dry_run, imports=not no_imports,
+                                    force=force, show=_quiet if json else print, log=_quiet if json else print)
+        if json:
+            _print(report.to_json(), True)
+        elif not dry_run:
+            print(report.text())
+        if dry_run and not report.ok:
+            raise SystemExit(3)
+
+
+@task(help={"root": "The root an in-place apply changed (default /)",
+            "force": "Go on past drifted files (their copies are kept aside)", "json": "Print one JSON object",
+            "traceback": TRACEBACK_HELP})
+def revert(c: Context, root: str = "/", force: bool = False, json: bool = False, traceback: bool = False) -> None:
+    """Put back every file an in-place apply changed (bytes, mode, owner, mtime, links) and remove its journal."""
+    s = app.settings(traceback=traceback)
+    with user_errors(s.traceback):
+        report = app.revert(s, root=root, force=force, log=_quiet if json else print)
+        _print(report.to_json() if json else report.text(), json)
+
+
+@task(help={"root": "The root an in-place apply changed (default /)", "json": "Print one JSON object",
+            "traceback": TRACEBACK_HELP})
+def status(c: Context, root: str = "/", json: bool = False, traceback: bool = False) -> None:
+    """What is applied in place (journal), drift, and the package against its dist-info RECORD (exit 3: not ok)."""
+    s = app.settings(traceback=traceback)
+    with user_errors(s.traceback):
+        report = app.status(s, root=root)
+        _print(report.to_json() if json else report.text(), json)
+        if not report.ok:
+            raise SystemExit(3)
+
+
+ns.add_task(apply)
+ns.add_task(revert)
+ns.add_task(status)

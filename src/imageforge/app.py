@@ -424,3 +424,39 @@ def check_submission(s: Settings, target: str | None, profile: str | None, sets:
 
     resolved = _resolve(s, load(s), target, profile, sets)
     return check(resolved, Path(out), environ=s.environ, log=log)
+
+
+# --------------------------------------------------------------------------- in place (no Docker)
+
+
+def apply_in_place(s: Settings, target: str | None, profile: str | None, *, root: str = "/", python: str = "python3",
+                   steps: Sequence[str] = (), skip: Sequence[str] = (), dry_run: bool = False, imports: bool = True,
+                   force: bool = False, show: Callable[[str], None] = print, log: Log = print) -> Any:
+    """`apply --in-place`: TARGET:PROFILE's steps on the machine under ``root`` (journaled); ``dry_run``: the table.
+
+    Never touches the Docker engine. The caller's environment (``s.environ``) goes to the target interpreter
+    and the script steps. Returns the ApplyReport (or the dry run's CheckReport).
+    """
+    from . import inplace
+
+    resolved = _resolve(s, load(s), target, profile)
+    if dry_run:
+        report = inplace.dry_run(resolved, root=Path(root), python=python, environ=s.environ, steps=steps, skip=skip)
+        show(report.text())
+        return report
+    return inplace.apply(resolved, root=Path(root), python=python, environ=s.environ, steps=steps, skip=skip,
+                         imports=imports, force=force, log=log)
+
+
+def revert(s: Settings, *, root: str = "/", force: bool = False, log: Log = print) -> Any:
+    """`revert`: every path an in-place apply changed under ``root`` put back; the journal removed."""
+    from . import inplace
+
+    return inplace.revert(Path(root), force=force, log=log)
+
+
+def status(s: Settings, *, root: str = "/") -> Any:
+    """`status`: what is applied in place under ``root``, drift, and the package against its RECORD."""
+    from . import inplace
+
+    return inplace.status(Path(root))
