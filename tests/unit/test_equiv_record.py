@@ -150,6 +150,7 @@ def fake_manifest(tmp_path: Path, write_manifest: Callable[[str], Path]) -> Path
 
 def test_record_then_against_one_server_at_a_time(fake_manifest: Path, tmp_path: Path) -> None:
     s = app.settings(manifest=str(fake_manifest))
+    (tmp_path / "root").mkdir()
     where = InPlace(root=tmp_path / "root", python=sys.executable)
     lines: list[str] = []
     ref = tmp_path / "ref.json"
@@ -170,5 +171,9 @@ def test_record_then_against_one_server_at_a_time(fake_manifest: Path, tmp_path:
         app.equiv(s, "p", "same", [], against=str(ref), dtype="bfloat16", in_place=where)
     with pytest.raises(ConfigError, match="recorded prompts"):
         app.equiv(s, "p", "same", [], against=str(ref), top_k=2, in_place=where)
-    with pytest.raises(ConfigError, match="one server at a time"):
-        app.equiv(s, "p", "same", [], in_place=where)
+    both = app.equiv(s, "p", "retuned", [], in_place=where, echo=lines.append)  # record, then compare
+    assert both is not None and both.verdict.passed
+    assert "equiv --in-place on " in "\n".join(lines) and "2 server start(s)" in "\n".join(lines)
+    with pytest.raises(ConfigError, match="the reference is the required steps applied"):
+        app.equiv(s, "p", "same", [], against="changed", in_place=where)
+    assert running_records(fake_manifest.parent) == []
