@@ -510,6 +510,7 @@ ABLATE_WORKLOAD_HELP = {k: v for k, v in WORKLOAD_HELP.items() if k != "repeat"}
         "manifest": MANIFEST_HELP,
         "host_address": HOST_ADDRESS_HELP,
         "traceback": TRACEBACK_HELP,
+        **IN_PLACE_HELP,
     },
 )
 def ablate(c: Context, target: str = "", profile: str = "", steps: str = "", repeat: int = 3, out: str = "",
@@ -517,14 +518,16 @@ def ablate(c: Context, target: str = "", profile: str = "", steps: str = "", rep
            prompt_tokens: int = 256, output_tokens: int = 64, shared_prefix: float = 0.5, seed: int = 0,
            api: str = "completions", model: str = "", duration: float = 300.0, timeout: float = 120.0,
            warmup: int = 1, max_error_rate: float = 0.0, manifest: str = "", host_address: str = "",
-           traceback: bool = False) -> None:
-    """For each step: the image without it, benched ABAB against the full image, and its equiv verdict; a table."""
+           traceback: bool = False, in_place: bool = False, root: str = "", python: str = "") -> None:
+    """For each step: the image without it, benched ABAB against the full image, and its equiv verdict; a table.
+
+    --in-place: one server at a time on this machine (full, each variant, full)."""
     s = app.settings(manifest=manifest, traceback=traceback, host_address=host_address)
     with user_errors(s.traceback):
         workload = (requests, concurrency, prompt_tokens, output_tokens, shared_prefix, seed, api, model, duration,
                     timeout, warmup, max_error_rate)
         app.ablate(s, target or None, profile or None, set_ or [], workload=workload, steps=steps, repeat=repeat,
-                   out=out, equiv=not no_equiv)
+                   out=out, equiv=not no_equiv, in_place=app.in_place(s, enabled=in_place, root=root, python=python))
 
 
 # --------------------------------------------------------------------------- issue 13: what the platform builds

@@ -421,12 +421,19 @@ def bisect(s: Settings, target: str | None, profile: str | None, sets: Sequence[
 
 def ablate(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *,
            workload: Workload | Sequence[Any], steps: str = "", repeat: int = 3, out: str = "", equiv: bool = True,
-           echo: Log = print) -> AblationRun:
-    """`ablate`: each chosen step's variant without it, benched ABAB against the full image, equiv each."""
-    from .forensics.run import ablate_target
+           echo: Log = print, in_place: InPlace | None = None) -> AblationRun:
+    """`ablate`: each chosen step's variant without it, benched ABAB against the full image, equiv each.
+
+    ``in_place``: one server at a time on this machine (full, each variant, full), the root as before at the end.
+    """
+    from .forensics.run import ablate_in_place, ablate_target
 
     resolved = _resolve(s, load(s), target, profile, sets)
     chosen = [name.strip() for name in steps.split(",") if name.strip()] or None
+    if in_place is not None:
+        return ablate_in_place(resolved, _workload(workload), in_place, steps=chosen, repeats=repeat,
+                               out=Path(out) if out else None, equiv=equiv, environ=s.environ, echo=echo,
+                               host_address=s.host_address)
     return ablate_target(resolved, _workload(workload), steps=chosen, repeats=repeat, out=Path(out) if out else None,
                          equiv=equiv, environ=s.environ, echo=echo, host_address=s.host_address)
 

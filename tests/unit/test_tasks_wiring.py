@@ -89,7 +89,8 @@ def test_in_place_options_reach_equiv_run_smoke_bench(tasks_ns: Any, monkeypatch
     from imageforge.serve_process import InPlace
 
     where = InPlace(Path("/box"), "/opt/venv/bin/python3")
-    for name, argv in (("equiv", ["--record", "ref.json"]), ("run", []), ("smoke", []), ("bench", [])):
+    for name, argv in (("equiv", ["--record", "ref.json"]), ("run", []), ("smoke", []), ("bench", []),
+                       ("ablate", ["--steps", "a,b"])):
         calls: Calls = []
         monkeypatch.setattr(app, name, recorder(calls))
         with pytest.raises(Reached):
