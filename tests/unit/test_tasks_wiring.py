@@ -131,7 +131,7 @@ def test_ablate_options_reach_app_ablate(tasks_ns: Any, monkeypatch: pytest.Monk
     [(args, kwargs)] = calls
     assert args[1:] == ("cpu", "conservative", [])
     workload = kwargs.pop("workload")
-    assert kwargs == {"steps": "a,b", "repeat": 2, "out": "/tmp/ablate-out", "equiv": False}
+    assert kwargs == {"steps": "a,b", "repeat": 2, "out": "/tmp/ablate-out", "equiv": False, "in_place": None}
     w = app._workload(workload)  # the tuple is in workload_from_cli's order: check it lands on the right fields
     assert (w.requests, w.concurrency, w.prompt_tokens, w.output_tokens, w.seed, w.warmup, w.repeat) == \
         (6, 2, 64, 8, 5, 0, 1)
