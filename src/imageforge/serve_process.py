@@ -449,14 +449,10 @@ def mark_stopped(path: Path, how: str) -> None:
 
 def served_identity(root: Path) -> str:
     """What the root serves: the in-place journal's digest, or "no journal" (the root as installed)."""
-    journal = root / "var" / "lib" / "imageforge"
-    files = sorted(p for p in journal.rglob("*") if p.is_file()) if journal.is_dir() else []
-    if not files:
+    journal = root / "var" / "lib" / "imageforge" / "journal.json"
+    if not journal.is_file():
         return f"in place: {root} (no journal: as installed)"
-    digest = hashlib.sha256()
-    for p in files:
-        digest.update(str(p.relative_to(journal)).encode() + b"\0" + p.read_bytes())
-    return f"in place: {root} (journal sha256:{digest.hexdigest()[:16]})"
+    return f"in place: {root} (journal sha256:{hashlib.sha256(journal.read_bytes()).hexdigest()[:16]})"
 
 
 # --------------------------------------------------------------------------- start, wait, stop

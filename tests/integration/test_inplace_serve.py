@@ -1,7 +1,8 @@
 """In-place serving rehearsed in a box (issue 21 items 4-7): no Docker inside, the server as a process.
 
 One box for the module (:mod:`box_fixture`: the cpu base image, ``--shm-size 1g``, no network, no Docker
-socket, imageforge in its own venv).  vLLM starts: four (run, bench --replay, equiv --record, equiv --against).
+socket, imageforge in its own venv).  vLLM starts: eight (run, bench --replay, equiv --record and --against,
+ablate over two steps: full, two variants, full) -- each 30-80 s here.
 """
 
 from __future__ import annotations
@@ -41,13 +42,16 @@ def test_the_box_has_no_docker_and_the_target_python(box: Box) -> None:
     assert int(out.strip().splitlines()[-1].split()[1]) == 1024 * 1024  # 1 GiB, as run.shm_size asks
 
 
-@pytest.mark.timeout(1800)
-def test_run_in_place_then_smoke_then_stop(box: Box) -> None:
+@pytest.mark.timeout(2400)
+def test_apply_run_in_place_then_smoke_then_stop(box: Box) -> None:
     t0 = time.monotonic()
+    code, out = box.invoke("apply", "--target", "cpu", "--in-place", timeout=600)
+    assert code == 0, out
+    RESULTS["apply_s"] = time.monotonic() - t0
     code, out = box.invoke("run", "--target", "cpu", "--in-place", timeout=600)
     assert code == 0, out
     url = re.search(r"^URL=(\S+)$", out, re.M)
-    pid = re.search(r"^pid (\d+) \(in place: / \(no journal: as installed\)\) is serving", out, re.M)
+    pid = re.search(r"^pid (\d+) \(in place: / \(journal sha256:[0-9a-f]{16}\)\) is serving", out, re.M)
     assert url and pid and url.group(1) == "http://127.0.0.1:8000", out
     try:
         log_path = out.split("; log ")[1].split(";")[0].strip()
@@ -63,7 +67,7 @@ def test_run_in_place_then_smoke_then_stop(box: Box) -> None:
         code, smoke = box.invoke("smoke", "--url", url.group(1), "--target", "cpu", "--suite", "smoke/dummy.yaml",
                                  "--tags", "dummy-ok", timeout=900)
         assert code == 0 and re.search(r"^\d+ passed, 0 failed$", smoke, re.M), smoke
-        RESULTS["run_to_smoke_verdict_s"] = time.monotonic() - t0
+        RESULTS["apply_to_smoke_verdict_s"] = time.monotonic() - t0
         Path("/tmp/imageforge-inplace-serve-results.json").write_text(json.dumps(RESULTS))
         code, evaluator = box.invoke("smoke", "--url", url.group(1), "--target", "cpu", "--suite",
                                      "smoke/evaluator.yaml", "--tags", "dummy-ok", timeout=1200)
@@ -73,7 +77,10 @@ def test_run_in_place_then_smoke_then_stop(box: Box) -> None:
     assert code == 0 and f"stopped pid {pid.group(1)}" in stopped and "terminated" in stopped, stopped
     code, out = box.sh(f"test -d /proc/{pid.group(1)} && echo alive || echo gone")
     assert out.strip() == "gone"
-    print(f"run --in-place to the smoke verdict: {RESULTS['run_to_smoke_verdict_s']:.0f}s")
+    code, out = box.invoke("revert", timeout=300)
+    assert code == 0, out
+    print(f"apply --in-place to the smoke verdict: {RESULTS['apply_to_smoke_verdict_s']:.0f}s "
+          f"(apply {RESULTS['apply_s']:.0f}s)")
 
 
 @pytest.mark.timeout(900)
@@ -105,3 +112,28 @@ def test_equiv_in_place_record_then_against_float32(box: Box) -> None:
     assert code == 0, out
     result = json.loads(box.read(out.split("reports: ")[1].split(",")[1].strip()))
     assert result["passed"] is True and result["dtype"] == "float32", result
+
+
+def _journal(box: Box) -> str:
+    _code, out = box.sh("test -e /var/lib/imageforge/journal.json && echo journal || echo none")
+    return out.strip()
+
+
+@pytest.mark.timeout(2400)
+def test_ablate_in_place_over_two_steps(box: Box) -> None:
+    assert _journal(box) == "none"
+    code, out = box.invoke("ablate", "--target", "cpu", "--in-place", "--steps", "prefill-base-block,prefill-num-warps",
+                           "--repeat", "1", "--requests", "4", "--concurrency", "2", "--prompt-tokens", "64",
+                           "-O", "8", "--warmup", "0", "--out", "/tmp/ablate", timeout=2300)
+    assert code == 0, out
+    assert ("4 server starts, one at a time: full (before), without prefill-base-block, "
+            "without prefill-num-warps, full (after)") in out, out
+    table = json.loads(box.read("/tmp/ablate/ablate.json"))
+    rows = {r["step"]: r for r in table["variants"]}
+    assert set(rows) == {"prefill-base-block", "prefill-num-warps"}
+    for row in rows.values():
+        assert row["pairs"] == 1 and row["failed_runs"] == 0 and row["delta_score"] is not None, row
+        assert row["equiv"] == "pass", row  # the prefill tiles are inert on CPU: same logprobs
+    assert table["workload"]["schedule"] == "in place: full, variants, full"
+    assert _journal(box) == "none"  # the root as before the command: nothing applied
+

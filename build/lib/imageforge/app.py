@@ -13,7 +13,8 @@ modules below are imported inside the functions so that ``invoke --help`` stays 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -192,6 +193,19 @@ def in_place(s: Settings, *, enabled: bool, root: str = "", python: str = "") ->
     return InPlace(root=Path(root or "/"), python=python or "python3")
 
 
+@contextlib.contextmanager
+def _applied(s: Settings, resolved: Resolved, in_place: InPlace | None, echo: Log, *,
+             starts: int) -> Iterator[None]:
+    """In place: say how many server starts come, apply ``resolved``'s steps, and put the root back afterwards."""
+    if in_place is None:
+        yield
+        return
+    echo(f"in place on {in_place.root}: {starts} server start(s), one at a time")
+    with in_place.kept(resolved.manifest, environ=s.environ, log=echo):
+        in_place.apply(resolved, environ=s.environ, log=echo)
+        yield
+
+
 def stop(target: str | None, *, every: bool, s: Settings | None = None, in_place: bool = False) -> list[str]:
     """`stop`: remove the servers `run` started (``every``: smoke runs' and tests' too).
 
@@ -230,8 +244,10 @@ def smoke(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
                            vars=target_vars(resolved) if resolved is not None and target else None, wait=wait)
     else:
         resolved = _resolve(s, load(s), target, profile, sets)
-        report = smoke_target(resolved, environ=s.environ, suite_path=Path(suite) if suite else None, tags=tag_list,
-                              echo=echo, base=base, port=port, host_address=s.host_address, in_place=in_place)
+        with _applied(s, resolved, in_place, echo, starts=1):
+            report = smoke_target(resolved, environ=s.environ, suite_path=Path(suite) if suite else None,
+                                  tags=tag_list, echo=echo, base=base, port=port, host_address=s.host_address,
+                                  in_place=in_place)
     verdict(report)
     return report
 
@@ -294,11 +310,12 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         write_bench(result)
     else:
         resolved = _resolve(s, load(s), target, profile, sets)
-        if replay is not None:
-            return replay_report(replay_target(resolved, replay, environ=s.environ, echo=echo, port=port,
-                                               host_address=s.host_address, in_place=in_place), replay, echo)
-        result = bench_target(resolved, w, environ=s.environ, echo=echo, port=port, host_address=s.host_address,
-                              in_place=in_place)
+        with _applied(s, resolved, in_place, echo, starts=1):
+            if replay is not None:
+                return replay_report(replay_target(resolved, replay, environ=s.environ, echo=echo, port=port,
+                                                   host_address=s.host_address, in_place=in_place), replay, echo)
+            result = bench_target(resolved, w, environ=s.environ, echo=echo, port=port, host_address=s.host_address,
+                                  in_place=in_place)
     print_bench(result, echo)
     verdict(result)
     return result
@@ -334,30 +351,46 @@ def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
     """
     from .equiv import raise_if_failed
     from .equiv.record import is_record_path
-    from .equiv.run import against_record, equiv_target, load_record, record_reference, settings_from_cli
+    from .equiv.run import (
+        against_record,
+        equiv_in_place,
+        equiv_target,
+        load_record,
+        record_reference,
+        settings_from_cli,
+    )
     from .errors import ConfigError
 
     resolved = _resolve(s, load(s), target, profile, sets)
     chosen = settings_from_cli(resolved.target.equiv, top_k=top_k, greedy_tokens=greedy_tokens, prompts=prompts)
     file_against = bool(against) and is_record_path(against)
-    if record:
-        if file_against:
-            raise ConfigError("equiv: --record FILE writes a reference; --against FILE compares with one",
-                              hint="record first, then compare with --against FILE")
+    if record and file_against:
+        raise ConfigError("equiv: --record FILE writes a reference; --against FILE compares with one",
+                          hint="record first, then compare with --against FILE")
+    if in_place is not None:
+        if against not in ("", "base") and not file_against:
+            raise ConfigError(f"equiv --in-place: the reference is the required steps applied, not {against!r}",
+                              hint="--against FILE (a record) or leave --against out")
+        if file_against and (top_k or greedy_tokens or prompts):
+            raise ConfigError("equiv --against FILE compares on the recorded prompts: --top-k, --greedy-tokens and "
+                              "--prompts do not apply")
+        maybe = equiv_in_place(resolved, in_place, record=Path(record) if record else None,
+                               against=Path(against) if file_against else None, dtype=dtype or None,
+                               settings=chosen, environ=s.environ, echo=echo, host_address=s.host_address)
+        if maybe is None:
+            return None
+        result = maybe
+    elif record:
         record_reference(resolved, Path(record), against=against or "base", dtype=dtype or None, settings=chosen,
-                         sets=sets, environ=s.environ, echo=echo, host_address=s.host_address, in_place=in_place)
+                         sets=sets, environ=s.environ, echo=echo, host_address=s.host_address)
         return None
-    if file_against:
+    elif file_against:
         if top_k or greedy_tokens or prompts:
             raise ConfigError("equiv --against FILE compares on the recorded prompts: --top-k, --greedy-tokens and "
                               "--prompts do not apply")
         result = against_record(resolved, load_record(Path(against)), dtype=dtype or None, environ=s.environ,
-                                echo=echo, host_address=s.host_address, in_place=in_place, where=against)
+                                echo=echo, host_address=s.host_address, where=against)
     else:
-        if in_place is not None:
-            raise ConfigError("equiv --in-place serves one server at a time: --record FILE first, then "
-                              "--against FILE", hint="`invoke equiv --in-place --record ref.json`, then "
-                              "`invoke equiv --in-place --against ref.json`")
         result = equiv_target(resolved, against=against or "base", dtype=dtype or None, settings=chosen, sets=sets,
                               environ=s.environ, echo=echo, host_address=s.host_address)
     raise_if_failed(result.verdict)
@@ -388,12 +421,19 @@ def bisect(s: Settings, target: str | None, profile: str | None, sets: Sequence[
 
 def ablate(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *,
            workload: Workload | Sequence[Any], steps: str = "", repeat: int = 3, out: str = "", equiv: bool = True,
-           echo: Log = print) -> AblationRun:
-    """`ablate`: each chosen step's variant without it, benched ABAB against the full image, equiv each."""
-    from .forensics.run import ablate_target
+           echo: Log = print, in_place: InPlace | None = None) -> AblationRun:
+    """`ablate`: each chosen step's variant without it, benched ABAB against the full image, equiv each.
+
+    ``in_place``: one server at a time on this machine (full, each variant, full), the root as before at the end.
+    """
+    from .forensics.run import ablate_in_place, ablate_target
 
     resolved = _resolve(s, load(s), target, profile, sets)
     chosen = [name.strip() for name in steps.split(",") if name.strip()] or None
+    if in_place is not None:
+        return ablate_in_place(resolved, _workload(workload), in_place, steps=chosen, repeats=repeat,
+                               out=Path(out) if out else None, equiv=equiv, environ=s.environ, echo=echo,
+                               host_address=s.host_address)
     return ablate_target(resolved, _workload(workload), steps=chosen, repeats=repeat, out=Path(out) if out else None,
                          equiv=equiv, environ=s.environ, echo=echo, host_address=s.host_address)
 
@@ -424,3 +464,39 @@ def check_submission(s: Settings, target: str | None, profile: str | None, sets:
 
     resolved = _resolve(s, load(s), target, profile, sets)
     return check(resolved, Path(out), environ=s.environ, log=log)
+
+
+# --------------------------------------------------------------------------- in place (no Docker)
+
+
+def apply_in_place(s: Settings, target: str | None, profile: str | None, *, root: str = "/", python: str = "python3",
+                   steps: Sequence[str] = (), skip: Sequence[str] = (), dry_run: bool = False, imports: bool = True,
+                   force: bool = False, show: Callable[[str], None] = print, log: Log = print) -> Any:
+    """`apply --in-place`: TARGET:PROFILE's steps on the machine under ``root`` (journaled); ``dry_run``: the table.
+
+    Never touches the Docker engine. The caller's environment (``s.environ``) goes to the target interpreter
+    and the script steps. Returns the ApplyReport (or the dry run's CheckReport).
+    """
+    from . import inplace
+
+    resolved = _resolve(s, load(s), target, profile)
+    if dry_run:
+        report = inplace.dry_run(resolved, root=Path(root), python=python, environ=s.environ, steps=steps, skip=skip)
+        show(report.text())
+        return report
+    return inplace.apply(resolved, root=Path(root), python=python, environ=s.environ, steps=steps, skip=skip,
+                         imports=imports, force=force, log=log)
+
+
+def revert(s: Settings, *, root: str = "/", force: bool = False, log: Log = print) -> Any:
+    """`revert`: every path an in-place apply changed under ``root`` put back; the journal removed."""
+    from . import inplace
+
+    return inplace.revert(Path(root), force=force, log=log)
+
+
+def status(s: Settings, *, root: str = "/") -> Any:
+    """`status`: what is applied in place under ``root``, drift, and the package against its RECORD."""
+    from . import inplace
+
+    return inplace.status(Path(root))

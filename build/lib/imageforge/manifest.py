@@ -111,6 +111,9 @@ class Step:
     directory_env: str | None = None
     directory_path: Path | None = None
     load_hint: str | None = None
+    # script steps: what the script may change (`apply --in-place` copies these before it runs, diffs after);
+    # image paths, relative ones under the package's site directory. Not in ``spec``: no image changes with it.
+    touches: tuple[str, ...] = ()
 
     def directory(self, environ: Mapping[str, str]) -> Path | None:
         """The host directory of a directory script step (None when its ${VAR} is unset)."""
@@ -377,6 +380,7 @@ class _Builder:
             spec["args"] = tuple(raw.get("args", ()))
             spec["env"] = self.env((*kp, "env"), raw.get("env"))
             spec.pop("load_hint", None)  # a hint's wording is not part of the layer
+            spec.pop("touches", None)  # what apply --in-place snapshots: not part of the layer
             if "command" in raw:
                 spec["command"] = tuple(raw["command"])
             for key in ("dest", "workdir"):
@@ -424,6 +428,7 @@ class _Builder:
             directory_env=directory_env,
             directory_path=directory_path,
             load_hint=raw.get("load_hint"),
+            touches=tuple(posixpath.normpath(str(t)) for t in raw.get("touches", ())),
         )
 
     def check_directory(self, kp: tuple[str | int, ...], directory: str) -> tuple[str | None, Path | None]:

@@ -61,14 +61,72 @@ _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 @dataclass(frozen=True)
 class InPlace:
-    """In-place mode: the target's files live under ``root`` and its interpreter is ``python``."""
+    """In-place mode: the target's files live under ``root`` and its interpreter is ``python``.
+
+    :meth:`apply` puts exactly a resolved step list on the root (through :mod:`imageforge.inplace`'s journal);
+    :meth:`kept` puts the root back as it was when the command began (reverted, or the earlier apply again).
+    """
 
     root: Path = Path("/")
     python: str = "python3"  # the target interpreter (on the caller's PATH unless a path)
+    imports: bool = True  # verify's import check after an apply (off where the target cannot import)
 
     def serving(self, resolved: Resolved, **options: Any) -> contextlib.AbstractContextManager[ProcessServer]:
         """:func:`serving` with this root and interpreter (the shape of :func:`imageforge.run.serving`)."""
         return serving(resolved, self, **options)
+
+    def applied_state(self) -> tuple[str, str, tuple[str, ...]] | None:
+        """(target, profile, step ids) the root's journal holds, or None (nothing applied)."""
+        from .inplace import Journal
+        from .inplace.apply import VERIFY_STEP
+
+        journal = Journal.load(self.root)
+        if journal is None or not journal.data.get("applied"):
+            return None
+        data = journal.data
+        ids = tuple(str(a["id"]) for a in data["applied"] if a["id"] != VERIFY_STEP)
+        return str(data.get("target")), str(data.get("profile")), ids
+
+    def apply(self, resolved: Resolved, *, environ: Mapping[str, str] | None = None, log: Log = print) -> str:
+        """Exactly ``resolved.steps`` applied under the root (none: reverted); what the root serves now."""
+        from . import inplace
+
+        ids = [s.id for s in resolved.steps]
+        t0 = time.monotonic()
+        if ids:
+            report = inplace.apply(resolved, root=self.root, python=self.python, environ=environ, steps=ids,
+                                   imports=self.imports, log=_quiet)
+            what = "nothing to change" if report.nothing_to_do else "changed"
+            log(f"applied {len(ids)} step(s) in place ({what}) in {time.monotonic() - t0:.1f}s: {', '.join(ids)}")
+        else:
+            done = inplace.revert(self.root, log=_quiet)
+            log("no steps: the root reverted as installed" if not done.nothing else "no steps: nothing applied")
+        return served_identity(self.root)
+
+    @contextlib.contextmanager
+    def kept(self, manifest: Any, *, environ: Mapping[str, str] | None = None, log: Log = print) -> Iterator[None]:
+        """Run the block, then put the root back as it was before it (also after an error)."""
+        from . import inplace
+        from .resolve import resolve
+
+        before = self.applied_state()
+        try:
+            yield
+        finally:
+            if self.applied_state() != before:
+                if before is None:
+                    inplace.revert(self.root, log=_quiet)
+                    log("root reverted as it was before this command (nothing applied)")
+                else:
+                    target, profile, ids = before
+                    again = resolve(manifest, target, profile, environ=environ)
+                    inplace.apply(again, root=self.root, python=self.python, environ=environ, steps=ids,
+                                  imports=self.imports, log=_quiet)
+                    log(f"root re-applied as it was before this command: {target}:{profile} ({len(ids)} steps)")
+
+
+def _quiet(_line: str) -> None:
+    return None
 
 
 # --------------------------------------------------------------------------- rendering (pure but for volume checks)

@@ -361,6 +361,47 @@ def against_record(resolved: Resolved, record: Record, *, dtype: str | None = No
     return result
 
 
+def equiv_in_place(resolved: Resolved, in_place: Any, *, record: Path | None = None, against: Path | None = None,
+                   dtype: str | None = None, settings: EquivSettings | None = None,
+                   environ: Mapping[str, str] | None = None, echo: Log = print,
+                   host_address: str | None = None) -> EquivRun | None:
+    """``equiv --in-place``: one server at a time on this machine, the root as before at the end.
+
+    * ``record`` only: the reference (the ``required: true`` steps applied: bi100's organisers' baseline; none
+      on cpu: the root as installed) served and recorded; None returned;
+    * ``against`` only: the candidate (TARGET:PROFILE applied) compared with that record;
+    * neither: both, the record kept in the run directory (two server starts).
+    """
+    from ..runs import new_run_id
+
+    environ = os.environ if environ is None else environ
+    settings = settings or resolved.target.equiv
+    chosen = check_dtype(dtype or settings.dtype)
+    check_fits(resolved, settings, chosen)
+    starts = (1 if against is None else 0) + (1 if record is None or against is None else 0)
+    if record is not None and against is not None:
+        raise ConfigError("equiv: --record FILE and --against FILE are two commands")
+    echo(f"equiv --in-place on {in_place.root}: {starts} server start(s), one at a time")
+    with in_place.kept(resolved.manifest, environ=environ, log=echo):
+        if against is None:
+            reference = required_resolved(resolved)
+            names = ", ".join(s.id for s in reference.steps) or "none: the root as installed"
+            in_place.apply(reference, environ=environ, log=echo)
+            path = record or resolved.manifest.root / ".imageforge" / "runs" / new_run_id() / "reference.json"
+            kept = record_reference(
+                resolved, path, dtype=chosen, settings=settings, environ=environ, echo=echo,
+                host_address=host_address, in_place=in_place,
+                reference=Side(f"required steps ({names})", with_serving_value(reference, "dtype", chosen)))
+            if record is not None:
+                return None
+        else:
+            kept = load_record(against)
+        in_place.apply(resolved, environ=environ, log=echo)
+        return against_record(resolved, kept, dtype=None if against is None else dtype, environ=environ,
+                              echo=echo, host_address=host_address, in_place=in_place,
+                              where=str(against) if against is not None else "reference")
+
+
 def settings_from_cli(settings: EquivSettings, *, top_k: int = 0, greedy_tokens: int = 0,
                       prompts: int = 0) -> EquivSettings:
     """The target's settings with CLI overrides (0: keep); ``prompts`` N keeps the first N prompts."""
@@ -381,6 +422,7 @@ __all__ = [
     "check_dtype",
     "check_fits",
     "compare_urls",
+    "equiv_in_place",
     "equiv_target",
     "load_record",
     "record_reference",

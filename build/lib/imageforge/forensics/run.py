@@ -37,7 +37,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, ImageforgeError, SmokeError
-from .ablate import FULL, AblationPlan, AblationTable, Metrics, RunResult, plan_ablation, summarize
+from .ablate import (
+    FULL,
+    AblationPlan,
+    AblationTable,
+    Metrics,
+    RunResult,
+    bracketed_results,
+    in_place_slots,
+    plan_ablation,
+    summarize,
+)
 from .search import BisectResult, FlakyPolicy, Outcome, bisect
 
 if TYPE_CHECKING:
@@ -468,6 +478,102 @@ def ablate_target(resolved: Resolved, workload: Workload, *, steps: Sequence[str
     return result
 
 
+def ablate_in_place(resolved: Resolved, workload: Workload, in_place: Any, *, steps: Sequence[str] | None = None,
+                    repeats: int = 3, out: Path | None = None, equiv: bool = True,
+                    environ: Mapping[str, str] | None = None, echo: Log = print,
+                    startup_timeout: float | None = None, host_address: str | None = None) -> AblationRun:
+    """``ablate --in-place``: one server at a time on this machine -- full, each variant, full again.
+
+    Each server: its steps applied under the root, served as a process, ``repeats`` bench runs, stopped. equiv of a
+    variant is against the evidence the first full server gave (in the served dtype). The root is as before at the
+    end. The table is the ABAB one's, each variant paired with the full runs around it (:func:`bracketed_results`).
+    """
+    from ..bench import run_bench
+    from ..equiv.client import collect_against, collect_reference
+    from ..equiv.compare import compare, gate
+    from ..equiv.run import served_dtype
+    from ..runs import new_run_id
+
+    workload.validate()
+    environ = os.environ if environ is None else environ
+    plan = plan_ablation(resolved.steps, steps, repeats)
+    slots = in_place_slots(plan)
+    run_id = new_run_id()
+    out = out or resolved.manifest.root / ".imageforge" / "runs" / run_id
+    out.mkdir(parents=True, exist_ok=True)
+    started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    t0 = time.monotonic()
+    echo(plan.text())
+    echo(f"ablate --in-place on {in_place.root}: {len(slots)} server starts, one at a time: "
+         + ", ".join(slot.label for slot in slots))
+    load_before = list(os.getloadavg())
+    seeds = [workload.seed + r for r in range(plan.repeats)]
+    measured: dict[int, list[Metrics | None]] = {}
+    served: dict[str, str] = {}
+    verdicts: dict[str, str] = {}
+    reference = None
+    settings = resolved.target.equiv
+    dtype = served_dtype(resolved)
+    with in_place.kept(resolved.manifest, environ=environ, log=echo):
+        for slot in slots:
+            runs: list[Metrics | None] = []
+            measured[slot.index] = runs
+            subset = subset_resolved(resolved, slot.steps, suffix="ablate")
+            try:
+                served[slot.label] = in_place.apply(subset, environ=environ, log=_quiet(out / "apply.log"))
+                with in_place.serving(subset, environ=environ, run_id=f"{run_id}-s{slot.index}",
+                                      startup_timeout=startup_timeout, log=_quiet(out / "servers.log"),
+                                      host_address=host_address) as server:
+                    echo(f"  [{slot.index + 1}/{len(slots)}] {slot.label}: up after "
+                         f"{server.startup_seconds or 0:.0f}s")
+                    for r in range(plan.repeats):
+                        one = dataclasses.replace(workload, seed=seeds[r], repeat=1)
+                        try:
+                            bench = run_bench(server.url, one, run_dir=out / "runs" / f"{slot.index:02d}-r{r}",
+                                              echo=_quiet(out / "bench.log"))
+                            runs.append(metrics_of(bench, one))
+                        except ImageforgeError as exc:
+                            echo(f"    round {r + 1} failed: {_first_line(exc)}")
+                            runs.append(None)
+                        got = runs[-1]
+                        echo(f"    round {r + 1}: " + ("failed" if got is None else
+                                                       f"score {got.score:.1f}, Output {got.output_tps:.1f} TPS"))
+                    if equiv and slot.index == 0:
+                        reference = collect_reference(server.url, settings.prompts, top_k=settings.top_k,
+                                                      greedy_tokens=settings.greedy_tokens)
+                    elif equiv and slot.block is not None and reference is not None:
+                        step = plan.variants[slot.block].step
+                        try:
+                            cand = collect_against(server.url, reference)
+                            tolerance = settings.tolerance(dtype) if dtype is not None else None
+                            if tolerance is None:
+                                verdicts[step] = "report"
+                            else:
+                                verdicts[step] = "pass" if gate(compare(reference, cand), tolerance,
+                                                                dtype or "").passed else "FAIL"
+                        except SmokeError as exc:
+                            echo(f"    equiv failed to run: {_first_line(exc)}")
+                            verdicts[step] = "error"
+                        echo(f"    equiv vs full ({dtype or 'ungated'}): {verdicts[step]}")
+            except ImageforgeError as exc:
+                if slot.index == 0:
+                    raise
+                echo(f"  [{slot.index + 1}/{len(slots)}] {slot.label}: {_first_line(exc)}")
+                runs.extend([None] * (plan.repeats - len(runs)))
+                if slot.block is not None:
+                    verdicts[plan.variants[slot.block].step] = "no-start"
+    variants = {slot.block: measured[slot.index] for slot in slots if slot.block is not None}
+    results = bracketed_results(plan, measured[slots[0].index], measured[slots[-1].index], variants)
+    table = summarize(plan, results, verdicts)
+    result = AblationRun(plan, table, out, {"before": load_before, "after": list(os.getloadavg())},
+                         {**workload.to_json(), "repeats": plan.repeats, "schedule": "in place: full, variants, full"},
+                         served, started_at, time.monotonic() - t0)
+    result.write()
+    echo(table.text())
+    echo(f"reports: {out / 'ablate.txt'}, {out / 'ablate.json'}, {out / 'ablate.csv'}")
+    return result
+
+
 def _ablate_equiv(resolved: Resolved, full_url: str, variant_url: str, run_dir: Path, echo: Log) -> str:
     """equiv of the variant against the full image, in the dtype both serve in (report only if ungated)."""
     from ..equiv.run import compare_urls, served_dtype
@@ -489,6 +595,7 @@ def _ablate_equiv(resolved: Resolved, full_url: str, variant_url: str, run_dir: 
 __all__ = [
     "AblationRun",
     "BisectRun",
+    "ablate_in_place",
     "ablate_target",
     "bisect_target",
     "build_subset",
