@@ -409,6 +409,7 @@ def bench(c: Context, url: str = "", target: str = "", profile: str = "", set_: 
         "json": "Print sweep.json as one JSON object at the end",
         "host_address": HOST_ADDRESS_HELP,
         "traceback": TRACEBACK_HELP,
+        **IN_PLACE_HELP,
     },
 )
 def sweep(c: Context, target: str = "", profile: str = "", param: list[str] | None = None,
@@ -416,14 +417,16 @@ def sweep(c: Context, target: str = "", profile: str = "", param: list[str] | No
           output_tokens: int = 64, shared_prefix: float = 0.5, seed: int = 0, api: str = "completions",
           model: str = "", duration: float = 300.0, timeout: float = 120.0, warmup: int = 1,
           max_error_rate: float = 0.0, repeat: int = 1, interleave: bool = True, manifest: str = "",
-          json: bool = False, host_address: str = "", traceback: bool = False) -> None:
+          json: bool = False, host_address: str = "", traceback: bool = False, in_place: bool = False,
+          root: str = "", python: str = "") -> None:
     """For each --param combination: build (config layer only), serve, bench, remove; table, sweep.json/.md/.png."""
     s = app.settings(manifest=manifest, traceback=traceback, host_address=host_address)
     with user_errors(s.traceback):
         workload = (requests, concurrency, prompt_tokens, output_tokens, shared_prefix, seed, api, model, duration,
                     timeout, warmup, max_error_rate, repeat)
         result = app.sweep(s, target or None, profile or None, param or [], set_ or [], workload=workload,
-                           requests_given=bool(requests), concurrency_given=bool(concurrency), interleave=interleave)
+                           requests_given=bool(requests), concurrency_given=bool(concurrency), interleave=interleave,
+                           in_place=app.in_place(s, enabled=in_place, root=root, python=python))
         if json:
             _print(result.to_json(), True)
 

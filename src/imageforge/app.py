@@ -323,7 +323,7 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
 
 def sweep(s: Settings, target: str | None, profile: str | None, params: Sequence[str], sets: Sequence[str], *,
           workload: Workload | Sequence[Any], requests_given: bool, concurrency_given: bool,
-          echo: Log = print, interleave: bool = True) -> SweepResult:
+          echo: Log = print, interleave: bool = True, in_place: InPlace | None = None) -> SweepResult:
     """`sweep`: one build + serve + bench per combination of --param values; exit 4 when no point gave a result."""
     from .bench import parse_params, report_sweep, sweep_workload
     from .bench import sweep as run_sweep
@@ -332,7 +332,7 @@ def sweep(s: Settings, target: str | None, profile: str | None, params: Sequence
     w = sweep_workload(parsed, _workload(workload), requests_given=requests_given,
                        concurrency_given=concurrency_given)
     result = run_sweep(load(s), target, profile, parsed, w, sets=sets, environ=s.environ, echo=echo,
-                       host_address=s.host_address, interleave=interleave)
+                       host_address=s.host_address, interleave=interleave, in_place=in_place)
     return report_sweep(result, echo)
 
 

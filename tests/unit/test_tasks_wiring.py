@@ -90,7 +90,7 @@ def test_in_place_options_reach_equiv_run_smoke_bench(tasks_ns: Any, monkeypatch
 
     where = InPlace(Path("/box"), "/opt/venv/bin/python3")
     for name, argv in (("equiv", ["--record", "ref.json"]), ("run", []), ("smoke", []), ("bench", []),
-                       ("ablate", ["--steps", "a,b"])):
+                       ("ablate", ["--steps", "a,b"]), ("sweep", ["--param", "max-num-seqs=1,2"])):
         calls: Calls = []
         monkeypatch.setattr(app, name, recorder(calls))
         with pytest.raises(Reached):
