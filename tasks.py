@@ -483,16 +483,18 @@ def equiv(c: Context, target: str = "", profile: str = "", against: str = "base"
         "manifest": MANIFEST_HELP,
         "host_address": HOST_ADDRESS_HELP,
         "traceback": TRACEBACK_HELP,
+        **IN_PLACE_HELP,
     },
 )
 def bisect(c: Context, target: str = "", profile: str = "", check: list[str] | None = None, suite: str = "",
            tags: str = "", repeat: int = 1, flaky: str = "fail", set_: list[str] | None = None, manifest: str = "",
-           host_address: str = "", traceback: bool = False) -> None:
+           host_address: str = "", traceback: bool = False, in_place: bool = False, root: str = "",
+           python: str = "") -> None:
     """Find the first step whose image fails --check (or the suite), by binary search over the steps. Exit 4 if one."""
     s = app.settings(manifest=manifest, traceback=traceback, host_address=host_address)
     with user_errors(s.traceback):
         app.bisect(s, target or None, profile or None, set_ or [], check=check or [], suite=suite, tags=tags,
-                   repeat=repeat, flaky=flaky)
+                   repeat=repeat, flaky=flaky, in_place=app.in_place(s, enabled=in_place, root=root, python=python))
 
 
 ABLATE_WORKLOAD_HELP = {k: v for k, v in WORKLOAD_HELP.items() if k != "repeat"}  # one run per ABAB round

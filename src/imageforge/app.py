@@ -399,7 +399,7 @@ def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
 
 def bisect(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *,
            check: Sequence[str] = (), suite: str = "", tags: str = "", repeat: int = 1, flaky: str = "fail",
-           echo: Log = print) -> BisectRun:
+           echo: Log = print, in_place: InPlace | None = None) -> BisectRun:
     """`bisect`: the first step whose image fails the selected checks; exit 4 when one did (or the base fails)."""
     from .errors import ConfigError
     from .forensics import raise_for
@@ -413,7 +413,7 @@ def bisect(s: Settings, target: str | None, profile: str | None, sets: Sequence[
     resolved = _resolve(s, load(s), target, profile, sets)
     run = bisect_target(resolved, checks=list(check), suite_path=suite or None, tags=parse_tags(tags),
                         repeat=repeat, flaky="unknown" if flaky == "unknown" else "fail", environ=s.environ,
-                        echo=echo, host_address=s.host_address)
+                        echo=echo, host_address=s.host_address, in_place=in_place)
     step = run.culprit
     raise_for(run.result, None if step is None else f"{step.id} ({step.location})")
     return run

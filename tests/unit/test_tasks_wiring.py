@@ -90,7 +90,8 @@ def test_in_place_options_reach_equiv_run_smoke_bench(tasks_ns: Any, monkeypatch
 
     where = InPlace(Path("/box"), "/opt/venv/bin/python3")
     for name, argv in (("equiv", ["--record", "ref.json"]), ("run", []), ("smoke", []), ("bench", []),
-                       ("ablate", ["--steps", "a,b"]), ("sweep", ["--param", "max-num-seqs=1,2"])):
+                       ("ablate", ["--steps", "a,b"]), ("sweep", ["--param", "max-num-seqs=1,2"]),
+                       ("bisect", ["--check", "equiv"])):
         calls: Calls = []
         monkeypatch.setattr(app, name, recorder(calls))
         with pytest.raises(Reached):
@@ -118,7 +119,7 @@ def test_bisect_options_reach_app_bisect(tasks_ns: Any, monkeypatch: pytest.Monk
     [(args, kwargs)] = calls
     assert args[1:] == ("cpu", None, [])
     assert kwargs == {"check": ["models-lists-served-name", "chat-basic"], "suite": "smoke/evaluator.yaml",
-                      "tags": "dummy-ok,info", "repeat": 3, "flaky": "unknown"}
+                      "tags": "dummy-ok,info", "repeat": 3, "flaky": "unknown", "in_place": None}
 
 
 def test_ablate_options_reach_app_ablate(tasks_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
