@@ -54,8 +54,9 @@ def test_apply_run_in_place_then_smoke_then_stop(box: Box) -> None:
     pid = re.search(r"^pid (\d+) \(in place: / \(journal sha256:[0-9a-f]{16}\)\) is serving", out, re.M)
     assert url and pid and url.group(1) == "http://127.0.0.1:8000", out
     try:
-        log_path = out.split("; log ")[1].split(";")[0].strip()
-        record = json.loads(box.read(log_path.rsplit("/", 1)[0] + "/server.json"))
+        log_path = re.search(r"; log (\S+);", out)
+        assert log_path, out
+        record = json.loads(box.read(log_path.group(1).rsplit("/", 1)[0] + "/server.json"))
         assert record["pid"] == int(pid.group(1)) and record["argv"][:3] == ["/opt/venv/bin/vllm", "serve",
                                                                               "--config"]
         assert record["rewritten"] == {"/models/tiny-qwen3-moe": f"{box.repo}/.imageforge/models/tiny-qwen3-moe"}
