@@ -316,3 +316,19 @@ def test_the_front_door_runs_and_stops_in_place(fake: Resolved) -> None:
     assert isinstance(server, sp.ProcessServer) and server.running()
     assert app.stop("p", every=False, s=s, in_place=True) == [str(server.pid)]
     assert not server.running()
+
+
+def test_run_and_stop_in_place_never_import_docker(fake: Resolved) -> None:
+    code = textwrap.dedent(f"""\
+        import sys
+        from imageforge import app
+        from imageforge.run import free_port
+        s = app.settings(manifest={str(fake.manifest.root / "build.yaml")!r})
+        where = app.in_place(s, enabled=True, python=sys.executable)
+        server = app.run(s, "p", None, [], base=False, port=free_port(), timeout=20, in_place=where)
+        stopped = app.stop("p", every=False, s=s, in_place=True)
+        print(stopped == [str(server.pid)], "docker" in sys.modules)
+        """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert out.stdout.strip().splitlines()[-1] == "True False", out.stdout + out.stderr
