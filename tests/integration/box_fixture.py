@@ -19,9 +19,11 @@ import hashlib
 import io
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +67,11 @@ def wheelhouse(python_version: str = "3.11") -> Path:
     if own.exists():
         for old in own.iterdir():
             old.unlink()
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(own), str(REPO)], check=True)
+    with tempfile.TemporaryDirectory(prefix="imageforge-box-src-") as tmp:  # the checkout is never written
+        for rel in repo_files():
+            (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, Path(tmp) / rel)
+        subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(own), tmp], check=True)
     [wheel] = list(own.glob("imageforge-*.whl"))
     if not (deps / "complete").exists():
         platform_args = [a for p in PLATFORMS for a in ("--platform", p)]
