@@ -207,10 +207,15 @@ def verdict(bench: BenchResult) -> None:
 def bench_target(resolved: Any, workload: Workload, *, environ: Mapping[str, str] | None = None,
                  echo: Log = print, port: int | None = None, image: str | None = None,
                  startup_timeout: float | None = None, params: Mapping[str, Any] | None = None,
-                 host_address: str | None = None) -> BenchResult:
-    """Build (or reuse) TARGET:PROFILE, serve it on ``host_address``, bench it, always remove the server."""
+                 host_address: str | None = None, in_place: Any = None) -> BenchResult:
+    """Build (or reuse) TARGET:PROFILE, serve it on ``host_address``, bench it, always remove the server.
+
+    ``in_place`` (a :class:`imageforge.serve_process.InPlace`): served as a process from its root instead."""
     from ..run import serving
     from ..runs import new_run_id
+
+    if in_place is not None:
+        serving = in_place.serving
 
     workload.validate()
     environ = os.environ if environ is None else environ
@@ -230,8 +235,10 @@ def bench_target(resolved: Any, workload: Workload, *, environ: Mapping[str, str
 
 def replay_target(resolved: Any, options: Any, *, environ: Mapping[str, str] | None = None, echo: Log = print,
                   port: int | None = None, startup_timeout: float | None = None,
-                  host_address: str | None = None) -> Any:
+                  host_address: str | None = None, in_place: Any = None) -> Any:
     """Build (or reuse) TARGET:PROFILE, serve it, replay one at a time (:func:`.replay.replay_bench`), remove it.
+
+    ``in_place`` (a :class:`imageforge.serve_process.InPlace`): served as a process from its root instead.
 
     The generated workload is scaled to ``options.max_model_len``, else the server's max_model_len, else the
     target's resolved ``max-model-len``.
@@ -239,6 +246,9 @@ def replay_target(resolved: Any, options: Any, *, environ: Mapping[str, str] | N
     from ..run import serving
     from ..runs import new_run_id
     from .replay import replay_bench
+
+    if in_place is not None:
+        serving = in_place.serving
 
     environ = os.environ if environ is None else environ
     if options.max_model_len is None and options.file is None:
