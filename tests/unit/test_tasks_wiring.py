@@ -199,7 +199,7 @@ def _resolved_of(call: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
 def test_smoke_and_demo_pass_the_host_address_down(settings_10: Settings, monkeypatch: pytest.MonkeyPatch,
                                                     no_host_env: None) -> None:
     calls = _reached(monkeypatch, "imageforge.smoke", "smoke_target")
-    monkeypatch.setattr("imageforge.docker_engine.ensure_daemon", lambda log=print: None)
+    monkeypatch.setattr("imageforge.docker_engine.ensure_daemon", lambda log=print, start=False: None)
     with pytest.raises(Reached):
         app.smoke(settings_10, None, "big", [], url=None, suite=None, tags="a,b", base=True, port=8123, wait=0)
     with pytest.raises(Reached):
