@@ -267,7 +267,8 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         check_url(url)
         root = s.manifest.resolve().parent if s.manifest.exists() else Path.cwd()
         if replay is not None:
-            return replay_report(replay_bench(url, replay, run_dir(root, new_run_id()), echo=echo), replay, echo)
+            return replay_report(replay_bench(url, replay, run_dir(root, new_run_id()), echo=echo), replay, echo,
+                                 show)
         result = run_bench(url, w, echo=echo, run_dir=None, write=False)
         result.run_dir = run_dir(root, result.run_id)
         write_bench(result)
@@ -275,7 +276,7 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         resolved = _resolve(s, load(s), target, profile, sets)
         if replay is not None:
             return replay_report(replay_target(resolved, replay, environ=s.environ, echo=echo, port=port,
-                                               host_address=s.host_address), replay, echo)
+                                               host_address=s.host_address), replay, echo, show)
         result = bench_target(resolved, w, environ=s.environ, echo=echo, port=port, host_address=s.host_address)
     print_bench(result, echo)
     if show is not None:
