@@ -322,7 +322,8 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         check_url(url)
         root = s.manifest.resolve().parent if s.manifest.exists() else Path.cwd()
         if replay is not None:
-            return replay_report(replay_bench(url, replay, run_dir(root, new_run_id()), echo=echo), replay, echo)
+            return replay_report(replay_bench(url, replay, run_dir(root, new_run_id()), echo=echo), replay, echo,
+                                 show)
         result = run_bench(url, w, echo=echo, run_dir=None, write=False)
         result.run_dir = run_dir(root, result.run_id)
         write_bench(result)
@@ -331,7 +332,8 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         with _applied(s, resolved, in_place, echo, starts=1):
             if replay is not None:
                 return replay_report(replay_target(resolved, replay, environ=s.environ, echo=echo, port=port,
-                                                   host_address=s.host_address, in_place=in_place), replay, echo)
+                                                   host_address=s.host_address, in_place=in_place), replay, echo,
+                                     show)
             result = bench_target(resolved, w, environ=s.environ, echo=echo, port=port, host_address=s.host_address,
                                   in_place=in_place)
     print_bench(result, echo)

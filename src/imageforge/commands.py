@@ -394,11 +394,14 @@ def bench(c: Context, cmd: Output, url: str = "", target: str = "", profile: str
     options = replay_options(replay, replay_out, requests=w.requests, seed=w.seed, max_model_len=max_model_len,
                              planned_output=planned_output, duration=w.duration, timeout=w.timeout,
                              max_error_rate=w.max_error_rate, require_targets=require_targets)
-    result = app.bench(cmd.settings, target or None, profile or None, set_ or [], url=url or None,
-                       port=port or None, workload=w, replay=options, in_place=cmd.in_place,
-                       show=None if options else lambda r: cmd.result(None, r.summary()))
-    if options:
-        cmd.result(None, result.to_json()["report"])
+    def show(result: Any) -> None:  # before the verdict: the JSON document also when the bench fails
+        if options:
+            cmd.result("\n".join(result.lines()), result.to_json()["report"], logged=True)
+        else:
+            cmd.result(None, result.summary())  # text: the table is already on stdout (print_bench)
+
+    app.bench(cmd.settings, target or None, profile or None, set_ or [], url=url or None, port=port or None,
+              workload=w, replay=options, show=show, in_place=cmd.in_place)
 
 
 @command(json=True, host=True, in_place=True, workload="sweep", iterable=["param", "set_"], help={

@@ -315,3 +315,28 @@ def test_smoke_json_and_junit_come_from_the_report_before_the_verdict(
     captured = capsys.readouterr()
     assert captured.out == "smoke: 1 passed, 1 failed\n"
     assert "a progress line" not in captured.err and "stands in for the verdict" in captured.err  # errors stay
+
+
+def test_bench_replay_json_is_shown_before_the_verdict(tasks_ns: Any, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    class Replayed:
+        def lines(self) -> list[str]:
+            return ["Output TPS p10 12.0  FAIL"]
+
+        def to_json(self) -> dict[str, Any]:
+            return {"report": {"targets": {"output_tps_p10": "FAIL"}}, "records": []}
+
+    def failing_bench(*args: Any, replay: Any, show: Callable[[Any], None], **kwargs: Any) -> None:
+        assert replay is not None and replay.requests == 5
+        show(Replayed())
+        raise ConfigError("stands in for the replay verdict")
+
+    monkeypatch.setattr(app, "bench", failing_bench)
+    Program(namespace=tasks_ns).run(["invoke", "bench", "--url", "http://127.0.0.1:9", "--replay", "--requests", "5",
+                                     "-j"], exit=False)
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"targets": {"output_tps_p10": "FAIL"}}
+    assert "stands in for the replay verdict" in captured.err
+    Program(namespace=tasks_ns).run(["invoke", "bench", "--url", "http://127.0.0.1:9", "--replay", "--requests", "5"],
+                                    exit=False)
+    assert capsys.readouterr().out == "Output TPS p10 12.0  FAIL\n"  # stdout is no terminal here: the text result

@@ -266,12 +266,15 @@ def replay_target(resolved: Any, options: Any, *, environ: Mapping[str, str] | N
         return result
 
 
-def replay_report(result: Any, options: Any, echo: Log) -> Any:
+def replay_report(result: Any, options: Any, echo: Log, show: Callable[[Any], None] | None = None) -> Any:
+    """Log the replay's metrics and target lines, ``show`` the result (the command's --json), then its verdict."""
     from .replay import replay_verdict
 
     for line in result.lines():
         echo(line)
     echo(f"report: {result.json_path}")
     echo(f"plot: {result.png_path}")
+    if show is not None:
+        show(result)
     replay_verdict(result, options)
     return result
