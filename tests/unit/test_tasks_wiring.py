@@ -150,11 +150,14 @@ def _resolved_of(call: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
 def test_smoke_and_demo_pass_the_host_address_down(settings_10: Settings, monkeypatch: pytest.MonkeyPatch,
                                                     no_host_env: None) -> None:
     calls = _reached(monkeypatch, "imageforge.smoke", "smoke_target")
-    monkeypatch.setattr("imageforge.docker_engine.ensure_daemon", lambda log=print: None)
+    asked: list[bool | None] = []
+    monkeypatch.setattr("imageforge.docker_engine.ensure_daemon",
+                        lambda log=print, start=None: asked.append(start))
     with pytest.raises(Reached):
         app.smoke(settings_10, None, "big", [], url=None, suite=None, tags="a,b", base=True, port=8123, wait=0)
     with pytest.raises(Reached):
         app.demo(settings_10, target="t", echo=lambda _l: None)
+    assert asked == [True]  # demo is a set-up command: it may start dockerd (smoke_target is faked above)
     (smoke_call, demo_call) = calls
     assert smoke_call[1]["host_address"] == "10.1.2.3" and demo_call[1]["host_address"] == "10.1.2.3"
     assert smoke_call[1]["environ"] is settings_10.environ
