@@ -22,16 +22,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import labels as lb
-from .checkpatches import Overlay, ScriptSandbox, check_steps, image_session, script_sandbox
-from .docker_engine import daemon_errors
-from .errors import BuildError, ConfigError, ErrorCollector, InfraError, Problem
+from .errors import BuildError, ConfigError, ErrorCollector, InfraError, Location, Problem
 from .flags import (
     FORMAT,
     INTROSPECT_COMMAND,
@@ -49,11 +48,12 @@ from .flags import (
     serving_args_of_target,
     suite_models,
 )
-from .plan import canonical, chain_key, sha256_bytes, step_inputs
+from .plan import canonical, chain_key, sha256_bytes, sha256_file, step_inputs
 from .settings import cache_dir
-from .yamldoc import load_yaml
+from .yamldoc import load_yaml_c
 
 if TYPE_CHECKING:
+    from .checkpatches import Overlay, ScriptSandbox
     from .manifest import Manifest, Step, Target
     from .resolve import Resolved
 
@@ -117,14 +117,32 @@ def flags_key(base_id: str, steps: Sequence[Step], environ: Mapping[str, str]) -
     return key
 
 
+def _recipe_digest(recipe: Path) -> str | None:
+    """The recipe directory by content (relative names, modes, bytes; no caches): where it is cloned does not count."""
+    if not recipe.is_dir():
+        return None
+    lines = [f"{'x' if os.access(p, os.X_OK) else 'f'} {p.relative_to(recipe).as_posix()} {sha256_file(p)}"
+             for p in sorted(recipe.rglob("*"))
+             if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
+    return sha256_bytes("\n".join(lines).encode())
+
+
 def _reference(target: Target, environ: Mapping[str, str]) -> str | None:
+    """The base by content, without a daemon: the recipe's files (recipe base), else the reference and its pin.
+
+    Never a host path: a fresh clone of the same manifest finds the flags learnt in another clone.
+    """
     if target.base.recipe is not None:
-        return f"recipe:{target.base.recipe}"
-    return target.base.reference(environ)
+        digest = _recipe_digest(Path(target.base.recipe))
+        return None if digest is None else f"recipe-content:{digest}"
+    ref = target.base.reference(environ)
+    if ref is None or not target.base.image_id:
+        return ref
+    return f"{ref}@{target.base.image_id}"
 
 
 def index_key(target: Target, environ: Mapping[str, str]) -> str | None:
-    """What ``validate`` can compute without a daemon: base reference + the parser steps + the method."""
+    """What ``validate`` can compute without a daemon: the base by content + the parser steps + the method."""
     ref = _reference(target, environ)
     if ref is None:
         return None
@@ -182,19 +200,59 @@ def _load(path: Path) -> FlagTable | None:
         return None  # an unreadable or older cache entry is learnt again
 
 
-def cached_flags(target: Target, environ: Mapping[str, str]) -> FlagTable | None:
-    """The table last learnt for this base reference and these parser steps (no daemon), or None."""
+@dataclass(frozen=True)
+class CachedFlags:
+    """An index hit: the table, and the base image ID and flags key it was learnt under."""
+
+    table: FlagTable
+    base_id: str
+    key: str
+
+
+def cached_entry(target: Target, environ: Mapping[str, str]) -> CachedFlags | None:
+    """The table last learnt for this base content and these parser steps (no daemon, no docker import), or None.
+
+    The index key holds the parser steps' definitions and input digests, so the entry's key is the
+    :func:`flags_key` of its base ID and today's parser steps.
+    """
     index = index_key(target, environ)
     if index is None:
         return None
     entry = flags_cache_dir(environ) / "index" / f"{index[:32]}.json"
-    if not entry.exists():
-        return None
     try:
-        name = json.loads(entry.read_text())["file"]
-    except (ValueError, KeyError, OSError):
+        data = json.loads(entry.read_text())
+        name, base_id, key = str(data["file"]), str(data["base_id"]), str(data["key"])
+    except (ValueError, KeyError, TypeError, OSError):
         return None
-    return _load(flags_cache_dir(environ) / str(name))
+    table = _load(flags_cache_dir(environ) / name)
+    return None if table is None else CachedFlags(table, base_id, key)
+
+
+def cached_flags(target: Target, environ: Mapping[str, str]) -> FlagTable | None:
+    """The table last learnt for this base content and these parser steps (no daemon), or None."""
+    hit = cached_entry(target, environ)
+    return None if hit is None else hit.table
+
+
+def _base_confirmed(target: Target, hit: CachedFlags, environ: Mapping[str, str]) -> bool:
+    """Whether the cached entry's base is the target's base, with at most one image inspect.
+
+    A recipe base is named by its files' content (the same recipe makes the same vLLM parser) and a pinned
+    image by its ID (the build refuses another): no daemon call. An unpinned reference can be re-pointed
+    (``docker load``), so its ID is read once; no daemon answering -> not confirmed.
+    """
+    if target.base.recipe is not None or target.base.image_id:
+        return True
+    ref = target.base.reference(environ)
+    if ref is None:
+        return False
+    from .docker_engine import image_or_none
+
+    try:
+        image = image_or_none(ref)
+    except Exception:  # no daemon, a refused connection: learnt (or noted) the slow way
+        return False
+    return image is not None and str(image.id) == hit.base_id
 
 
 # --------------------------------------------------------------------------- learning against the daemon
@@ -202,6 +260,8 @@ def cached_flags(target: Target, environ: Mapping[str, str]) -> FlagTable | None
 
 def _image_after(sandbox: ScriptSandbox, state: Overlay) -> str:
     """An image holding the parser steps' result: the last script's, plus the file steps since."""
+    from .checkpatches import ScriptSandbox
+
     if not state.files and not state.links:
         return sandbox.image
     container = sandbox.scope.create(sandbox.image, entrypoint=["/bin/true"], command=[])
@@ -244,6 +304,9 @@ def _read_sources(state: Overlay, site: str) -> dict[str, str]:
 def learn_flags(manifest: Manifest, target_name: str, *, environ: Mapping[str, str],
                 log: Log = _stderr) -> FlagTable | None:
     """The target's flags after its parser steps, from the cache or learnt now (None: ``package.flags: off``)."""
+    from .checkpatches import check_steps, image_session, script_sandbox
+    from .docker_engine import daemon_errors
+
     target = manifest.target(target_name)
     method = flag_method(target)
     if method == "off":
@@ -280,22 +343,45 @@ def learn_flags(manifest: Manifest, target_name: str, *, environ: Mapping[str, s
 # --------------------------------------------------------------------------- the checks the front door calls
 
 
-def _suite(target: Target) -> list[ServingArg]:
-    if target.smoke.suite is None:
+def _suite(target: Target, environ: Mapping[str, str] | None = None) -> list[ServingArg]:
+    """The model names the target's smoke suite calls, with their lines.
+
+    Cached by the suite's bytes under ``<cache>/flags/suites/`` (a no-op build reads one small JSON file);
+    a new suite is read with libyaml's C parser (:func:`~imageforge.yamldoc.load_yaml_c`), not the
+    position-tracking Python loader, which ``smoke`` itself uses to report the suite's problems.
+    """
+    path = target.smoke.suite
+    if path is None:
         return []
-    with contextlib.suppress(ConfigError, OSError):
-        return suite_models(load_yaml(target.smoke.suite, what="smoke suite"))
-    return []
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return []
+    entry = flags_cache_dir(environ) / "suites" / f"{sha256_bytes(raw)[:32]}.json"
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        return [ServingArg(str(a["key"]), a["value"], Location(str(path), a["line"], a["column"]), str(a["key_path"]),
+                           f"{path.name}: {a['key_path']}") for a in json.loads(entry.read_text())]
+    try:
+        args = suite_models(load_yaml_c(path, what="smoke suite"))
+    except (ConfigError, OSError):
+        return []  # smoke reports the suite's own problems
+    rows = [{"key": a.key, "value": a.value, "line": a.location.line if a.location else None,
+             "column": a.location.column if a.location else None, "key_path": a.key_path} for a in args]
+    with contextlib.suppress(OSError):
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        entry.write_text(json.dumps(rows))
+    return args
 
 
 def _raise(problems: Sequence[Problem]) -> None:
     ErrorCollector(list(problems)).raise_if_any("serving flags do not match the image's vLLM")
 
 
-def _target_problems(manifest: Manifest, name: str, table: FlagTable) -> list[Problem]:
+def _target_problems(manifest: Manifest, name: str, table: FlagTable,
+                     environ: Mapping[str, str] | None = None) -> list[Problem]:
     target = manifest.targets[name]
     return check_serving_args(serving_args_of_target(manifest, name), table, run_port=run_port_of(manifest, name),
-                              suite=_suite(target))
+                              suite=_suite(target, environ))
 
 
 def check_validate(manifest: Manifest, environ: Mapping[str, str]) -> list[str]:
@@ -309,7 +395,7 @@ def check_validate(manifest: Manifest, environ: Mapping[str, str]) -> list[str]:
         if table is None:
             notes.append(f"target {name}: {NOT_CHECKED}")
             continue
-        problems.extend(_target_problems(manifest, name, table))
+        problems.extend(_target_problems(manifest, name, table, environ))
         notes.append(f"target {name}: serving flags checked against {table.source} (cached)")
     _raise(problems)
     return notes
@@ -320,7 +406,7 @@ def check_target(manifest: Manifest, name: str | None, environ: Mapping[str, str
     target = manifest.target(name)
     table = learn_flags(manifest, target.name, environ=environ, log=log)
     if table is not None:
-        _raise(_target_problems(manifest, target.name, table))
+        _raise(_target_problems(manifest, target.name, table, environ))
 
 
 def check_resolved(resolved: Resolved, environ: Mapping[str, str], *, use_daemon: bool = True,
@@ -335,7 +421,10 @@ def check_resolved(resolved: Resolved, environ: Mapping[str, str], *, use_daemon
         return None
     table: FlagTable | None = None
     note: str | None = None
-    if use_daemon:
+    hit = cached_entry(target, environ) if use_daemon else None
+    if hit is not None and _base_confirmed(target, hit, environ):
+        table = hit.table  # a flag-cache hit: no daemon set-up, no container
+    elif use_daemon:
         try:
             table = learn_flags(manifest, target.name, environ=environ, log=log)
         except (InfraError, BuildError) as exc:  # no base yet, a ${VAR} unset, a step that does not apply
@@ -344,8 +433,9 @@ def check_resolved(resolved: Resolved, environ: Mapping[str, str], *, use_daemon
         table = cached_flags(target, environ)
         if table is None:
             return f"target {target.name}: {NOT_CHECKED}" + (f" ({note})" if note else "")
+    _raise(_target_problems(manifest, target.name, table))  # the whole target, as validate checks it
     problems = check_serving_args(serving_args_of_resolved(resolved), table,
-                                  run_port=run_port_of(manifest, target.name), suite=_suite(target))
+                                  run_port=run_port_of(manifest, target.name), suite=_suite(target, environ))
     _raise(problems)
     return None
 
@@ -353,6 +443,8 @@ def check_resolved(resolved: Resolved, environ: Mapping[str, str], *, use_daemon
 __all__ = [
     "NOT_CHECKED",
     "PARSER_FILES",
+    "CachedFlags",
+    "cached_entry",
     "cached_flags",
     "changes_parser",
     "check_resolved",

@@ -150,6 +150,8 @@ class _Walker:
 
     def walk(self, node: yaml.Node, key_path: KeyPath) -> None:
         self.visited += 1
+        if len(key_path) > MAX_DEPTH:  # the C parser composes without the position loader's depth guard
+            raise _TooDeep(node.start_mark)
         if self.visited > MAX_NODES:
             raise ConfigError(
                 f"{self.what} expands to too many values",
@@ -170,7 +172,7 @@ class _Walker:
                 hint="imageforge loads YAML safely; remove the '!' tag",
             )
         if isinstance(node, yaml.ScalarNode):
-            if node.style is None:
+            if not node.style:  # plain: None from the Python parser, "" from libyaml's
                 self.scalars[key_path] = node.value
             return
         if id(node) in self.open:
@@ -307,6 +309,32 @@ def load_yaml(path: Path, *, what: str = "manifest") -> YamlDocument:
         raise syntax_error(path, text, exc) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML: {exc}", location=Location(str(path))) from None
+    finally:
+        loader.dispose()
+    return YamlDocument(path=path, data=data, positions=walker.positions, raw=raw, scalars=walker.scalars)
+
+
+def load_yaml_c(path: Path, *, what: str = "manifest") -> YamlDocument:
+    """:func:`load_yaml`'s document (data, positions, raw scalars, the same refusals) read with libyaml's C parser.
+
+    About 10x faster on a smoke suite. Anything the C parser or the walker does not accept is read again
+    with :func:`load_yaml`, whose messages say what and where; without libyaml it is :func:`load_yaml`.
+    """
+    c_loader = getattr(yaml, "CSafeLoader", None)
+    raw = read_source(path, what)
+    text = _decode(path, raw, what)
+    if c_loader is None or not text.strip():
+        return load_yaml(path, what=what)
+    loader = c_loader(text)
+    walker = _Walker(path, text, what)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return load_yaml(path, what=what)
+        walker.walk(node, ())
+        data = loader.construct_document(node)
+    except (yaml.YAMLError, ConfigError, _TooDeep, RecursionError):
+        return load_yaml(path, what=what)
     finally:
         loader.dispose()
     return YamlDocument(path=path, data=data, positions=walker.positions, raw=raw, scalars=walker.scalars)

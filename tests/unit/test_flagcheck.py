@@ -7,24 +7,29 @@ its baseline) are tested in tests/integration/test_flagcheck_images.py."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from imageforge import checkpatches, yamldoc
 from imageforge.errors import ConfigError
 from imageforge.flagcheck import (
     NOT_CHECKED,
     changes_parser,
+    check_resolved,
     flag_method,
+    flags_key,
     index_key,
     parser_steps,
     store_flags,
     table_from_json,
     table_to_json,
 )
-from imageforge.flags import FlagTable, read_static
+from imageforge.flags import FlagSpec, FlagTable, read_static, serving_args_of_resolved
 from imageforge.manifest import load_manifest
+from imageforge.resolve import Resolved, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 INVOKE = REPO / ".venv" / "bin" / "invoke"
@@ -207,3 +212,92 @@ def test_flags_off_unquoted_or_quoted_turns_the_check_off(tmp_path: Path, writte
     assert flag_method(load_manifest(manifest).targets["vendor"]) == "off"
     proc = validate(manifest, tmp_path / "cache")
     assert proc.returncode == 0 and "flags not checked" not in proc.stdout, proc.stdout + proc.stderr
+
+
+# --------------------------------------------------------------------------- the no-op path (issue 25)
+
+
+def _accept_all(resolved: Resolved) -> FlagTable:
+    """A table that accepts every flag the resolved target writes (the check itself is tested above)."""
+    names = {arg.key for arg in serving_args_of_resolved(resolved)} | {"model", "port", "served-model-name"}
+    return FlagTable({n: FlagSpec(n, "any", multiple=True, nullable=True) for n in names}, "a permissive table")
+
+
+def test_a_flag_cache_hit_opens_no_session_and_parses_no_yaml_with_the_position_loader(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The no-op build's flag check: manifest loaded once by the position loader, then nothing of it again."""
+    env = {"IMAGEFORGE_CACHE": str(tmp_path / "cache")}
+    positional: list[str] = []
+    original = yamldoc._Loader.__init__
+
+    def counting(self: yamldoc._Loader, stream: str) -> None:
+        positional.append(stream[:40])
+        original(self, stream)
+
+    def no_daemon(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a flag-cache hit asked for an image session")
+
+    monkeypatch.setattr(yamldoc._Loader, "__init__", counting)
+    monkeypatch.setattr(checkpatches, "image_session", no_daemon)
+    manifest = load_manifest(REPO / "build.yaml")
+    assert len(positional) == 1  # the manifest itself
+    resolved = resolve(manifest, "cpu", None, environ=env)
+    target = resolved.target
+    base_id = "sha256:" + "1" * 64
+    store_flags(_accept_all(resolved), key=flags_key(base_id, target.steps, env), base_id=base_id,
+                method=flag_method(target), index=index_key(target, env), environ=env)
+    assert check_resolved(resolved, env) is None  # checked: no "flags not checked" note
+    assert check_resolved(resolved, env) is None  # the suite's models now come from their content cache
+    assert list((tmp_path / "cache" / "flags" / "suites").glob("*.json"))
+    assert len(positional) == 1, positional
+
+
+def test_the_flag_index_is_keyed_by_content_so_a_fresh_clone_finds_it(tmp_path: Path) -> None:
+    clone = tmp_path / "clone"
+    for part in ("build.yaml", "images", "overlays", "smoke"):
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, clone / part, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            clone.mkdir(exist_ok=True)
+            shutil.copy2(src, clone / part)
+    env = {"IMAGEFORGE_CACHE": str(tmp_path / "cache")}
+    here = load_manifest(REPO / "build.yaml").targets["cpu"]
+    there = load_manifest(clone / "build.yaml").targets["cpu"]
+    assert here.base.recipe != there.base.recipe
+    assert index_key(here, env) == index_key(there, env)
+    (clone / "images" / "cpu" / "install.sh").write_text("# another recipe\n")
+    assert index_key(here, env) != index_key(load_manifest(clone / "build.yaml").targets["cpu"], env)
+
+
+def test_every_command_that_resolves_refuses_what_validate_refuses(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22: `many` in the target's args, the selected profile overriding the key: validate refused it,
+    plan and build accepted it. Every command resolving a target now says validate's message (exit 2)."""
+    from imageforge import app
+
+    manifest = write(tmp_path, "        max-num-seqs: many\n")
+    fill_cache(manifest, tmp_path / "cache")
+    want = validate(manifest, tmp_path / "cache")
+    assert want.returncode == 2 and "max-num-seqs takes an integer" in want.stdout + want.stderr
+    env = {**os.environ, "IMAGEFORGE_CACHE": str(tmp_path / "cache")}
+    env.pop("IMAGEFORGE_TRACEBACK", None)
+    plan = subprocess.run([str(INVOKE), "plan", "--manifest", str(manifest), "--target", "vendor", "--profile",
+                           "small", "--no-daemon"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 2, plan.stdout + plan.stderr
+    first = next(line for line in (want.stdout + want.stderr).splitlines() if "max-num-seqs" in line)
+    assert first in plan.stdout + plan.stderr
+    monkeypatch.setenv("IMAGEFORGE_CACHE", str(tmp_path / "cache"))
+    s = app.settings(manifest=str(manifest))
+    calls = {
+        "build": lambda: app.build(s, "vendor", "small", [], verbose=False, quiet=True),
+        "check-patches": lambda: app.check_patches(s, "vendor", "small", diff=False, show=print),
+        "export": lambda: app.export(s, "vendor", "small", out=str(tmp_path / "x.tar"), push=None, gzip_=False,
+                                     save=False, quiet=True),
+        "submission": lambda: app.submission(s, "vendor", "small", [], out=str(tmp_path / "tree")),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ConfigError) as caught:
+            call()
+        assert caught.value.exit_code == 2, name
+        assert "max-num-seqs takes an integer" in caught.value.render(), name
