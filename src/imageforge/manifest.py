@@ -32,7 +32,7 @@ from . import settings
 from .errors import ConfigError, ErrorCollector, Location
 from .patching import reapplies
 from .tolerances import EquivSettings, equiv_settings
-from .yamldoc import YamlDocument, did_you_mean, load_yaml, validate_schema
+from .yamldoc import YamlDocument, did_you_mean, load_yaml_c, validate_schema
 
 DEFAULT_MANIFEST = settings.DEFAULT_MANIFEST
 StepKind = Literal["overlay", "patch", "script", "symlink"]
@@ -112,6 +112,9 @@ class Step:
     directory_env: str | None = None
     directory_path: Path | None = None
     load_hint: str | None = None
+    # script steps: what the script may change (`apply --in-place` copies these before it runs, diffs after);
+    # image paths, relative ones under the package's site directory. Not in ``spec``: no image changes with it.
+    touches: tuple[str, ...] = ()
 
     def directory(self, environ: Mapping[str, str]) -> Path | None:
         """The host directory of a directory script step (None when its ${VAR} is unset)."""
@@ -378,6 +381,7 @@ class _Builder:
             spec["args"] = tuple(raw.get("args", ()))
             spec["env"] = self.env((*kp, "env"), raw.get("env"))
             spec.pop("load_hint", None)  # a hint's wording is not part of the layer
+            spec.pop("touches", None)  # what apply --in-place snapshots: not part of the layer
             if "command" in raw:
                 spec["command"] = tuple(raw["command"])
             for key in ("dest", "workdir"):
@@ -434,6 +438,7 @@ class _Builder:
             directory_env=directory_env,
             directory_path=directory_path,
             load_hint=raw.get("load_hint"),
+            touches=tuple(posixpath.normpath(str(t)) for t in raw.get("touches", ())),
         )
 
     def check_directory(self, kp: tuple[str | int, ...], directory: str) -> tuple[str | None, Path | None]:
@@ -683,7 +688,7 @@ class _Builder:
 def load_manifest(path: Path | str = DEFAULT_MANIFEST) -> Manifest:
     """Load, schema-check and semantically check a manifest. Raises ConfigError listing all problems."""
     path = Path(path)
-    doc = load_yaml(path, what="manifest")
+    doc = load_yaml_c(path, what="manifest")  # libyaml; any problem is re-read by the position loader
     if not isinstance(doc.data, dict):
         raise ConfigError(
             "manifest must be a mapping",

@@ -7,6 +7,7 @@ validates a manifest and a smoke suite without the checkout.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -35,9 +36,10 @@ print("suite", load_suite(repo / "smoke" / "dummy.yaml").name)
 def test_pip_install_into_a_fresh_venv_validates_build_yaml(tmp_path: Path) -> None:
     source = tmp_path / "source"  # a copy: building a wheel writes build/ and *.egg-info next to the sources
     source.mkdir()
-    for name in ("pyproject.toml", "setup.py", "MANIFEST.in"):
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE"):  # readme, license: metadata
         shutil.copy(REPO / name, source)
     shutil.copytree(REPO / "schema", source / "schema")
+    # the starter's links to images/cpu and smoke/ are followed: the wheel holds copies
     shutil.copytree(REPO / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     venv = tmp_path / "venv"
@@ -52,6 +54,26 @@ def test_pip_install_into_a_fresh_venv_validates_build_yaml(tmp_path: Path) -> N
     assert "build.yaml: ok" in proc.stdout and "target cpu" in proc.stdout and "target bi100" in proc.stdout
     assert "suite dummy-ok" in proc.stdout
 
+    # the console command, outside the repository: init a starter project, then validate and plan it
+    imageforge = venv / "bin" / "imageforge"
+    project = tmp_path / "project"
+    init = subprocess.run([str(imageforge), "init", "--dir", str(project)], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=120)
+    assert init.returncode == 0, init.stderr[-3000:]
+    assert (project / "images" / "cpu" / "base.yaml").read_bytes() == (REPO / "images/cpu/base.yaml").read_bytes()
+    assert (project / "smoke" / "dummy.yaml").read_bytes() == (REPO / "smoke/dummy.yaml").read_bytes()
+    validate = subprocess.run([str(imageforge), "validate", "--json"], capture_output=True, text=True, env=env,
+                              cwd=project, timeout=120)
+    assert validate.returncode == 0, validate.stderr[-3000:]
+    assert set(json.loads(validate.stdout)["targets"]) == {"cpu"}
+    plan = subprocess.run([str(imageforge), "plan", "-t", "cpu", "--no-daemon", "-j"], capture_output=True,
+                          text=True, env=env, cwd=project, timeout=120)
+    assert plan.returncode == 0 and json.loads(plan.stdout)["profile"] == "conservative", plan.stderr[-3000:]
+    # the core install is small: the plots and model extras are not in it
+    missing = subprocess.run([str(python), "-c", "import importlib.util as u; "
+                              "print([m for m in ('matplotlib', 'numpy', 'safetensors') if u.find_spec(m)])"],
+                             capture_output=True, text=True, env=env, timeout=60)
+    assert missing.stdout.strip() == "[]", missing.stdout
 
 SCHEMAS = """\
 import sys

@@ -31,7 +31,8 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("steps",),  # one class per step kind: fields, inputs, apply -> Changes, verify facts, Dockerfile emit
     ("verify", "housekeeping"),  # the verify layer's checks; build.lock and clean
     ("build", "checkpatches", "flagcheck"),  # the layers; dry runs of the steps; serving flags learnt, cached
-    ("server_spec", "run"),  # the serving container
+    ("inplace",),  # the steps applied to the machine itself through a journal; revert, status
+    ("server_spec", "run", "serve_process"),  # the serving container; the server as a process (in place)
     ("smoke", "bench"),  # checks and load against a server (bench: the evaluator replay, its metrics, plots)
     ("equiv", "forensics"),  # teacher-forced comparison; bisect and ablate over the step chain
     ("export", "submission"),  # the deliverables: a saved image; the tree the platform builds

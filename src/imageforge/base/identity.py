@@ -231,7 +231,8 @@ except m.PackageNotFoundError:
 site = os.path.realpath(str(d.locate_file("")))
 pkg = os.path.join(site, imp)
 print(json.dumps({"version": d.version, "site": site, "package_dir": pkg, "exists": os.path.isdir(pkg),
-                  "python": sys.executable, "python_version": "%d.%d.%d" % sys.version_info[:3]}))
+                  "python": sys.executable, "python_version": "%d.%d.%d" % sys.version_info[:3],
+                  "cache_tag": sys.implementation.cache_tag, "dist_info": str(getattr(d, "_path", ""))}))
 """
 
 

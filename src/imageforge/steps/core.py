@@ -108,7 +108,8 @@ class ApplyContext:
 
     ``site``: the package's site directory (relative step paths live there). ``checking``: the
     check-patches face (diffs when ``with_diff``; the checks that only verification would catch later
-    fail the row now). ``container``: the running container a process kind (script) runs in; ``echo``
+    fail the row now). ``container``: the running container a process kind (script) runs in (or ``runner``: a
+    local process, in place); ``echo``
     gets its output lines as they come; ``image``: the image it runs on (named in a failure's hint).
     ``python_version``: the base's Python (``3.10.12``): a changed ``.py`` must parse as that version.
     """
@@ -120,6 +121,9 @@ class ApplyContext:
     container: Any = None
     echo: Log | None = None
     image: str = ""
+    #: runs a process kind's step (``run_step(step, environ, echo=) -> (exit code, lines)``): a local process for
+    #: ``apply --in-place`` (:class:`imageforge.inplace.runner.LocalRunner`); None: exec in ``container``
+    runner: Any = None
     python_version: str = ""
 
 

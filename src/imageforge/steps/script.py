@@ -25,7 +25,7 @@ from typing import Any
 
 from ..docker_engine import client
 from ..errors import BuildError, ConfigError, InfraError
-from ..manifest import Step
+from ..manifest import Step, resolve_image_path
 from ..scripts import SCRIPT_SCRATCH, exec_script, script_directory
 from .core import ApplyContext, Changes, StepKind, StepProblem, register
 from .dockerfile import ContextFile, EmitContext, Emitted, applier_group, copy, header, host_file, run
@@ -74,11 +74,15 @@ def folder_files(root: Path, into: str) -> dict[str, ContextFile]:
 @register
 class Script(StepKind):
     name = "script"
-    fields = ("source", "args", "directory", "dest", "command", "workdir", "env", "user", "load_hint")
+    fields = ("source", "args", "directory", "dest", "command", "workdir", "env", "user", "load_hint", "touches")
     runs_process = True
 
     def row_path(self, step: Step, site: str) -> str:
         return str(step.spec.get("dest") or step.spec.get("source", ""))
+
+    def touches(self, step: Step, site: str) -> tuple[str, ...]:
+        """What the script declares it may change (``touches:``; relative paths under the site directory)."""
+        return tuple(resolve_image_path(p, site) for p in step.touches)
 
     def preflight(self, step: Step, environ: Mapping[str, str]) -> None:
         if "directory" in step.spec:
@@ -88,11 +92,14 @@ class Script(StepKind):
         return step.directory(environ) if "directory" in step.spec else None
 
     def apply(self, step: Step, fs: ImageFS, ctx: ApplyContext) -> Changes:
-        """Run the step in ``ctx.container`` (started); what it changed stays in that container."""
-        if ctx.container is None:
+        """Run the step in ``ctx.container`` (started) or through ``ctx.runner``; what it changed stays there."""
+        if ctx.container is None and ctx.runner is None:
             raise BuildError(f"script step {step.id!r} needs a running container to apply in")
         path = self.row_path(step, ctx.site)
-        code, lines = exec_script(ctx.container, step, ctx.environ, echo=ctx.echo)
+        if ctx.runner is not None:
+            code, lines = ctx.runner.run_step(step, ctx.environ, echo=ctx.echo)
+        else:
+            code, lines = exec_script(ctx.container, step, ctx.environ, echo=ctx.echo)
         if code != 0:
             # ENOSPC inside the step is the host's disk, not the script: infrastructure (exit 5)
             full = any("no space left on device" in line.lower() for line in lines[-30:])
@@ -107,7 +114,7 @@ class Script(StepKind):
             raise StepProblem("script failed", path,
                               f"exit code {code}" + (f": {tail[-1].strip()[:100]}" if tail else ""), error,
                               log_tail=tail, exit_code=code)
-        if "source" in step.spec:  # a directory step's copy stays, like a Dockerfile COPY
+        if "source" in step.spec and ctx.runner is None:  # a directory step's copy stays, like a Dockerfile COPY
             api = client().api
             cleanup = api.exec_create(ctx.container.id, ["rm", "-rf", SCRIPT_SCRATCH], user="root")["Id"]
             api.exec_start(cleanup)

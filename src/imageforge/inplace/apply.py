@@ -1,0 +1,684 @@
+"""``apply --in-place``: a target's steps applied to the live file system under a root, through the journal.
+
+Each step kind's own ``apply`` (the build's code) reads the root through :class:`LocalFS` and returns its
+Changes; here they are written under the root instead of into a layer, each path journaled first
+(:mod:`imageforge.inplace.journal`). A script step runs as a local process (:class:`LocalRunner`): the
+paths it declares (``touches:``) are copied before it runs and diffed after; a stat-only scan of the site
+directory and the interpreter's bin directory that finds an undeclared change stops it (exit 3, restored).
+
+The journal's ``applied`` list is compared with the plan's step keys: the same plan again is "nothing to
+do"; another profile or step subset undoes the applied steps after the common prefix (last first: each
+path back to its state before the step) and applies the rest in order. The last step, ``verify``, writes
+hash-checked ``.pyc`` files for every changed ``.py`` (journaled too), checks overlay hashes and links,
+and imports the manifest's modules with the target interpreter (``imports=False`` skips that).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import fnmatch
+import hashlib
+import json
+import os
+import posixpath
+import stat as st
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import BuildError, ConfigError
+from ..manifest import Step
+from ..resolve import Resolved
+from ..steps import ApplyContext, Changes, kind
+from .interrupts import deferred, interruptible
+from .journal import ABSENT, Journal, State, journal_dir, same_content, set_dir_meta, state_of, walk, write_file
+from .localfs import LocalFS
+from .package import LocalPackage, discover_local
+from .runner import LocalRunner
+
+Log = Callable[[str], None]
+
+VERIFY_STEP = "verify"
+#: imageforge's own process drops these when it runs the target's interpreter for itself? No: the caller's
+#: environment goes to the target interpreter, scripts and server as it is; these are recorded in the journal.
+RECORDED_ENV = ("PYTHONPATH", "LD_LIBRARY_PATH")
+
+
+def _quiet(_line: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class StepResult:
+    id: str
+    kind: str
+    status: str  # applied | already applied | undone | ran | verified
+    detail: str
+    paths: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "kind": self.kind, "status": self.status, "detail": self.detail, "paths": self.paths,
+                "seconds": round(self.seconds, 3)}
+
+
+@dataclass(frozen=True)
+class ApplyReport:
+    target: str
+    profile: str
+    root: str
+    site: str
+    version: str
+    python: str
+    steps: tuple[StepResult, ...]
+    undone: tuple[str, ...]
+    nothing_to_do: bool
+    journal: str
+    seconds: float
+    verify: Mapping[str, Any] = field(default_factory=dict)
+    drift_kept: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target, "profile": self.profile, "root": self.root, "site": self.site,
+                "version": self.version, "python": self.python, "nothing_to_do": self.nothing_to_do,
+                "undone": list(self.undone), "steps": [s.to_json() for s in self.steps], "journal": self.journal,
+                "seconds": round(self.seconds, 3), "verify": dict(self.verify), "drift_kept": list(self.drift_kept)}
+
+    def text(self) -> str:
+        head = (f"apply --in-place {self.target}:{self.profile} on {self.root} ({self.version} in {self.site}, "
+                f"python {self.python})")
+        out = [head]
+        for path in self.drift_kept:
+            out.append(f"  ! drifted copy kept at {path}")
+        if self.nothing_to_do:
+            out.append("  nothing to do: every step is applied (journal " + self.journal + ")")
+        for step_id in self.undone:
+            out.append(f"  undone   {step_id}")
+        for s in self.steps:
+            out.append(f"  {s.status:<8} {s.id} ({s.kind}): {s.detail} [{s.paths} path(s), {s.seconds:.2f}s]")
+        out.append(f"done in {self.seconds:.2f}s; journal {self.journal}")
+        return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def step_key(step: Step, environ: Mapping[str, str]) -> str:
+    """The step's definition and the sha256 of its host files: what the journal says is applied."""
+    text = json.dumps({"definition": step.definition(), "inputs": kind(step.kind).inputs(step, environ),
+                       "touches": list(step.touches)}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def select_steps(resolved: Resolved, only: Sequence[str] = (), skip: Sequence[str] = ()) -> tuple[Step, ...]:
+    steps = resolved.steps
+    known = {s.id for s in steps}
+    if only and skip:
+        raise ConfigError("give --steps or --skip, not both")
+    for name in (*only, *skip):
+        if name not in known:
+            raise ConfigError(f"no step {name!r} in {resolved.target.name}:{resolved.profile_name}",
+                              expected="one of " + ", ".join(sorted(known)), found=repr(name))
+    if only:
+        return tuple(s for s in steps if s.id in only)
+    return tuple(s for s in steps if s.id not in skip)
+
+
+def python_files(steps: Sequence[Step], site: str, environ: Mapping[str, str]) -> tuple[str, ...]:
+    files: set[str] = set()
+    for step in steps:
+        files.update(kind(step.kind).facts(step, kind(step.kind).inputs(step, environ), site).python_files)
+    return tuple(sorted(files))
+
+
+# --------------------------------------------------------------------------- safety
+
+
+@contextlib.contextmanager
+def root_lock(root: Path) -> Iterator[None]:
+    """One in-place command per root at a time (flock on the root directory itself: nothing is written)."""
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def guard_path(pkg: LocalPackage, host: Path, allowed: Sequence[Path]) -> None:
+    """Refuse a path outside the root, or one reached through a link leaving the package and ``allowed``."""
+    root = pkg.root.resolve()
+    parent = Path(os.path.realpath(host.parent))
+    if parent != root and root not in parent.parents:
+        raise BuildError(f"{host} resolves outside the root {root} (through {parent})",
+                         hint="in-place apply writes only under --root")
+    if parent == Path(os.path.normpath(host.parent)):
+        return
+    ok = [pkg.host(pkg.package_dir).resolve(), *(a.resolve() for a in allowed)]
+    if not any(parent == a or a in parent.parents for a in ok):
+        raise BuildError(f"{host} goes through a symbolic link to {parent}, outside the package and the step's "
+                         "declared destinations", hint="write to the real path instead")
+
+
+def expand(pkg: LocalPackage, patterns: Sequence[str]) -> list[Path]:
+    """Host paths of a script's declared image paths; a wildcard in the last component is matched now."""
+    out: list[Path] = []
+    for pattern in patterns:
+        parent, name = posixpath.split(pattern)
+        if any(ch in name for ch in "*?["):
+            directory = pkg.host(parent)
+            if directory.is_dir():
+                out.extend(directory / n for n in sorted(os.listdir(directory)) if fnmatch.fnmatchcase(n, name))
+        else:
+            out.append(pkg.host(pattern))
+    return out
+
+
+def _under(path: Path, roots: Sequence[Path]) -> bool:
+    return any(path == r or r in path.parents for r in roots)
+
+
+def stat_scan(tops: Sequence[Path], skip: Sequence[Path], recursive: Sequence[bool]) -> dict[str, tuple[Any, ...]]:
+    """(type, size, mode, mtime_ns) of everything under ``tops``, except under ``skip``: no bytes read."""
+    out: dict[str, tuple[Any, ...]] = {}
+    for top, deep in zip(tops, recursive, strict=True):
+        if not top.is_dir():
+            continue
+        if deep:
+            for dirpath, dirnames, filenames in os.walk(top):
+                base = Path(dirpath)
+                dirnames[:] = [d for d in dirnames if not _under(base / d, skip)]
+                for name in [*dirnames, *filenames]:
+                    path = base / name
+                    if _under(path, skip):
+                        continue
+                    with contextlib.suppress(FileNotFoundError):
+                        info = os.lstat(path)
+                        out[str(path)] = (st.S_IFMT(info.st_mode), info.st_size, info.st_mode, info.st_mtime_ns)
+        else:
+            for name in os.listdir(top):
+                path = top / name
+                if _under(path, skip):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    info = os.lstat(path)
+                    out[str(path)] = (st.S_IFMT(info.st_mode), info.st_size, info.st_mode, info.st_mtime_ns)
+    return out
+
+
+# --------------------------------------------------------------------------- undo, drift, recovery
+
+
+def _order(keys: Sequence[str], targets: Mapping[str, State]) -> list[str]:
+    """Restores of something first (shallow first), then removals (deepest first)."""
+    present = sorted((k for k in keys if targets[k]["type"] != "absent"), key=lambda k: k.count("/"))
+    absent = sorted((k for k in keys if targets[k]["type"] == "absent"), key=lambda k: -k.count("/"))
+    return present + absent
+
+
+def undo_step(journal: Journal, step_id: str) -> int:
+    """Every path whose last state is ``step_id``'s back to the state before it; the step leaves ``applied``.
+
+    A step interrupted before its Changes were diffed (a script) also has its snapshot put back.
+    """
+    progress = journal.data.get("in_progress") or {}
+    keys = journal.touched_by(step_id)
+    targets: dict[str, State] = {}
+    for key in keys:
+        stack = journal.paths[key]["stack"]
+        targets[key] = dict(stack[-2]["state"]) if len(stack) > 1 else dict(journal.paths[key]["original"])
+    snapshot_file = progress.get("snapshot") if progress.get("id") == step_id else None
+    snapshot: dict[str, State] = {}
+    if snapshot_file and Path(snapshot_file).exists():
+        snapshot = json.loads(Path(snapshot_file).read_text())
+        roots = [Path(r) for r in progress.get("roots", [])]
+        for path in [p for r in roots for p in walk(r)]:
+            if str(path) not in snapshot and str(path) not in targets:
+                targets[str(path)] = dict(ABSENT)
+        for key, state in snapshot.items():
+            if key not in targets and not _same(state_of(Path(key)), state):
+                targets[key] = state
+    for key in _order(list(targets), targets):
+        journal.restore(key, targets[key])
+    journal.restore_dirs({str(Path(k).parent) for k in targets} | {k for k in targets if targets[k]["type"] == "dir"})
+    for key in sorted((k for k, s in snapshot.items() if s["type"] == "dir"), key=lambda k: -k.count("/")):
+        set_dir_meta(Path(key), snapshot[key])
+    for key in keys:
+        journal.paths[key]["stack"].pop()
+    journal.data["applied"] = [a for a in journal.data["applied"] if a["id"] != step_id]
+    if progress.get("id") == step_id:
+        journal.data["in_progress"] = None
+    if snapshot_file:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(snapshot_file)
+    journal.save()
+    return len(targets)
+
+
+def _same(a: State, b: State) -> bool:
+    if not same_content(a, b):
+        return False
+    return all(a.get(k) == b.get(k) for k in ("mode", "uid", "gid", "mtime_ns") if a["type"] in ("file", "link"))
+
+
+def recover(journal: Journal, log: Log) -> str | None:
+    """A step left in progress (SIGKILL, a power cut) is rolled back; returns its id."""
+    progress = journal.data.get("in_progress")
+    if not progress:
+        return None
+    with deferred():
+        undo_step(journal, str(progress["id"]))
+    log(f"  recovered: step {progress['id']} was left in progress; rolled back")
+    return str(progress["id"])
+
+
+@dataclass(frozen=True)
+class Drift:
+    path: str
+    expected: str
+    found: str
+
+    def text(self) -> str:
+        return f"{self.path}: sha256 expected {self.expected}, found {self.found}"
+
+
+def describe(state: State) -> str:
+    kind_ = state.get("type")
+    if kind_ == "file":
+        return str(state.get("sha256"))
+    if kind_ == "link":
+        return f"link -> {state.get('link')}"
+    return str(kind_)
+
+
+def find_drift(journal: Journal) -> list[Drift]:
+    """Journaled paths whose content differs from what the journal says is there."""
+    out: list[Drift] = []
+    for key in sorted(journal.paths):
+        want = journal.expected(key)
+        if want["type"] == "file" and want.get("sha256") is None:
+            continue
+        now = state_of(Path(key), hashed=want["type"] == "file")
+        if want["type"] == "dir" and now["type"] == "dir":
+            continue
+        if not same_content(now, want):
+            out.append(Drift(key, describe(want), describe(now)))
+    return out
+
+
+def settle_drift(journal: Journal, force: bool, what: str) -> tuple[str, ...]:
+    """Exit 3 naming the drifted files; with ``force`` each drifted copy is moved aside and the journal goes on."""
+    drift = find_drift(journal)
+    if not drift:
+        return ()
+    if not force:
+        raise BuildError(f"{len(drift)} journaled path(s) changed since apply; {what} stopped",
+                         problems=(), log_tail=[d.text() for d in drift],
+                         hint="put the files back, or --force (the drifted copies are kept aside)")
+    aside = journal.directory / "drifted" / time.strftime("%Y%m%dT%H%M%S")
+    kept: list[str] = []
+    for d in drift:
+        path = Path(d.path)
+        if os.path.lexists(path):
+            dest = aside / path.relative_to(journal.root.resolve() if path.is_absolute() else journal.root)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, dest)
+            kept.append(str(dest))
+        journal.restore(d.path, journal.expected(d.path))
+    journal.restore_dirs({str(Path(d.path).parent) for d in drift})
+    return tuple(kept)
+
+
+# --------------------------------------------------------------------------- applying one step
+
+
+class _Applier:
+    def __init__(self, journal: Journal, pkg: LocalPackage, environ: Mapping[str, str], log: Log,
+                 echo: Log) -> None:
+        self.journal = journal
+        self.pkg = pkg
+        self.environ = environ
+        self.log = log
+        self.echo = echo
+
+    def _parents(self, host: Path, step_id: str) -> list[Path]:
+        """Missing directories on the way to ``host`` (journaled as made by the step)."""
+        missing: list[Path] = []
+        current = host.parent
+        root = self.pkg.root
+        while not os.path.lexists(current) and current != root:
+            missing.append(current)
+            current = current.parent
+        for directory in reversed(missing):
+            self.journal.push(directory, step_id, {"type": "dir", "mode": 0o755, "uid": os.geteuid(),
+                                                   "gid": os.getegid(), "mtime_ns": None})
+        return list(reversed(missing))
+
+    def file_step(self, step: Step, key: str) -> StepResult:
+        t0 = time.monotonic()
+        journal = self.journal
+        journal.begin(step.id, key)
+        changes = kind(step.kind).apply(step, LocalFS(self.pkg.root), ApplyContext(  # .py checked (pycheck)
+            site=self.pkg.site, environ=self.environ, python_version=self.pkg.python_version))
+        todo = self._plan_changes(step, changes)
+        journal.save()  # write-ahead: every path's original and new state before the first write
+        for action in todo:
+            action()
+        for key_ in journal.touched_by(step.id):  # what the disk holds now (mtimes, made directories)
+            top = journal.paths[key_]["stack"][-1]
+            top["state"] = state_of(Path(key_))
+        journal.complete(step.id, key, changes.detail)
+        status = "applied" if todo else "already applied"
+        return StepResult(step.id, step.kind, status, changes.summary, len(journal.touched_by(step.id)),
+                          time.monotonic() - t0)
+
+    def _plan_changes(self, step: Step, changes: Changes) -> list[Callable[[], None]]:
+        todo: list[Callable[[], None]] = []
+        made: set[Path] = set()
+        for f in changes.files:
+            host = self.pkg.host(f.path)
+            now = state_of(host)
+            new: State = {"type": "file", "mode": f.mode, "uid": f.uid, "gid": f.gid, "size": len(f.data),
+                          "sha256": hashlib.sha256(f.data).hexdigest()}
+            if same_content(now, new) and now.get("mode") == f.mode:
+                continue
+            parents = [p for p in self._parents(host, step.id) if p not in made]
+            made.update(parents)
+            guard_path(self.pkg, host if not parents else parents[0], ())
+            new["sha256"] = self.journal.keep_bytes(f.data)
+            self.journal.push(host, step.id, new)
+            mtime = None if f.mtime is None else int(f.mtime) * 1_000_000_000
+
+            def write(host: Path = host, f: Any = f, mtime: int | None = mtime, parents: list[Path] = parents) -> None:
+                for p in parents:
+                    p.mkdir(exist_ok=True)
+                write_file(host, f.data, f.mode, f.uid, f.gid, mtime)
+
+            todo.append(write)
+        for link in changes.links:
+            host = self.pkg.host(link.path)
+            now = state_of(host, hashed=False)
+            if now["type"] == "link" and now.get("link") == link.target:
+                continue
+            parents = [p for p in self._parents(host, step.id) if p not in made]
+            made.update(parents)
+            guard_path(self.pkg, host if not parents else parents[0], (self.pkg.host(posixpath.dirname(link.path)),))
+            self.journal.push(host, step.id, {"type": "link", "link": link.target})
+
+            def make(host: Path = host, target: str = link.target, parents: list[Path] = parents) -> None:
+                from .journal import make_link
+
+                for p in parents:
+                    p.mkdir(exist_ok=True)
+                make_link(host, target)
+
+            todo.append(make)
+        return todo
+
+    def script_step(self, step: Step, key: str) -> StepResult:
+        t0 = time.monotonic()
+        journal = self.journal
+        patterns = kind(step.kind).touches(step, self.pkg.site)
+        if not patterns:
+            raise BuildError(f"script step {step.id!r} declares nothing it may change, so it cannot run in place",
+                             location=step.location, key_path=f"{step.key_path}.touches",
+                             hint="add `touches:` (the paths it writes) to the step")
+        roots = expand(self.pkg, patterns)
+        if "dest" in step.spec:
+            dest = self.pkg.host(str(step.spec["dest"]))
+            if not _under(dest, roots):
+                roots.append(dest)
+        for r in roots:
+            guard_path(self.pkg, r, roots)
+        snapshot = {str(p): journal.capture(p) for r in roots for p in walk(r)}
+        for r in roots:
+            snapshot.setdefault(str(r), dict(ABSENT))
+        snapshot_file = journal.directory / "snapshots" / f"{step.id}.json"
+        snapshot_file.parent.mkdir(exist_ok=True)
+        snapshot_file.write_text(json.dumps(snapshot))
+        for r in roots:  # the declared trees' directories: their mtimes come back with them
+            parent = str(r.parent)
+            if parent not in journal.data["dirs"] and parent not in journal.paths:
+                journal.data["dirs"][parent] = state_of(r.parent)
+        journal.begin(step.id, key, snapshot=str(snapshot_file), roots=[str(r) for r in roots])
+        journal.save()
+        bindir = Path(self.pkg.python).parent
+        site = self.pkg.host(self.pkg.site)
+        skip = [*roots, journal.directory]
+        tops, deep = [site, bindir], [True, False]
+        before = stat_scan(tops, skip, deep)
+        runner = LocalRunner(self.pkg.root, journal.directory / "scratch", self.environ)
+        changes = kind(step.kind).apply(step, LocalFS(self.pkg.root), ApplyContext(
+            site=self.pkg.site, environ=self.environ, runner=runner, echo=self.echo,
+            python_version=self.pkg.python_version))
+        after = stat_scan(tops, skip, deep)
+        undeclared = sorted(k for k in {*before, *after} if before.get(k) != after.get(k))
+        if undeclared:
+            added = [k for k in undeclared if k not in before]
+            for extra in sorted(added, key=lambda k: -k.count("/")):
+                with contextlib.suppress(OSError):
+                    gone = Path(extra)
+                    gone.unlink() if not gone.is_dir() or gone.is_symlink() else gone.rmdir()
+            raise BuildError(
+                f"script step {step.id!r} changed {len(undeclared)} path(s) it does not declare; its declared paths "
+                "were restored" + (f", {len(added)} added path(s) removed" if added else ""),
+                location=step.location, key_path=f"{step.key_path}.touches", log_tail=undeclared[:20],
+                hint="add them to the step's `touches:` (changed files outside it cannot be restored: check them)")
+        candidates = dict.fromkeys([*snapshot, *(str(p) for r in {*roots, *expand(self.pkg, patterns)}
+                                                 for p in walk(r))])
+        count = 0
+        for key_ in candidates:
+            path = Path(key_)
+            now = state_of(path)
+            old = snapshot.get(key_, dict(ABSENT))
+            if now["type"] == "dir" and old["type"] == "dir" and now.get("mode") == old.get("mode"):
+                if now.get("mtime_ns") != old.get("mtime_ns") and key_ not in journal.paths:
+                    journal.data["dirs"].setdefault(key_, old)  # only its mtime moved (a file made and removed)
+                continue
+            if _same(now, old):
+                continue
+            if now["type"] == "file":
+                now["sha256"] = journal.keep(path)
+            parent = str(path.parent)
+            if parent not in journal.data["dirs"] and parent not in journal.paths:
+                journal.data["dirs"][parent] = snapshot.get(parent) or state_of(path.parent)
+            journal.note_original(path, old)
+            journal.paths[key_]["stack"].append({"step": step.id, "state": now})
+            count += 1
+        journal.complete(step.id, key, changes.detail)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(snapshot_file)
+        return StepResult(step.id, step.kind, "ran", changes.detail, count, time.monotonic() - t0)
+
+    def verify_step(self, files: Sequence[str], key: str) -> StepResult:
+        """Hash-checked ``.pyc`` for every changed ``.py`` (each optimisation level present), journaled."""
+        t0 = time.monotonic()
+        journal = self.journal
+        journal.begin(VERIFY_STEP, key)
+        jobs: list[list[Any]] = []
+        tag = self.pkg.cache_tag
+        for image in files:
+            src = self.pkg.host(image)
+            if not src.is_file():
+                raise BuildError(f"changed file {src} is missing after the steps")
+            cache = src.parent / "__pycache__"
+            stem = f"{src.stem}.{tag}"
+            levels = {0}
+            if cache.is_dir():
+                for name in os.listdir(cache):
+                    if name.startswith(stem + ".") and name.endswith(".pyc"):
+                        levels.add(2 if ".opt-2." in name else 1 if ".opt-1." in name else 0)
+            for level in sorted(levels):
+                cfile = cache / (f"{stem}.pyc" if level == 0 else f"{stem}.opt-{level}.pyc")
+                if not cache.exists() and cache not in [Path(j[1]).parent for j in jobs]:
+                    journal.push(cache, VERIFY_STEP, {"type": "dir", "mode": 0o755, "mtime_ns": None})
+                journal.push(cfile, VERIFY_STEP, {"type": "file", "sha256": None})
+                jobs.append([str(src), str(cfile), level])
+        journal.save()
+        if jobs:
+            done = subprocess.run([self.pkg.python, "-c", COMPILE, json.dumps(jobs)], env=dict(self.environ),
+                                  capture_output=True, text=True, timeout=600, check=False)
+            if done.returncode != 0:
+                raise BuildError("the changed .py files do not compile with the target interpreter",
+                                 log_tail=(done.stdout + done.stderr).strip().splitlines()[-12:],
+                                 hint="fix the step that changed the file (check-patches shows each patch)")
+        for key_ in journal.touched_by(VERIFY_STEP):
+            journal.paths[key_]["stack"][-1]["state"] = state_of(Path(key_))
+        journal.complete(VERIFY_STEP, key, f"{len(jobs)} hash-checked .pyc")
+        return StepResult(VERIFY_STEP, "verify", "applied", f"{len(files)} .py -> {len(jobs)} hash-checked .pyc",
+                          len(jobs), time.monotonic() - t0)
+
+
+COMPILE = r"""
+import json, py_compile, sys
+for src, cfile, level in json.loads(sys.argv[1]):
+    py_compile.compile(src, cfile=cfile, doraise=True, optimize=level,
+                       invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+"""
+
+CHECK = r"""
+import importlib, importlib.util, json, os, sys, traceback
+spec = json.loads(sys.argv[1])
+out = {"stale": [], "imports": []}
+tag = sys.implementation.cache_tag
+for path in spec["python_files"]:
+    d = os.path.join(os.path.dirname(path), "__pycache__")
+    stem = os.path.splitext(os.path.basename(path))[0] + "." + tag
+    digest = importlib.util.source_hash(open(path, "rb").read())
+    for n in (sorted(os.listdir(d)) if os.path.isdir(d) else []):
+        if n.startswith(stem + ".") and n.endswith(".pyc"):
+            head = open(os.path.join(d, n), "rb").read(16)
+            if not int.from_bytes(head[4:8], "little") & 1 or head[8:16] != digest:
+                out["stale"].append(os.path.join(d, n))
+for name in spec["imports"]:
+    try:
+        importlib.import_module(name)
+    except BaseException as exc:
+        out["imports"].append({"module": name, "error": "%s: %s" % (type(exc).__name__, exc),
+                               "trace": traceback.format_exc().strip().splitlines()[-6:]})
+print("IMAGEFORGE-VERIFY " + json.dumps(out), flush=True)
+"""
+
+
+def check_in_place(resolved: Resolved, steps: Sequence[Step], pkg: LocalPackage, environ: Mapping[str, str], *,
+                   imports: bool) -> dict[str, Any]:
+    """The verify layer's checks on the root: fresh hash-checked .pyc, overlay sha256, links, imports."""
+    files = [str(pkg.host(p)) for p in python_files(steps, pkg.site, environ)]
+    problems: list[str] = []
+    overlays = links = 0
+    for step in steps:
+        facts = kind(step.kind).facts(step, kind(step.kind).inputs(step, environ), pkg.site)
+        for dest, want in facts.overlays.items():
+            overlays += 1
+            host = pkg.host(dest)
+            got = state_of(host).get("sha256")
+            if got != want:
+                problems.append(f"{host} sha256 {str(got)[:16]} != source {want[:16]}")
+        pairs = [pkg.host(link) for link in facts.links]
+        for g in facts.link_globs:
+            directory, pattern = posixpath.split(g["glob"])
+            host_dir = pkg.host(directory)
+            names = sorted(n for n in os.listdir(host_dir) if fnmatch.fnmatchcase(n, pattern)) if host_dir.is_dir() \
+                else []
+            pairs += [pkg.host(posixpath.join(g["into"], n)) for n in names]
+        for link in pairs:
+            links += 1
+            if not link.is_symlink() or not _resolves(pkg.root, link):
+                problems.append(f"symlink {link} does not resolve")
+    wanted = list(resolved.target.verify.imports) if imports else []
+    done = subprocess.run([pkg.python, "-c", CHECK, json.dumps({"python_files": files, "imports": wanted})],
+                          env={**environ, **resolved.target.verify.import_env, "PYTHONDONTWRITEBYTECODE": "1"},
+                          capture_output=True, text=True, timeout=900, check=False)
+    marks = [ln for ln in done.stdout.splitlines() if ln.startswith("IMAGEFORGE-VERIFY ")]
+    if not marks:
+        raise BuildError("verification did not finish", found=f"exit code {done.returncode}",
+                         log_tail=(done.stdout + done.stderr).splitlines()[-20:])
+    result = json.loads(marks[-1].split(" ", 1)[1])
+    problems += [f"stale bytecode {p}" for p in result["stale"]]
+    problems += [f"import {i['module']} failed: {i['error']}" for i in result["imports"]]
+    return {"ok": not problems, "python": len(files), "overlays": overlays, "symlinks": links,
+            "imports": len(wanted), "problems": problems}
+
+
+def _resolves(root: Path, link: Path) -> bool:
+    """The link's target exists with ``root`` as ``/`` (absolute targets are under the root)."""
+    current = link
+    for _ in range(40):
+        if not current.is_symlink():
+            return os.path.exists(current)
+        target = os.readlink(current)
+        current = root / target.lstrip("/") if target.startswith("/") else current.parent / target
+    return False
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def apply(resolved: Resolved, *, root: Path = Path("/"), python: str = "python3",
+          environ: Mapping[str, str] | None = None, steps: Sequence[str] = (), skip: Sequence[str] = (),
+          imports: bool = True, force: bool = False, log: Log = print, echo: Log = _quiet) -> ApplyReport:
+    """Apply ``resolved``'s steps (``steps``: only these ids; ``skip``: all but these) under ``root``."""
+    t0 = time.monotonic()
+    environ = dict(os.environ if environ is None else environ)
+    root = root.resolve()
+    pkg = discover_local(resolved.target, root, python, environ)
+    chosen = select_steps(resolved, steps, skip)
+    files = python_files(chosen, pkg.site, environ)
+    keys = [(s.id, step_key(s, environ)) for s in chosen]
+    keys.append((VERIFY_STEP, hashlib.sha256(json.dumps([pkg.cache_tag, *files]).encode()).hexdigest()))
+    header = {"target": resolved.target.name, "profile": resolved.profile_name, "python": pkg.python,
+              "python_version": pkg.python_version, "site": pkg.site, "version": pkg.version,
+              "distribution": resolved.target.package.distribution, "dist_info": pkg.dist_info,
+              "environ": {k: environ.get(k) for k in RECORDED_ENV}, "plan": [k for _, k in keys],
+              "steps": [i for i, _ in keys], "root": str(root)}
+    results: list[StepResult] = []
+    undone: list[str] = []
+    kept: tuple[str, ...] = ()
+    with root_lock(root), interruptible():
+        journal = Journal.load(root)
+        if journal is not None:
+            recover(journal, log)
+            kept = settle_drift(journal, force, "apply")
+        applied = [(a["id"], a["key"]) for a in journal.data["applied"]] if journal else []
+        nothing = applied == keys
+        if not nothing:
+            if journal is None:
+                journal = Journal.create(root, header)
+            else:
+                journal.data.update(header)
+            prefix = 0
+            while prefix < min(len(applied), len(keys)) and applied[prefix] == keys[prefix]:
+                prefix += 1
+            for step_id, _ in reversed(applied[prefix:]):
+                with deferred():
+                    undo_step(journal, step_id)
+                undone.append(step_id)
+            applier = _Applier(journal, pkg, environ, log, echo)
+            by_id = {s.id: s for s in chosen}
+            for step_id, key in keys[prefix:]:
+                try:
+                    if step_id == VERIFY_STEP and step_id not in by_id:
+                        results.append(applier.verify_step(files, key))
+                    elif kind(by_id[step_id].kind).runs_process:
+                        results.append(applier.script_step(by_id[step_id], key))
+                    else:
+                        results.append(applier.file_step(by_id[step_id], key))
+                except BaseException:
+                    with deferred():
+                        if journal.data.get("in_progress"):
+                            undo_step(journal, step_id)
+                    raise
+                log(f"  {results[-1].status:<8} {step_id}: {results[-1].detail}")
+    verified = check_in_place(resolved, chosen, pkg, environ, imports=imports)
+    report = ApplyReport(resolved.target.name, resolved.profile_name, str(root), pkg.site, pkg.version, pkg.python,
+                         tuple(results), tuple(undone), nothing, str(journal_dir(root)), time.monotonic() - t0,
+                         verified, kept)
+    if not verified["ok"]:
+        raise BuildError(f"in-place verification of {resolved.target.name} failed "
+                         f"({len(verified['problems'])} problem(s)); the steps stay applied (`revert` undoes them)",
+                         log_tail=verified["problems"])
+    return report

@@ -1,0 +1,87 @@
+"""The target's package on this machine: :data:`imageforge.base.identity.DISCOVER` run by the *target* interpreter.
+
+Never imageforge's own interpreter: ``--python`` (default ``python3`` on the caller's PATH) with the
+caller's environment (its ``PYTHONPATH`` included: on the card's machine that is what finds corex's vLLM).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..base.identity import DISCOVER
+from ..errors import BuildError, InfraError
+from ..manifest import Target
+
+
+@dataclass(frozen=True)
+class LocalPackage:
+    """The package as the target interpreter sees it; ``site`` is the image path (the root's prefix removed)."""
+
+    root: Path
+    python: str
+    python_version: str
+    cache_tag: str
+    version: str
+    site: str  # image path of the site directory
+    package_dir: str  # image path
+    dist_info: str  # host path ("" when unknown)
+
+    def host(self, image_path: str) -> Path:
+        return self.root / image_path.lstrip("/")
+
+
+def find_python(python: str, environ: Mapping[str, str]) -> str:
+    """``python`` as a path: a name is looked up on the caller's PATH."""
+    if "/" in python:
+        return python
+    found = shutil.which(python, path=environ.get("PATH", os.defpath))
+    if found is None:
+        raise InfraError(f"no {python} on PATH", hint="give the target's interpreter with --python PATH")
+    return found
+
+
+def image_path(root: Path, host: str) -> str:
+    """The image path of a host path under ``root`` (BuildError when it is outside)."""
+    real_root = str(root.resolve())
+    if real_root == "/":
+        return host
+    if host == real_root or host.startswith(real_root + "/"):
+        return host[len(real_root):] or "/"
+    raise BuildError(f"the target interpreter's package is at {host}, outside the root {real_root}",
+                     hint="give the interpreter that lives in the root (--python), or --root /")
+
+
+def discover_local(target: Target, root: Path, python: str, environ: Mapping[str, str], *,
+                   check_version: bool = True) -> LocalPackage:
+    pkg = target.package
+    exe = find_python(python, environ)
+    try:
+        done = subprocess.run([exe, "-c", DISCOVER, pkg.distribution, pkg.import_name], env=dict(environ),
+                              capture_output=True, text=True, timeout=120, check=False)
+    except OSError as exc:
+        raise InfraError(f"cannot run the target interpreter {exe}", found=str(exc),
+                         hint="give it with --python PATH") from None
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise BuildError(f"could not read the installed {pkg.distribution} with {exe}",
+                         found=f"exit code {done.returncode}", log_tail=(done.stdout + done.stderr).splitlines()[-20:])
+    data = json.loads(lines[-1])
+    if "error" in data:
+        raise BuildError(data["error"] + f" for {exe}", hint=f"is targets.{target.name}.package.distribution right, "
+                         "and --python the target's interpreter?")
+    if not data.get("exists"):
+        raise BuildError(f"package directory {data['package_dir']} does not exist",
+                         hint=f"is targets.{target.name}.package.import right?")
+    if check_version and pkg.version != "*" and data["version"] != pkg.version:
+        raise BuildError(f"{pkg.distribution} version of {exe} differs from the manifest",
+                         key_path=f"targets.{target.name}.package.version", expected=pkg.version,
+                         found=data["version"], hint="the patches were written for the manifest's version")
+    return LocalPackage(root, exe, data["python_version"], data.get("cache_tag", ""), data["version"],
+                        image_path(root, data["site"]), image_path(root, data["package_dir"]),
+                        str(data.get("dist_info", "")))

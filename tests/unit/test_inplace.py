@@ -1,0 +1,379 @@
+"""apply --in-place / revert / status on a tmp root holding a fake package tree (no daemon, real processes).
+
+The target interpreter is this test's Python with ``PYTHONPATH`` at the fake site directory: discovery,
+the hash-checked ``.pyc`` and the import check all run in it, as on the card's machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imageforge import inplace
+from imageforge.errors import BuildError
+from imageforge.manifest import load_manifest
+from imageforge.resolve import Resolved, resolve
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+MANIFEST = """\
+version: 1
+default_target: t
+targets:
+  t:
+    base: {image: "debian:bookworm"}
+    package: {import: vllm, distribution: vllm, version: "1.0"}
+    steps:
+      - id: over
+        kind: overlay
+        source: overlays/sorted.py
+        dest: vllm/sorted.py
+      - id: same-size
+        kind: patch
+        file: vllm/y.py
+        old: "A = 1"
+        new: "A = 2"
+      - id: moe-one
+        kind: patch
+        file: vllm/moe.py
+        old: "ONE = 1"
+        new: "ONE = 7"
+      - id: libs
+        kind: symlink
+        glob: /opt/libs/lib*.so*
+        into: /usr/local/lib
+      - id: ldconfig
+        kind: script
+        source: overlays/ldconfig.sh
+        args: [/usr/local/lib]
+        touches: [/usr/local/lib, /etc/ld.so.cache, /var/cache/ldconfig]
+    verify:
+      imports: [vllm.y, vllm.sorted]
+    serving:
+      config_path: /etc/serve.yaml
+      args: {model: /m, max-num-seqs: 1, gpu-memory-utilization: 0.9, enforce-eager: true}
+    default_profile: small
+    profiles:
+      small: {args: {max-num-seqs: 2}}
+      big:
+        args: {max-num-seqs: 4}
+        steps:
+          - id: moe-two
+            kind: patch
+            file: vllm/moe.py
+            old: "TWO = 2"
+            new: "TWO = 9"
+"""
+
+LDCONFIG = """\
+#!/bin/sh
+set -eu
+n=$(ls "$IMAGEFORGE_ROOT$1" | wc -l)
+echo "cache of $n libs" > "$IMAGEFORGE_ROOT/etc/ld.so.cache"
+echo aux > "$IMAGEFORGE_ROOT/var/cache/ldconfig/aux-cache"   # made and removed: only the directory's mtime moves
+rm "$IMAGEFORGE_ROOT/var/cache/ldconfig/aux-cache"
+echo "ldconfig: $n"
+"""
+
+
+def make_root(tmp: Path) -> Path:
+    root = tmp / "root"
+    site = root / "site"
+    pkg = site / "vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "y.py").write_text("A = 1\n")
+    (pkg / "moe.py").write_text("ONE = 1\nTWO = 2\n")
+    dist = site / "vllm-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 1.0\n")
+    import base64
+    import hashlib
+
+    rows = []
+    for rel in ("vllm/__init__.py", "vllm/y.py", "vllm/moe.py"):
+        digest = base64.urlsafe_b64encode(hashlib.sha256((site / rel).read_bytes()).digest()).rstrip(b"=").decode()
+        rows.append(f"{rel},sha256={digest},{(site / rel).stat().st_size}")
+    (dist / "RECORD").write_text("\n".join([*rows, "vllm-1.0.dist-info/RECORD,,"]) + "\n")
+    (root / "opt/libs").mkdir(parents=True)
+    (root / "opt/libs/libfoo.so.1").write_bytes(b"\x7fELF")
+    (root / "usr/local/lib").mkdir(parents=True)
+    (root / "etc").mkdir()
+    (root / "var/cache/ldconfig").mkdir(parents=True)
+    (root / "etc/ld.so.cache").write_text("old cache\n")
+    # an old timestamp pyc of y.py: a same-size patch that keeps the mtime must not import it
+    subprocess.run([sys.executable, "-c", "import py_compile,sys; py_compile.compile(sys.argv[1])", str(pkg / "y.py")],
+                   check=True)
+    past = time.time_ns() - 10**11
+    for path in [root, *root.rglob("*")]:
+        os.utime(path, ns=(past, past), follow_symlinks=False)
+    return root
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> dict[str, Any]:
+    repo = tmp_path / "repo"
+    (repo / "overlays").mkdir(parents=True)
+    (repo / "overlays/sorted.py").write_text("def fused_experts():\n    return 1\n")
+    (repo / "overlays/ldconfig.sh").write_text(LDCONFIG)
+    (repo / "overlays/ldconfig.sh").chmod(0o755)
+    (repo / "build.yaml").write_text(textwrap.dedent(MANIFEST))
+    root = make_root(tmp_path)
+    environ = {**os.environ, "PYTHONPATH": str(root / "site")}
+    return {"repo": repo, "root": root, "environ": environ}
+
+
+def resolved(box: dict[str, Any], profile: str | None = None, manifest: str = "build.yaml") -> Resolved:
+    return resolve(load_manifest(box["repo"] / manifest), "t", profile, environ=box["environ"])
+
+
+def apply(box: dict[str, Any], profile: str | None = None, **kwargs: Any) -> inplace.ApplyReport:
+    return inplace.apply(resolved(box, profile), root=box["root"], python=sys.executable, environ=box["environ"],
+                         log=lambda _l: None, **kwargs)
+
+
+def listing(root: Path) -> list[tuple[Any, ...]]:
+    return [row for row in inplace.listing(root)]
+
+
+def module_value(box: dict[str, Any], expr: str) -> str:
+    done = subprocess.run([sys.executable, "-c", f"import vllm.y, vllm.moe; print({expr})"], env=box["environ"],
+                          capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def test_apply_then_revert_restores_the_listing(box: dict[str, Any]) -> None:
+    root = box["root"]
+    before = listing(root)
+    report = apply(box)
+    assert [s.id for s in report.steps] == ["over", "same-size", "moe-one", "libs", "ldconfig", "verify"]
+    assert (root / "site/vllm/y.py").read_text() == "A = 2\n"
+    assert os.readlink(root / "usr/local/lib/libfoo.so.1") == "/opt/libs/libfoo.so.1"
+    assert (root / "etc/ld.so.cache").read_text() == "cache of 1 libs\n"
+    assert module_value(box, "vllm.y.A") == "2"  # the stale timestamp pyc did not win
+    assert report.verify["ok"] and report.verify["imports"] == 2
+    journal = json.loads((root / "var/lib/imageforge/journal.json").read_text())
+    assert journal["environ"]["PYTHONPATH"] == str(root / "site")
+    assert [a["id"] for a in journal["applied"]] == [s.id for s in report.steps]
+    # a .pyc written after apply (by an import) is in a journaled __pycache__: revert removes it
+    subprocess.run([sys.executable, "-c", "import vllm.sorted"], env=box["environ"], check=True)
+    back = inplace.revert(root)
+    assert back.restored > 0
+    assert listing(root) == before
+    assert module_value(box, "vllm.y.A") == "1"
+
+
+def test_second_apply_after_revert_gives_the_same_hashes(box: dict[str, Any]) -> None:
+    apply(box)
+    first = {r[0]: r[7] for r in listing(box["root"]) if "var/lib/imageforge" not in r[0]}
+    inplace.revert(box["root"])
+    apply(box)
+    again = {r[0]: r[7] for r in listing(box["root"]) if "var/lib/imageforge" not in r[0]}
+    assert first == again
+
+
+def test_the_same_apply_again_has_nothing_to_do(box: dict[str, Any]) -> None:
+    apply(box)
+    snapshot = listing(box["root"] / "site")
+    report = apply(box)
+    assert report.nothing_to_do and not report.steps
+    assert "nothing to do" in report.text()
+    assert listing(box["root"] / "site") == snapshot
+
+
+def test_another_profile_reapplies_the_file_two_steps_touch(box: dict[str, Any]) -> None:
+    apply(box, "big")
+    assert (box["root"] / "site/vllm/moe.py").read_text() == "ONE = 7\nTWO = 9\n"
+    report = apply(box, "small")
+    assert report.undone == ("verify", "moe-two")
+    assert (box["root"] / "site/vllm/moe.py").read_text() == "ONE = 7\nTWO = 2\n"
+    report = apply(box, "small", skip=["moe-one"])
+    assert "moe-one" in report.undone
+    assert (box["root"] / "site/vllm/moe.py").read_text() == "ONE = 1\nTWO = 2\n"
+    assert module_value(box, "vllm.moe.ONE") == "1"
+
+
+def test_drift_stops_apply_and_revert_and_force_keeps_the_copy(box: dict[str, Any]) -> None:
+    root = box["root"]
+    before = listing(root)
+    apply(box)
+    (root / "site/vllm/y.py").write_text("A = 3\n")
+    with pytest.raises(BuildError) as caught:
+        inplace.revert(root)
+    assert caught.value.exit_code == 3
+    assert any("site/vllm/y.py" in line and "expected" in line for line in caught.value.log_tail)
+    with pytest.raises(BuildError):
+        apply(box, "big")
+    report = inplace.revert(root, force=True)
+    assert len(report.drift_kept) == 1 and Path(report.drift_kept[0]).read_text() == "A = 3\n"
+    assert (root / "site/vllm/y.py").read_text() == "A = 1\n"
+    def outside_journal(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:  # the kept copy stays there
+        return [r for r in rows if "var" not in Path(r[0]).relative_to(root).parts[:1] and r[0] != str(root)]
+
+    assert outside_journal(listing(root)) == outside_journal(before)
+
+
+def test_a_script_changing_an_undeclared_path_is_stopped_and_restored(box: dict[str, Any]) -> None:
+    script = box["repo"] / "overlays/ldconfig.sh"
+    script.write_text(LDCONFIG + 'echo sneaky > "$IMAGEFORGE_ROOT/site/vllm/extra.py"\n')
+    root = box["root"]
+    with pytest.raises(BuildError) as caught:
+        apply(box)
+    assert caught.value.exit_code == 3
+    assert any("extra.py" in line for line in caught.value.log_tail)
+    assert not (root / "site/vllm/extra.py").exists()
+    assert (root / "etc/ld.so.cache").read_text() == "old cache\n"
+    journal = json.loads((root / "var/lib/imageforge/journal.json").read_text())
+    assert [a["id"] for a in journal["applied"]] == ["over", "same-size", "moe-one", "libs"]
+    assert journal["in_progress"] is None
+
+
+def test_dry_run_writes_nothing_and_prints_the_table(box: dict[str, Any]) -> None:
+    before = listing(box["root"])
+    report = inplace.dry_run(resolved(box), root=box["root"], python=sys.executable, environ=box["environ"])
+    text = report.text()
+    assert "same-size" in text and "applies" in text and "not checked" in text
+    assert listing(box["root"]) == before
+
+
+def test_status_reports_steps_drift_and_record(box: dict[str, Any]) -> None:
+    apply(box)
+    report = inplace.status(box["root"])
+    assert report.applied[-1] == "verify" and report.ok
+    assert report.record_checked == 3 and len(report.record_changed) == 2
+    (box["root"] / "site/vllm/__init__.py").write_text("# edited\n")
+    report = inplace.status(box["root"])
+    assert not report.ok and any("__init__.py" in p for p in report.record_foreign)
+
+
+# --------------------------------------------------------------------------- real processes, real signals
+
+RUNNER = """
+import os, sys
+from pathlib import Path
+from imageforge import inplace
+from imageforge.manifest import load_manifest
+from imageforge.resolve import resolve
+repo, root = Path(sys.argv[1]), Path(sys.argv[2])
+env = dict(os.environ)
+r = resolve(load_manifest(repo / "build.yaml"), "t", None, environ=env)
+try:
+    inplace.apply(r, root=root, python=sys.executable, environ=env, log=print, echo=print)
+except inplace.apply_module.Interrupted as exc:
+    print("INTERRUPTED", exc.signum, flush=True); sys.exit(exc.exit_code)
+"""
+
+
+def _slow_script(box: dict[str, Any]) -> None:
+    (box["repo"] / "overlays/ldconfig.sh").write_text(
+        LDCONFIG.replace('echo "ldconfig: $n"', 'echo "ldconfig: $n"; echo STARTED $$; exec sleep 60'))
+
+
+def _start(box: dict[str, Any]) -> subprocess.Popen[str]:
+    runner = RUNNER.replace("inplace.apply_module.Interrupted", "__import__('imageforge.inplace.interrupts', "
+                            "fromlist=['x']).Interrupted")
+    env = {**box["environ"], "PYTHONPATH": f"{SRC}{os.pathsep}{box['root'] / 'site'}"}
+    return subprocess.Popen([sys.executable, "-u", "-c", runner, str(box["repo"]), str(box["root"])], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(proc: subprocess.Popen[str], mark: str) -> int:
+    """The pid the script printed after ``mark`` (its own process group: it outlives a SIGKILLed imageforge)."""
+    assert proc.stdout is not None
+    seen: list[str] = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(mark):
+            return int(line.split()[1])
+    raise AssertionError("".join(seen))
+
+
+def _kill_script(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_rolls_back_the_step_in_progress(box: dict[str, Any], sig: int) -> None:
+    _slow_script(box)
+    root = box["root"]
+    cache = (root / "etc/ld.so.cache").read_bytes()
+    proc = _start(box)
+    _wait_for(proc, "STARTED")
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert f"INTERRUPTED {int(sig)}" in out
+    assert (root / "etc/ld.so.cache").read_bytes() == cache  # the script's change rolled back
+    journal = json.loads((root / "var/lib/imageforge/journal.json").read_text())
+    assert journal["in_progress"] is None
+    assert [a["id"] for a in journal["applied"]] == ["over", "same-size", "moe-one", "libs"]
+    assert (root / "site/vllm/y.py").read_text() == "A = 2\n"  # the completed steps stay
+
+
+def test_after_sigkill_revert_recovers_from_the_journal(box: dict[str, Any]) -> None:
+    _slow_script(box)
+    root = box["root"]
+    before = listing(root)
+    proc = _start(box)
+    script = _wait_for(proc, "STARTED")
+    proc.kill()
+    proc.wait(timeout=30)
+    _kill_script(script)
+    journal = json.loads((root / "var/lib/imageforge/journal.json").read_text())
+    assert journal["in_progress"]["id"] == "ldconfig"
+    assert (root / "etc/ld.so.cache").read_text() == "cache of 1 libs\n"
+    report = inplace.revert(root)
+    assert report.recovered == "ldconfig"
+    assert listing(root) == before
+
+
+def test_after_sigkill_the_next_apply_recovers(box: dict[str, Any]) -> None:
+    _slow_script(box)
+    proc = _start(box)
+    script = _wait_for(proc, "STARTED")
+    proc.kill()
+    proc.wait(timeout=30)
+    _kill_script(script)
+    (box["repo"] / "overlays/ldconfig.sh").write_text(LDCONFIG)
+    report = apply(box)
+    assert [s.id for s in report.steps] == ["ldconfig", "verify"]
+    assert (box["root"] / "etc/ld.so.cache").read_text() == "cache of 1 libs\n"
+
+
+def test_an_in_place_dry_run_never_imports_docker(box: dict[str, Any]) -> None:
+    code = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from imageforge import app
+        s = app.settings(manifest={str(box['repo'] / 'build.yaml')!r})
+        app.apply_in_place(s, "t", None, root={str(box['root'])!r}, python=sys.executable, dry_run=True,
+                           show=lambda text: print(text))
+        assert "docker" not in sys.modules, sorted(m for m in sys.modules if m.startswith("docker"))
+        print("NO-DOCKER")
+    """)
+    env = {**box["environ"], "PYTHONPATH": f"{SRC}{os.pathsep}{box['root'] / 'site'}"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "NO-DOCKER" in done.stdout and "same-size" in done.stdout
+
+
+def test_never_writes_through_a_link_leaving_the_root(box: dict[str, Any], tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = box["root"]
+    (root / "usr/local/lib").rmdir()
+    (root / "usr/local/lib").symlink_to(outside)
+    with pytest.raises(BuildError, match="outside the root"):
+        apply(box)
+    assert list(outside.iterdir()) == []
