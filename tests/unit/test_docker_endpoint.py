@@ -103,3 +103,18 @@ def test_ssh_destination_matches_the_sdks_ssh_arguments() -> None:
     assert ssh_destination("ssh://box") == ["--", "box"]
     with pytest.raises(ValueError):
         ssh_destination("tcp://box:2375")
+
+
+def test_resolving_first_in_a_fresh_process_imports_the_sdk_cleanly(tmp_path: Path) -> None:
+    """docker.context imported before docker is a circular import in the SDK: resolve_endpoint imports docker first."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from imageforge.docker_engine.endpoint import resolve_endpoint; print(resolve_endpoint().source)"
+    env = {**os.environ, "DOCKER_CONFIG": str(tmp_path)}
+    env.pop("DOCKER_HOST", None)
+    env.pop("DOCKER_CONTEXT", None)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "default"

@@ -88,7 +88,8 @@ def resolve_endpoint(environ: Mapping[str, str] | None = None) -> Endpoint:
     host = env.get("DOCKER_HOST", "").strip()
     if host:
         return Endpoint(host, "DOCKER_HOST")
-    from docker.context import ContextAPI  # lazy: only when Docker is talked to
+    import docker  # noqa: F401  lazy, and first: docker.context alone is a circular import in the SDK
+    from docker.context import ContextAPI
     from docker.context.config import get_current_context_name
     from docker.errors import DockerException
 
