@@ -129,8 +129,8 @@ def test_a_breaking_step_fails_check_patches_build_and_the_plain_docker_build_al
         layers.extend(build_layers(lines))
         log = "\n".join(lines)
         assert image is None, "the plain docker build must fail"
-        failed = [ln for ln in lines if ln.startswith("imageforge: step ") and " failed: " in ln]
-        assert failed and failed[0].startswith("imageforge: step sorted-moe-call failed: "), log[-3000:]
+        failed = [ln for ln in lines if "imageforge: step " in ln and " failed: " in ln]  # stderr lines: ANSI red
+        assert failed and "imageforge: step sorted-moe-call failed: " in failed[0], log[-3000:]
         assert "imageforge: step protocol-openai-fields" not in log, "the build stops at the failing step"
         assert message in log and "returned a non-zero code: 3" in log
         assert "step verify" not in log, "it fails at the step, not at verify"

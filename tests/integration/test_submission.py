@@ -62,7 +62,7 @@ def plain_docker_build(tree: Path) -> tuple[str | None, list[str]]:
 def build_layers(lines: list[str]) -> list[str]:
     """The legacy builder's ` ---> 0123456789ab` lines: every layer it committed, in order (a failed build leaves
     them dangling, with the OS base's labels: they must go, or a fixture picking its base by label finds one)."""
-    return [m.group(1) for ln in lines if (m := re.match(r"^ ---> ([0-9a-f]{12})$", ln.strip()))]
+    return [m.group(1) for ln in lines if (m := re.match(r"^---> ([0-9a-f]{12})$", ln.strip()))]
 
 
 def remove_layers(layers: list[str]) -> None:
