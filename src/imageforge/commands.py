@@ -570,9 +570,42 @@ def program(namespace: Collection | None = None) -> Program:
     return Program(namespace=namespace or ns, version=__version__, name="imageforge", binary="imageforge")
 
 
+def without_caller_pythonpath(environ: Mapping[str, str], own: str) -> dict[str, str] | None:
+    """The environment to run imageforge itself in when the caller's ``PYTHONPATH`` holds more than ``own`` (the
+    folder imageforge was imported from): ``PYTHONPATH`` cut to ``own`` (or dropped), the caller's value kept in
+    IMAGEFORGE_CALLER_PYTHONPATH for the target interpreter, scripts and server. None: nothing to do."""
+    from .settings import ENV_CALLER_PYTHONPATH
+
+    value = environ.get("PYTHONPATH", "")
+    if not value or ENV_CALLER_PYTHONPATH in environ:
+        return None
+    entries = [e for e in value.split(os.pathsep) if e]
+    kept = [e for e in entries if os.path.realpath(e) == os.path.realpath(own)]
+    if kept == entries:
+        return None
+    env = {k: v for k, v in environ.items() if k != "PYTHONPATH"}
+    env[ENV_CALLER_PYTHONPATH] = value
+    if kept:
+        env["PYTHONPATH"] = kept[0]
+    return env
+
+
 def main() -> None:
-    """The `imageforge` console command (a reader closing stdout ends it quietly, also in invoke's own listings)."""
+    """The `imageforge` console command (a reader closing stdout ends it quietly, also in invoke's own listings).
+
+    Run with a ``PYTHONPATH`` (the card's corex one), it runs itself again without it first (see
+    :func:`without_caller_pythonpath`)."""
+    own = str(Path(__file__).resolve().parents[1])
+    env = without_caller_pythonpath(os.environ, own)
+    if env is not None:
+        script = sys.argv[0] if os.path.isfile(sys.argv[0]) else None  # the console script (else -m)
+        os.execve(sys.executable, [sys.executable, *([script] if script else ["-m", "imageforge.commands"]),
+                                   *sys.argv[1:]], env)
     with contextlib.suppress(Exit), closed_pipe_quiet():
         program().run()
         return
     sys.exit(EXIT_CLOSED_PIPE)
+
+
+if __name__ == "__main__":
+    main()

@@ -377,3 +377,30 @@ def test_never_writes_through_a_link_leaving_the_root(box: dict[str, Any], tmp_p
     with pytest.raises(BuildError, match="outside the root"):
         apply(box)
     assert list(outside.iterdir()) == []
+
+
+def test_the_console_command_runs_without_the_callers_pythonpath(tmp_path: Path) -> None:
+    """A corex-like PYTHONPATH holding a broken `yaml` must not reach imageforge's own process; the target gets it."""
+    shadow = tmp_path / "corex"
+    shadow.mkdir()
+    (shadow / "yaml.py").write_text("raise ImportError('the box PYTHONPATH shadowed imageforge')\n")
+    script = tmp_path / "imageforge"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(SRC)!r})\nfrom imageforge.commands import main\n"
+                      "from imageforge import settings\nprint('CALLER', settings.Settings.from_cli().environ"
+                      ".get('PYTHONPATH'), file=sys.stderr)\nmain()\n")
+    env = {**os.environ, "PYTHONPATH": str(shadow)}
+    done = subprocess.run([sys.executable, str(script), "status", "--root", str(tmp_path), "--json"], env=env,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["applied"] == []
+    assert f"CALLER {shadow}" in done.stderr  # Settings.environ gives the caller's PYTHONPATH back
+
+
+def test_pythonpath_is_cut_to_imageforges_own_folder() -> None:
+    from imageforge.commands import without_caller_pythonpath
+
+    assert without_caller_pythonpath({"PYTHONPATH": str(SRC)}, str(SRC)) is None
+    env = without_caller_pythonpath({"PYTHONPATH": f"{SRC}{os.pathsep}/usr/local/corex", "A": "1"}, str(SRC))
+    assert env == {"PYTHONPATH": str(SRC), "IMAGEFORGE_CALLER_PYTHONPATH": f"{SRC}{os.pathsep}/usr/local/corex",
+                   "A": "1"}
+    assert without_caller_pythonpath({"PYTHONPATH": "/x", "IMAGEFORGE_CALLER_PYTHONPATH": "/x"}, str(SRC)) is None
