@@ -435,15 +435,19 @@ class _Applier:
         for r in roots:
             guard_path(self.pkg, r, roots)
         snapshot = {str(p): journal.capture(p) for r in roots for p in walk(r)}
-        for r in roots:
+        for r in roots:  # a declared path not there yet, and the folders above it the script may make
             snapshot.setdefault(str(r), dict(ABSENT))
+            above = r.parent
+            while not os.path.lexists(above) and above != self.pkg.root:
+                snapshot.setdefault(str(above), dict(ABSENT))
+                above = above.parent
         snapshot_file = journal.directory / "snapshots" / f"{step.id}.json"
         snapshot_file.parent.mkdir(exist_ok=True)
         snapshot_file.write_text(json.dumps(snapshot))
-        for r in roots:  # the declared trees' directories: their mtimes come back with them
-            parent = str(r.parent)
-            if parent not in journal.data["dirs"] and parent not in journal.paths:
-                journal.data["dirs"][parent] = state_of(r.parent)
+        for key_ in [str(r) for r in roots] + [k for k, s in snapshot.items() if s["type"] == "absent"]:
+            parent = Path(key_).parent  # the declared trees' directories: their mtimes come back with them
+            if os.path.lexists(parent) and str(parent) not in journal.data["dirs"] and str(parent) not in journal.paths:
+                journal.data["dirs"][str(parent)] = state_of(parent)
         journal.begin(step.id, key, snapshot=str(snapshot_file), roots=[str(r) for r in roots])
         journal.save()
         bindir = Path(self.pkg.python).parent
