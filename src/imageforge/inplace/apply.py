@@ -445,9 +445,9 @@ class _Applier:
         snapshot_file.parent.mkdir(exist_ok=True)
         snapshot_file.write_text(json.dumps(snapshot))
         for key_ in [str(r) for r in roots] + [k for k, s in snapshot.items() if s["type"] == "absent"]:
-            parent = Path(key_).parent  # the declared trees' directories: their mtimes come back with them
-            if os.path.lexists(parent) and str(parent) not in journal.data["dirs"] and str(parent) not in journal.paths:
-                journal.data["dirs"][str(parent)] = state_of(parent)
+            folder = Path(key_).parent  # the declared trees' directories: their mtimes come back with them
+            if os.path.lexists(folder) and str(folder) not in journal.data["dirs"] and str(folder) not in journal.paths:
+                journal.data["dirs"][str(folder)] = state_of(folder)
         journal.begin(step.id, key, snapshot=str(snapshot_file), roots=[str(r) for r in roots])
         journal.save()
         bindir = Path(self.pkg.python).parent
