@@ -43,8 +43,8 @@ from .runner import LocalRunner
 Log = Callable[[str], None]
 
 VERIFY_STEP = "verify"
-#: imageforge's own process drops these when it runs the target's interpreter for itself? No: the caller's
-#: environment goes to the target interpreter, scripts and server as it is; these are recorded in the journal.
+#: The caller's environment goes to the target interpreter and the scripts as it is; these are recorded in the
+#: journal (what the steps were applied with).
 RECORDED_ENV = ("PYTHONPATH", "LD_LIBRARY_PATH")
 
 
