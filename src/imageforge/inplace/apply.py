@@ -505,8 +505,12 @@ class _Applier:
         journal.begin(VERIFY_STEP, key)
         jobs: list[list[Any]] = []
         tag = self.pkg.cache_tag
-        for image in files:
-            src = self.pkg.host(image)
+        # the steps' .py files, and every .py a script step changed (patch_ops.sh's `cp` keeps the size: a stale
+        # timestamp .pyc would win over it just as over a same-size patch)
+        sources = dict.fromkeys([self.pkg.host(image) for image in files] + [
+            Path(k) for k in sorted(journal.paths) if k.endswith(".py") and journal.expected(k)["type"] == "file"
+            and "__pycache__" not in k])
+        for src in sources:
             if not src.is_file():
                 raise BuildError(f"changed file {src} is missing after the steps")
             cache = src.parent / "__pycache__"
@@ -533,7 +537,7 @@ class _Applier:
         for key_ in journal.touched_by(VERIFY_STEP):
             journal.paths[key_]["stack"][-1]["state"] = state_of(Path(key_))
         journal.complete(VERIFY_STEP, key, f"{len(jobs)} hash-checked .pyc")
-        return StepResult(VERIFY_STEP, "verify", "applied", f"{len(files)} .py -> {len(jobs)} hash-checked .pyc",
+        return StepResult(VERIFY_STEP, "verify", "applied", f"{len(sources)} .py -> {len(jobs)} hash-checked .pyc",
                           len(jobs), time.monotonic() - t0)
 
 
