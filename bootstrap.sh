@@ -13,7 +13,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q -e ".[dev,overlays]"
+  "$venv/bin/python" -m pip install -q -e ".[dev,overlays,plots,model]"
   echo "$want" > "$stamp"
 fi
 exec "$venv/bin/invoke" "$@"

@@ -6,12 +6,13 @@
 #   IMAGEFORGE_MODEL_DIR=/root/public-storage/models/Qwen/Qwen3.6-35B-A3B \
 #     bash scripts/card-job.sh --wheelhouse ../wheelhouse --profile replay
 #
-# Steps: check the wheelhouse (SHA256SUMS) and install imageforge from it into its own venv, offline; apply the
-# target's steps in place; serve it as a process; smoke it; bench --replay; then (always, also after a failure
-# or Ctrl-C) stop the server and revert the install to what it was. Exit status: the first failing step's.
+# Steps: join the wheelhouse's parts if given those (checked against SHA256SUMS); install imageforge from it
+# (hash-pinned, offline) into its own venv; apply the target's steps in place; serve it as a process; smoke it;
+# bench --replay; then (always, also after a failure or Ctrl-C) stop the server and revert the install to what
+# it was. Exit status: the first failing step's.
 #
 # Options (each also from the environment):
-#   --wheelhouse DIR   the `invoke wheels --python 3.10 --out DIR` output            (IMAGEFORGE_WHEELHOUSE)
+#   --wheelhouse DIR   `invoke wheels --python 3.10 --out DIR`'s DIR, or its parts/   (IMAGEFORGE_WHEELHOUSE)
 #   --target T         default bi100                                                  (IMAGEFORGE_TARGET)
 #   --profile P        default: the target's default profile                          (IMAGEFORGE_PROFILE)
 #   --venv DIR         where imageforge is installed, default .venv-card              (IMAGEFORGE_CARD_VENV)
@@ -61,12 +62,18 @@ step() { printf '\n== card-job: %s\n' "$*"; }
 if [ "$install" = 1 ]; then
   [ -n "$wheelhouse" ] || die "--wheelhouse DIR is required (or --no-install)"
   [ -d "$wheelhouse" ] || die "no wheelhouse at $wheelhouse"
-  step "check the wheelhouse ($wheelhouse)"
-  if [ -f "$wheelhouse/SHA256SUMS" ]; then
-    (cd "$wheelhouse" && sha256sum --check --quiet SHA256SUMS)
+  # either the wheelhouse itself (wheels + requirements.txt) or its parts (NAME.tar.NNN + SHA256SUMS +
+  # wheelhouse_join.py, as copied over SSH): the parts are checked and joined into WHEELHOUSE/joined first
+  if [ ! -f "$wheelhouse/requirements.txt" ] && [ -f "$wheelhouse/parts/wheelhouse_join.py" ]; then
+    wheelhouse="$wheelhouse/parts"
+  fi
+  if [ ! -f "$wheelhouse/requirements.txt" ] && [ -f "$wheelhouse/wheelhouse_join.py" ]; then
+    step "check and join the wheelhouse's parts ($wheelhouse)"
+    env -u PYTHONPATH python3 "$wheelhouse/wheelhouse_join.py" --parts "$wheelhouse" --out "$wheelhouse/joined"
+    wheelhouse="$wheelhouse/joined"
   fi
   requirements="$wheelhouse/requirements.txt"
-  [ -f "$requirements" ] || die "no $requirements: is $wheelhouse an \`invoke wheels\` output?"
+  [ -f "$requirements" ] || die "no $requirements: is $wheelhouse an \`invoke wheels\` output (or its parts)?"
   step "install imageforge into $venv (offline)"
   [ -x "$venv/bin/python" ] || env -u PYTHONPATH python3 -m venv "$venv"
   env -u PYTHONPATH "$venv/bin/python" -m pip install --quiet --no-index --find-links "$wheelhouse" \

@@ -7,7 +7,9 @@
   test_submission and test_export start themselves); in-place servers (a process, in a box container or on the host)
   from a poll of /proc for a process whose command line runs vllm's server and whose parent does not (the top process
   of each server), leaving out the main process of a container already counted. It counts what the machine does while
-  the session runs: on a shared machine other users' servers count too (CI has the machine alone).
+  the session runs: on a shared machine other users' servers count too (CI has the machine alone). Each start is
+  put down to the test running when it was seen (session fixtures: the first test that asked for them), and the
+  summary lists the starts per test file.
 """
 
 from __future__ import annotations
@@ -33,9 +35,13 @@ def runs_vllm_server(argv: list[str]) -> bool:
 class VllmStarts:
     """Counts vLLM server starts while the session runs (see the module's docstring)."""
 
-    def __init__(self) -> None:
-        self.containers: dict[str, str] = {}  # container id -> image
-        self.processes: dict[tuple[int, str], str] = {}  # (pid, start time) -> its cgroups
+    FAKE = b"IMAGEFORGE_TEST_FAKE_VLLM=1"  # in a process's environment: a test's stand-in, not a server start
+
+    def __init__(self, *, count_fakes: bool = False) -> None:
+        self.count_fakes = count_fakes
+        self.containers: dict[str, str] = {}  # container id -> the test running when it started
+        self.processes: dict[tuple[int, str], tuple[str, str]] = {}  # (pid, start time) -> (its cgroups, test)
+        self.current = "(outside any test)"
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._events: Any = None
@@ -59,7 +65,7 @@ class VllmStarts:
                     argv = [*(attrs["Config"].get("Entrypoint") or []), *(attrs["Config"].get("Cmd") or [])]
                     if runs_vllm_server(argv):
                         with self._lock:
-                            self.containers[cid] = str(attrs["Config"].get("Image", ""))
+                            self.containers[cid] = self.current
 
     # ------------------------------------------------------------------ in place: processes
     def _poll_processes(self) -> None:
@@ -82,9 +88,11 @@ class VllmStarts:
                 parent = Path(f"/proc/{ppid}/cmdline").read_bytes().decode(errors="replace").split("\0")
                 if runs_vllm_server(parent):
                     continue  # a worker of a server already seen
+                if not self.count_fakes and self.FAKE in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    continue
                 cgroup = Path(f"/proc/{pid}/cgroup").read_text()
                 with self._lock:
-                    self.processes.setdefault((pid, started), cgroup)
+                    self.processes.setdefault((pid, started), (cgroup, self.current))
 
     def start(self) -> None:
         for target in (self._watch_docker, self._poll_processes):
@@ -101,11 +109,17 @@ class VllmStarts:
 
     def lines(self) -> list[str]:
         with self._lock:
-            docker_mode = len(self.containers)
+            docker_tests = list(self.containers.values())
             # the main process of a container counted from its start event is not a second start
-            in_place = sum(not any(cid in cgroup for cid in self.containers) for cgroup in self.processes.values())
-        return [f"{docker_mode + in_place} vLLM starts ({docker_mode} in Docker containers, {in_place} as processes "
-                f"in place)"]
+            process_tests = [test for cgroup, test in self.processes.values()
+                             if not any(cid in cgroup for cid in self.containers)]
+        per_file: dict[str, list[int]] = {}
+        for tests, column in ((docker_tests, 0), (process_tests, 1)):
+            for test in tests:
+                per_file.setdefault(test.split("::")[0], [0, 0])[column] += 1
+        out = [f"  {d:>2} in Docker, {p:>2} in place  {name}" for name, (d, p) in sorted(per_file.items())]
+        return [*out, f"{len(docker_tests) + len(process_tests)} vLLM starts ({len(docker_tests)} in Docker "
+                      f"containers, {len(process_tests)} as processes in place)"]
 
 
 _COUNTER = VllmStarts()
@@ -113,6 +127,13 @@ _COUNTER = VllmStarts()
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     _COUNTER.start()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    _COUNTER.current = item.nodeid
+    yield
+    _COUNTER.current = "(between tests)"
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -13,7 +13,8 @@ modules below are imported inside the functions so that ``invoke --help`` stays 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from .plan import PlanReport
     from .resolve import Resolved, ValidationSummary
     from .run import Server
+    from .serve_process import InPlace, ProcessServer
     from .smoke import SmokeReport
     from .submission import SubmissionResult
     from .wheelhouse import Wheelhouse
@@ -103,7 +105,7 @@ def base(s: Settings, target: str | None, log: Log = print) -> str:
     """`base`: the Docker engine, the target's base image (made from its recipe) and its model."""
     from .build import prepare_base
 
-    return prepare_base(_resolve(s, load(s), target, None), s.environ, log).ref
+    return prepare_base(_resolve(s, load(s), target, None), s.environ, log, start=True).ref
 
 
 def build(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, verbose: bool,
@@ -176,16 +178,62 @@ def clean(s: Settings, *, keep: int, dry_run: bool, target: str | None, min_age:
 
 
 def run(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, base: bool,
-        port: int | None, timeout: float | None) -> Server:
-    """`run`: start TARGET:PROFILE (built first if needed) on the host address, wait until ready, leave it."""
+        port: int | None, timeout: float | None, in_place: InPlace | None = None) -> Server | ProcessServer:
+    """`run`: start TARGET:PROFILE (built first if needed) on the host address, wait until ready, leave it.
+
+    ``in_place``: the serving command as a process on this machine (the files under its root, as applied).
+    """
+    resolved = _resolve(s, load(s), target, profile, sets)
+    if in_place is not None:
+        from .errors import ConfigError
+        from .serve_process import start_detached as start_process
+
+        if base:
+            raise ConfigError("--in-place serves the files under --root: --base does not apply",
+                              hint="`invoke revert` puts the root back as installed; then run --in-place")
+        return start_process(resolved, in_place, port=port, timeout=timeout, host_address=s.host_address,
+                             environ=s.environ)
     from .run import start_detached
 
-    resolved = _resolve(s, load(s), target, profile, sets)
     return start_detached(resolved, base=base, port=port, timeout=timeout, host_address=s.host_address)
 
 
-def stop(target: str | None, *, every: bool) -> list[str]:
-    """`stop`: remove the servers `run` started (``every``: smoke runs' and tests' too)."""
+def in_place(s: Settings, *, enabled: bool, root: str = "", python: str = "") -> InPlace | None:
+    """The in-place options (`--in-place [--root DIR] [--python PATH]`) as an InPlace, or None without --in-place."""
+    from .errors import ConfigError
+    from .serve_process import InPlace
+
+    if not enabled:
+        if root or python:
+            raise ConfigError("--root and --python go with --in-place", hint="add --in-place")
+        return None
+    return InPlace(root=Path(root or "/"), python=python or "python3")
+
+
+@contextlib.contextmanager
+def _applied(s: Settings, resolved: Resolved, in_place: InPlace | None, echo: Log, *,
+             starts: int) -> Iterator[None]:
+    """In place: say how many server starts come, apply ``resolved``'s steps, and put the root back afterwards."""
+    if in_place is None:
+        yield
+        return
+    echo(f"in place on {in_place.root}: {starts} server start(s), one at a time")
+    with in_place.kept(resolved.manifest, environ=s.environ, log=echo):
+        in_place.apply(resolved, environ=s.environ, log=echo)
+        yield
+
+
+def stop(target: str | None, *, every: bool, s: Settings | None = None, in_place: bool = False) -> list[str]:
+    """`stop`: remove the servers `run` started (``every``: smoke runs' and tests' too).
+
+    ``in_place``: end the server processes `run --in-place` recorded under the manifest's directory (never
+    the Docker engine).
+    """
+    if in_place:
+        from .serve_process import stop_processes
+
+        root = (s or settings()).manifest.resolve().parent
+        return [str(pid) for pid in stop_processes(root, target)]
     from .run import stop_servers
 
     return stop_servers(target, every=every)
@@ -193,12 +241,15 @@ def stop(target: str | None, *, every: bool) -> list[str]:
 
 def smoke(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, url: str | None,
           suite: str | None, tags: str | None, base: bool, port: int | None, wait: float,
-          echo: Log = print, show: Callable[[SmokeReport], None] | None = None) -> SmokeReport:
+          echo: Log = print, show: Callable[[SmokeReport], None] | None = None,
+          in_place: InPlace | None = None) -> SmokeReport:
     """`smoke`: the suite against --url, or build + start + check + remove TARGET:PROFILE (exit 4 on a failure)."""
     from .errors import ConfigError
     from .smoke import DEFAULT_TAGS, parse_tags, smoke_target, smoke_url, suite_for, target_vars, verdict
 
     tag_list = parse_tags(tags)
+    if url and in_place is not None:
+        raise ConfigError("--url tests a running server: --in-place does not apply")
     if url:
         if base or profile:
             raise ConfigError("--url tests a running server: --profile and --base do not apply",
@@ -211,8 +262,10 @@ def smoke(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
                            vars=target_vars(resolved) if resolved is not None and target else None, wait=wait)
     else:
         resolved = _resolve(s, load(s), target, profile, sets)
-        report = smoke_target(resolved, environ=s.environ, suite_path=Path(suite) if suite else None, tags=tag_list,
-                              echo=echo, base=base, port=port, host_address=s.host_address)
+        with _applied(s, resolved, in_place, echo, starts=1):
+            report = smoke_target(resolved, environ=s.environ, suite_path=Path(suite) if suite else None,
+                                  tags=tag_list, echo=echo, base=base, port=port, host_address=s.host_address,
+                                  in_place=in_place)
     if show is not None:  # the result, shown before the verdict (exit 4) too
         show(report)
     verdict(report)
@@ -229,7 +282,7 @@ def demo(s: Settings, *, target: str = "cpu", echo: Log = print) -> SmokeReport:
     t0 = time.monotonic()
     resolved = _resolve(s, load(s), target, None)
     echo(f"demo: {target}:{resolved.profile_name} -- Docker engine, base image, build, serve, smoke")
-    ensure_daemon(log=echo)
+    ensure_daemon(start=True, log=echo)
     # the build makes the base image (and model) first
     report = smoke_target(resolved, environ=s.environ, echo=echo, host_address=s.host_address)
     echo(f"demo: {report.summary_line()} in {time.monotonic() - t0:.0f}s")
@@ -244,7 +297,7 @@ def _workload(workload: Workload) -> Workload:
 
 def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, url: str | None,
           port: int | None, workload: Workload, echo: Log = print, replay: Any = None,
-          show: Callable[[Any], None] | None = None) -> Any:
+          show: Callable[[Any], None] | None = None, in_place: InPlace | None = None) -> Any:
     """`bench`: load-test --url, or build + serve + bench + remove TARGET:PROFILE (exit 4 on a failure).
 
     ``replay`` (a :class:`imageforge.bench.replay.ReplayOptions`): the evaluator's one-at-a-time replay instead of
@@ -260,6 +313,8 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         w = _workload(workload)
     else:
         replay.validate()
+    if url and in_place is not None:
+        raise ConfigError("--url benches a running server: --in-place does not apply")
     if url:
         if target or profile or sets:
             raise ConfigError("--url benches a running server: --target, --profile and --set do not apply",
@@ -273,10 +328,12 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         write_bench(result)
     else:
         resolved = _resolve(s, load(s), target, profile, sets)
-        if replay is not None:
-            return replay_report(replay_target(resolved, replay, environ=s.environ, echo=echo, port=port,
-                                               host_address=s.host_address), replay, echo)
-        result = bench_target(resolved, w, environ=s.environ, echo=echo, port=port, host_address=s.host_address)
+        with _applied(s, resolved, in_place, echo, starts=1):
+            if replay is not None:
+                return replay_report(replay_target(resolved, replay, environ=s.environ, echo=echo, port=port,
+                                                   host_address=s.host_address, in_place=in_place), replay, echo)
+            result = bench_target(resolved, w, environ=s.environ, echo=echo, port=port, host_address=s.host_address,
+                                  in_place=in_place)
     print_bench(result, echo)
     if show is not None:
         show(result)
@@ -286,7 +343,7 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
 
 def sweep(s: Settings, target: str | None, profile: str | None, params: Sequence[str], sets: Sequence[str], *,
           workload: Workload, requests_given: bool, concurrency_given: bool,
-          echo: Log = print, interleave: bool = True) -> SweepResult:
+          echo: Log = print, interleave: bool = True, in_place: InPlace | None = None) -> SweepResult:
     """`sweep`: one build + serve + bench per combination of --param values; exit 4 when no point gave a result."""
     from .bench import parse_params, report_sweep, sweep_workload
     from .bench import sweep as run_sweep
@@ -297,7 +354,7 @@ def sweep(s: Settings, target: str | None, profile: str | None, params: Sequence
     manifest = load(s)
     _validated(s, manifest)
     result = run_sweep(manifest, target, profile, parsed, w, sets=sets, environ=s.environ, echo=echo,
-                       host_address=s.host_address, interleave=interleave)
+                       host_address=s.host_address, interleave=interleave, in_place=in_place)
     return report_sweep(result, echo)
 
 
@@ -306,15 +363,59 @@ def sweep(s: Settings, target: str | None, profile: str | None, params: Sequence
 
 def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, against: str = "base",
           dtype: str = "", top_k: int = 0, greedy_tokens: int = 0, prompts: int = 0,
-          echo: Log = print, show: Callable[[EquivRun], None] | None = None) -> EquivRun:
-    """`equiv`: TARGET:PROFILE against --against (base, a profile or an image), teacher-forced; exit 4 when exceeded."""
+          echo: Log = print, show: Callable[[EquivRun], None] | None = None, record: str = "",
+          in_place: InPlace | None = None) -> EquivRun | None:
+    """`equiv`: TARGET:PROFILE against --against (base, a profile, an image or a record FILE), teacher-forced;
+    exit 4 when exceeded.
+
+    ``record`` FILE: serve only the reference and write its evidence there (nothing compared: None).
+    ``in_place``: one server at a time on this machine (the reference is what the root serves, or with an
+    apply engine the required steps applied; see :func:`imageforge.equiv.run.record_reference`).
+    """
     from .equiv import raise_if_failed
-    from .equiv.run import equiv_target, settings_from_cli
+    from .equiv.record import is_record_path
+    from .equiv.run import (
+        against_record,
+        equiv_in_place,
+        equiv_target,
+        load_record,
+        record_reference,
+        settings_from_cli,
+    )
+    from .errors import ConfigError
 
     resolved = _resolve(s, load(s), target, profile, sets)
     chosen = settings_from_cli(resolved.target.equiv, top_k=top_k, greedy_tokens=greedy_tokens, prompts=prompts)
-    result = equiv_target(resolved, against=against or "base", dtype=dtype or None, settings=chosen, sets=sets,
-                          environ=s.environ, echo=echo, host_address=s.host_address)
+    file_against = bool(against) and is_record_path(against)
+    if record and file_against:
+        raise ConfigError("equiv: --record FILE writes a reference; --against FILE compares with one",
+                          hint="record first, then compare with --against FILE")
+    if in_place is not None:
+        if against not in ("", "base") and not file_against:
+            raise ConfigError(f"equiv --in-place: the reference is the required steps applied, not {against!r}",
+                              hint="--against FILE (a record) or leave --against out")
+        if file_against and (top_k or greedy_tokens or prompts):
+            raise ConfigError("equiv --against FILE compares on the recorded prompts: --top-k, --greedy-tokens and "
+                              "--prompts do not apply")
+        maybe = equiv_in_place(resolved, in_place, record=Path(record) if record else None,
+                               against=Path(against) if file_against else None, dtype=dtype or None,
+                               settings=chosen, environ=s.environ, echo=echo, host_address=s.host_address)
+        if maybe is None:
+            return None
+        result = maybe
+    elif record:
+        record_reference(resolved, Path(record), against=against or "base", dtype=dtype or None, settings=chosen,
+                         sets=sets, environ=s.environ, echo=echo, host_address=s.host_address)
+        return None
+    elif file_against:
+        if top_k or greedy_tokens or prompts:
+            raise ConfigError("equiv --against FILE compares on the recorded prompts: --top-k, --greedy-tokens and "
+                              "--prompts do not apply")
+        result = against_record(resolved, load_record(Path(against)), dtype=dtype or None, environ=s.environ,
+                                echo=echo, host_address=s.host_address, where=against)
+    else:
+        result = equiv_target(resolved, against=against or "base", dtype=dtype or None, settings=chosen, sets=sets,
+                              environ=s.environ, echo=echo, host_address=s.host_address)
     if show is not None:
         show(result)
     raise_if_failed(result.verdict)
@@ -323,7 +424,8 @@ def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
 
 def bisect(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *,
            check: Sequence[str] = (), suite: str = "", tags: str = "", repeat: int = 1, flaky: str = "fail",
-           echo: Log = print, show: Callable[[BisectRun], None] | None = None) -> BisectRun:
+           echo: Log = print, show: Callable[[BisectRun], None] | None = None,
+           in_place: InPlace | None = None) -> BisectRun:
     """`bisect`: the first step whose image fails the selected checks; exit 4 when one did (or the base fails)."""
     from .errors import ConfigError
     from .forensics import raise_for
@@ -337,7 +439,7 @@ def bisect(s: Settings, target: str | None, profile: str | None, sets: Sequence[
     resolved = _resolve(s, load(s), target, profile, sets)
     run = bisect_target(resolved, checks=list(check), suite_path=suite or None, tags=parse_tags(tags),
                         repeat=repeat, flaky="unknown" if flaky == "unknown" else "fail", environ=s.environ,
-                        echo=echo, host_address=s.host_address)
+                        echo=echo, host_address=s.host_address, in_place=in_place)
     if show is not None:
         show(run)
     step = run.culprit
@@ -347,12 +449,19 @@ def bisect(s: Settings, target: str | None, profile: str | None, sets: Sequence[
 
 def ablate(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *,
            workload: Workload, steps: str = "", repeat: int = 3, out: str = "", equiv: bool = True,
-           echo: Log = print) -> AblationRun:
-    """`ablate`: each chosen step's variant without it, benched ABAB against the full image, equiv each."""
-    from .forensics.run import ablate_target
+           echo: Log = print, in_place: InPlace | None = None) -> AblationRun:
+    """`ablate`: each chosen step's variant without it, benched ABAB against the full image, equiv each.
+
+    ``in_place``: one server at a time on this machine (full, each variant, full), the root as before at the end.
+    """
+    from .forensics.run import ablate_in_place, ablate_target
 
     resolved = _resolve(s, load(s), target, profile, sets)
     chosen = [name.strip() for name in steps.split(",") if name.strip()] or None
+    if in_place is not None:
+        return ablate_in_place(resolved, _workload(workload), in_place, steps=chosen, repeats=repeat,
+                               out=Path(out) if out else None, equiv=equiv, environ=s.environ, echo=echo,
+                               host_address=s.host_address)
     return ablate_target(resolved, _workload(workload), steps=chosen, repeats=repeat, out=Path(out) if out else None,
                          equiv=equiv, environ=s.environ, echo=echo, host_address=s.host_address)
 
@@ -383,6 +492,20 @@ def check_submission(s: Settings, target: str | None, profile: str | None, sets:
 
     resolved = _resolve(s, load(s), target, profile, sets)
     return check(resolved, Path(out), environ=s.environ, log=log)
+
+
+def engine(log: Log = print) -> dict[str, Any]:
+    """`engine`: the Docker daemon the docker CLI would use answers; on this machine's socket, install
+    Debian's docker.io and start dockerd when needed. Returns what answered."""
+    from .docker_engine import client, daemon_errors, endpoint, ensure_daemon
+
+    ensure_daemon(start=True, log=log)
+    ep = endpoint()
+    with daemon_errors("asking the daemon for its version"):
+        version = client().version()
+    return {"endpoint": ep.host, "source": ep.source, "local": ep.local, "ssh": ep.is_ssh,
+            "server_version": version.get("Version"), "api_version": version.get("ApiVersion"),
+            "os": version.get("Os"), "arch": version.get("Arch")}
 
 
 # --------------------------------------------------------------------------- the card's box (issue 21)

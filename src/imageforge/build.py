@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import json
 import os
 import subprocess
 import tarfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,7 @@ from .runs import RunLog, image_lock
 from .runs import new_run_id as new_run_id  # smoke and bench still import it from here
 from .scripts import IDLE_LOOP
 from .steps import SERVING_CONFIG, ApplyContext, Changes, ContainerFS, Entry, StepProblem, kind
-from .verify import verify_image, verify_spec
+from .verify import verified_contents, verify_context, verify_image, verify_spec
 
 Log = Callable[[str], None]
 
@@ -105,7 +106,7 @@ class StepResult:
     id: str
     kind: str
     stage: str
-    cache: str  # HIT, BUILT, SKIPPED (already applied)
+    cache: str  # HIT, BUILT, SKIPPED (already applied), REUSED (verify: the imports passed on this content before)
     key: str
     image_id: str
     seconds: float
@@ -124,13 +125,13 @@ class Builder:
     base_ref: str
     base_id: str
     environ: Mapping[str, str]
-    base_config: dict[str, Any] = field(init=False)
-    revision: str = field(init=False)
     info: PackageInfo | None = field(init=False, default=None)
 
-    def __post_init__(self) -> None:
-        self.base_config = client().images.get(self.base_id).attrs["Config"] or {}
-        self.revision = git_revision(self.resolved.manifest.root)
+    @functools.cached_property
+    def revision(self) -> str:
+        """The manifest checkout's git revision, for the labels: asked only when a layer is committed
+        (two git processes; a no-op build commits nothing)."""
+        return git_revision(self.resolved.manifest.root)
 
     @property
     def resolved(self) -> Resolved:
@@ -268,13 +269,15 @@ class Builder:
         assert self.info is not None
         parent_config = client().images.get(parent).attrs["Config"] or {}
         spec = verify_spec(self.plan, self.info.site)
+        spec = replace(spec, context=verify_context(self.plan, self.base_id, self.info.python, spec, self.environ),
+                       verified=verified_contents())
         with daemon_errors("verifying"):
             report = verify_image(self.scope, parent, parent_config, self.target, self.info, spec, log=self.log,
                                   verbose=self.verbose)
         image_id = self.commit(report.container, planned, parent_config,
                                extra_labels={L_VERIFIED: canonical(report.summary())})
         self.scope.remove(report.container)
-        return image_id, report.text()
+        return image_id, ("REUSED " if report.reused else "") + report.text()
 
     def run_config(self, planned: PlannedStep, parent: str) -> tuple[str, str]:
         parent_config = client().images.get(parent).attrs["Config"] or {}
@@ -380,7 +383,9 @@ def build(plan: Plan, base: BaseIdentity, *, runlog: RunLog, verbose: bool = Fal
                 runner = {"verify": builder.run_verify, "config": builder.run_config}.get(planned.stage,
                                                                                          builder.run_step)
                 image_id, detail = runner(planned, parent)
-                cache = "SKIPPED" if detail.startswith("already applied") else "BUILT"
+                cache = ("SKIPPED" if detail.startswith("already applied")
+                         else "REUSED" if detail.startswith("REUSED ") else "BUILT")
+                detail = detail.removeprefix("REUSED ")
             dt = time.monotonic() - t0
             results.append(StepResult(planned.id, planned.kind, planned.stage, cache, planned.key,
                                       image_id, dt, detail))
@@ -445,8 +450,12 @@ def build_target(resolved: Resolved, *, environ: Mapping[str, str], echo: Log = 
         runlog.close()
 
 
-def prepare_base(resolved: Resolved, environ: Mapping[str, str], log: Log = print) -> BaseIdentity:
-    """Make sure the Docker engine answers and the target's base image (and model) exist."""
-    ensure_daemon(log=log)
+def prepare_base(resolved: Resolved, environ: Mapping[str, str], log: Log = print, *,
+                 start: bool | None = None) -> BaseIdentity:
+    """Make sure the Docker engine answers and the target's base image (and model) exist.
+
+    ``start``: install and start a local dockerd when none answers (`base`, `test`); see ensure_daemon.
+    """
+    ensure_daemon(start=start, log=log)
     with daemon_errors("making the base image"):
         return base_reference(resolved, environ, log, make=True)

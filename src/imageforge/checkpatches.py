@@ -31,6 +31,7 @@ from .errors import BuildError, ConfigError, Location
 from .manifest import Manifest, Step, Target, resolve_image_path
 from .patchfrom import apply_steps, derive_patch_steps, render_steps_yaml
 from .patching import NearMatch
+from .progress import progress
 from .pycheck import check_python
 from .resolve import resolve
 from .scripts import IDLE_LOOP
@@ -177,7 +178,8 @@ def check_script(step: Step, state: Overlay, run_script: ScriptRunner | None) ->
         return CheckRow(step.id, step.kind, step.profile, path, "not checked",
                         "script: runs only at build time (later checks do not see its changes)",
                         location=step.location)
-    outcome = run_script(step, state)
+    with progress(f"check-patches: script step {step.id}"):  # no total: a bar that shows it is running
+        outcome = run_script(step, state)
     if outcome.fs is None or outcome.exit_code != 0:
         return CheckRow(step.id, step.kind, step.profile, path, "script failed", outcome.detail,
                         location=step.location, log_tail=outcome.log_tail)

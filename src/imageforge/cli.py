@@ -15,7 +15,7 @@ from typing import Any, TextIO, cast
 
 from invoke.exceptions import Exit
 
-from . import settings
+from . import progress, settings
 from .errors import EXIT_INTERRUPTED, ImageforgeError
 
 
@@ -65,12 +65,16 @@ class Output:
     as_json: bool
     quiet: bool
     stdout: TextIO
+    in_place: Any = None  # the command's --in-place [--root] [--python] (an InPlace), None without --in-place
 
-    def result(self, text: object, data: object = None) -> None:
-        """The command's result: ``data`` as one JSON document under --json, else ``text`` (None: nothing)."""
+    def result(self, text: object, data: object = None, *, logged: bool = False) -> None:
+        """The command's result: ``data`` as one JSON document under --json, else ``text`` (None: nothing).
+
+        ``logged``: the run's log (stderr) already ended with ``text``; it is written again only when stdout is
+        not the terminal the log went to (a file, a pipe), so a terminal shows it once."""
         if self.as_json:
             self.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-        elif text is not None:
+        elif text is not None and not (logged and not self.quiet and _same_terminal(self.stdout, sys.stderr)):
             self.stdout.write(f"{text}\n")
         self.stdout.flush()
 
@@ -86,6 +90,13 @@ class Output:
             print(text, file=sys.stderr, flush=True)
 
 
+def _same_terminal(a: TextIO, b: TextIO) -> bool:
+    try:
+        return a.isatty() and b.isatty() and os.path.samestat(os.fstat(a.fileno()), os.fstat(b.fileno()))
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False
+
+
 @contextmanager
 def command_io(show_traceback: bool = False, *, as_json: bool = False, quiet: bool = False,
                settings: Any = None) -> Iterator[Output]:
@@ -96,7 +107,7 @@ def command_io(show_traceback: bool = False, *, as_json: bool = False, quiet: bo
     logs = cast(TextIO, _Null()) if quiet else sys.stderr
     _RESULTS.append(logs if as_json else real)
     try:
-        with user_errors(show_traceback), closed_pipe_quiet(), redirect_stdout(logs):
+        with user_errors(show_traceback), closed_pipe_quiet(), redirect_stdout(logs), progress.quiet(quiet):
             yield Output(settings, as_json, quiet, real)
     finally:
         _RESULTS.pop()

@@ -93,6 +93,10 @@ SHARED_HELP = {
     "quiet": "No progress or log lines on stderr (errors still go there)",
     "host_address": "Address of the Docker host where ports are published and reached "
                     "(default 127.0.0.1; also IMAGEFORGE_HOST_ADDRESS)",
+    # in-place mode (issue 21): the target's files under --root, served as a process (no Docker)
+    "in_place": "On this machine, no Docker: the target's files under --root, served as a process",
+    "root": "In place: the root the target's files live under (default /)",
+    "python": "In place: the target's interpreter (default python3 on PATH)",
 }
 
 
@@ -108,7 +112,8 @@ def _workload_fields() -> dict[str, object]:
 
 
 def command(*, json: bool = False, manifest: bool = True, host: bool = False, workload: str = "",
-            help: Mapping[str, str] | None = None, **kwargs: Any) -> Callable[[Callable[..., None]], ForgeTask]:
+            in_place: bool = False, help: Mapping[str, str] | None = None,
+            **kwargs: Any) -> Callable[[Callable[..., None]], ForgeTask]:
     """A task of the `imageforge` command. The body is ``body(c, out, ...own options)``; this adds the shared
     options -- ``--manifest`` (unless ``manifest=False``), ``--traceback``, ``--quiet``, ``--json`` (``json=True``),
     ``--host-address`` (``host=True``) and, with ``workload="bench"|"sweep"|"ablate"``, the workload options
@@ -124,6 +129,8 @@ def command(*, json: bool = False, manifest: bool = True, host: bool = False, wo
             shared["json"] = False
         if host:
             shared["host_address"] = ""
+        if in_place:  # the body reads cmd.in_place (an InPlace, or None)
+            shared.update(in_place=False, root="", python="")
         shared["quiet"] = False
         shared["traceback"] = False
         load: dict[str, object] = {}
@@ -145,6 +152,9 @@ def command(*, json: bool = False, manifest: bool = True, host: bool = False, wo
                              host_address=str(given.get("host_address", "")))
             with command_io(s.traceback, as_json=bool(given.get("json", False)), quiet=bool(given["quiet"]),
                             settings=s) as out:
+                if in_place:
+                    out.in_place = app.in_place(s, enabled=bool(given["in_place"]), root=str(given["root"]),
+                                                python=str(given["python"]))
                 if workload:
                     from .bench import Workload
 
@@ -199,7 +209,7 @@ def build(c: Context, cmd: Output, target: str = "", profile: str = "", set_: li
     """Build (or reuse from cache) every layer of TARGET:PROFILE, verify it, then move its tags."""
     result = app.build(cmd.settings, target or None, profile or None, set_ or [], verbose=verbose, quiet=cmd.quiet,
                        locked=locked)
-    cmd.result(None, result.to_json())
+    cmd.result(f"IMAGE={result.tags[0]}" if result.tags else None, result.to_json())
 
 
 @command(help={"dir": "Directory of the new project (default: the current one); existing files are kept",
@@ -277,7 +287,7 @@ def clean(c: Context, cmd: Output, keep: int = 3, dry_run: bool = False, target:
 # --------------------------------------------------------------------------- run, stop, smoke, demo
 
 
-@command(json=True, host=True, iterable=["set_"], help={
+@command(json=True, host=True, in_place=True, iterable=["set_"], help={
     "target": TARGET_HELP,
     "profile": "Profile name (default: the target's default_profile); built first if needed",
     "base": "Run the base image with the serving args as `vllm serve` flags (no build)",
@@ -288,19 +298,24 @@ def run(c: Context, cmd: Output, target: str = "", profile: str = "", base: bool
         set_: list[str] | None = None, timeout: float = 0.0) -> None:
     """Start TARGET's server on 127.0.0.1, wait until /health answers, leave it running; prints URL=..."""
     server = app.run(cmd.settings, target or None, profile or None, set_ or [], base=base, port=port or None,
-                     timeout=timeout or None)
-    cmd.log(f"container {server.name} ({server.image}) is serving; `imageforge stop` removes it")
+                     timeout=timeout or None, in_place=cmd.in_place)
+    if cmd.in_place is not None:
+        cmd.log(f"pid {server.name.removeprefix('pid ')} ({server.image}) is serving; log "
+                f"{server.run_dir / 'server.log'}; `imageforge stop --in-place` ends it")
+    else:
+        cmd.log(f"container {server.name} ({server.image}) is serving; `imageforge stop` removes it")
     cmd.result(f"URL={server.url}", {"container": server.name, "image": server.image, "url": server.url})
 
 
-@command(manifest=False, help={"target": "Only this target's servers (default: all)",
-                               "all": "Also servers left by interrupted smoke runs or tests"})
-def stop(c: Context, cmd: Output, target: str = "", all: bool = False) -> None:
-    """Stop and remove the server containers `imageforge run` started (found by label)."""
-    app.stop(target or None, every=all)
+@command(help={"target": "Only this target's servers (default: all)",
+               "all": "Also servers left by interrupted smoke runs or tests",
+               "in_place": "End the server processes `run --in-place` recorded (TERM, then KILL); no Docker"})
+def stop(c: Context, cmd: Output, target: str = "", all: bool = False, in_place: bool = False) -> None:
+    """Stop and remove the server containers `imageforge run` started (found by label); --in-place: its processes."""
+    app.stop(target or None, every=all, s=cmd.settings, in_place=in_place)
 
 
-@command(json=True, host=True, iterable=["set_"], help={
+@command(json=True, host=True, in_place=True, iterable=["set_"], help={
     "url": "Test a server that is already running, e.g. http://127.0.0.1:8000",
     "target": "Target name (default: the manifest's default_target); names the suite and tags",
     "profile": "Profile to build, start, test and remove (default: the target's default_profile)",
@@ -321,7 +336,7 @@ def smoke(c: Context, cmd: Output, url: str = "", target: str = "", profile: str
         cmd.result(f"smoke: {report.summary_line()}", report.to_json())
 
     app.smoke(cmd.settings, target or None, profile or None, set_ or [], url=url or None, suite=suite or None,
-              tags=tags or None, base=base, port=port or None, wait=wait, show=show)
+              tags=tags or None, base=base, port=port or None, wait=wait, show=show, in_place=cmd.in_place)
 
 
 @command(host=True)
@@ -346,10 +361,12 @@ WORKLOAD_HELP = {
     "warmup": "Unmeasured warm-up requests first (default 1)",
     "max_error_rate": "Fail (exit 4) above this fraction of failed requests (default 0)",
     "repeat": "Runs on the same server (seeds seed, seed+1 ...); the median by score is reported (default 1)",
+    "request_rate": "Requests per second arriving as a Poisson process (seeded by --seed), still gated by "
+                    "--concurrency (default 0: all at once, as vllm bench serve's inf)",
 }
 
 
-@command(json=True, host=True, workload="bench", iterable=["set_"], optional=["replay"], help={
+@command(json=True, host=True, in_place=True, workload="bench", iterable=["set_"], optional=["replay"], help={
     "url": "Bench a server that is already running, e.g. http://127.0.0.1:8000",
     "replay": "The evaluator's replay instead: one request at a time, its metrics and target lines; bare: a "
               "seeded workload (--requests, --seed) scaled to the max-model-len; --replay FILE: your JSONL",
@@ -370,7 +387,7 @@ def bench(c: Context, cmd: Output, url: str = "", target: str = "", profile: str
 
     --replay: the evaluator's workload one request at a time, its metrics and PASS/FAIL lines, bench.json + PNG.
     Workload options also answer to `vllm bench serve`'s names: --num-prompts, --max-concurrency,
-    --random-input-len, --random-output-len."""
+    --random-input-len, --random-output-len, --request-rate (Poisson arrivals); the report adds p99s and ITL."""
     from .bench import Workload, replay_options
 
     w = workload or Workload()
@@ -378,13 +395,13 @@ def bench(c: Context, cmd: Output, url: str = "", target: str = "", profile: str
                              planned_output=planned_output, duration=w.duration, timeout=w.timeout,
                              max_error_rate=w.max_error_rate, require_targets=require_targets)
     result = app.bench(cmd.settings, target or None, profile or None, set_ or [], url=url or None,
-                       port=port or None, workload=w, replay=options,
+                       port=port or None, workload=w, replay=options, in_place=cmd.in_place,
                        show=None if options else lambda r: cmd.result(None, r.summary()))
     if options:
         cmd.result(None, result.to_json()["report"])
 
 
-@command(json=True, host=True, workload="sweep", iterable=["param", "set_"], help={
+@command(json=True, host=True, in_place=True, workload="sweep", iterable=["param", "set_"], help={
     "target": TARGET_HELP,
     "profile": "Profile the points start from (default: the target's default_profile)",
     "param": "KEY=V1,V2,...: a serving value to sweep (e.g. max-num-seqs=1,4,8); repeatable (all combinations)",
@@ -403,30 +420,40 @@ def sweep(c: Context, cmd: Output, target: str = "", profile: str = "", param: l
     w = dataclasses.replace(w, requests=w.requests or defaults.requests,
                             concurrency=w.concurrency or defaults.concurrency)
     result = app.sweep(cmd.settings, target or None, profile or None, param or [], set_ or [], workload=w,
-                       interleave=interleave, requests_given=requests_given, concurrency_given=concurrency_given)
+                       interleave=interleave, requests_given=requests_given, concurrency_given=concurrency_given,
+                       in_place=cmd.in_place)
     cmd.result(None, result.to_json())
 
 
 # --------------------------------------------------------------------------- accuracy gate, forensics
 
 
-@command(json=True, host=True, iterable=["set_"], help={
+@command(json=True, host=True, in_place=True, iterable=["set_"], help={
     "target": TARGET_HELP,
     "profile": "Profile under test (default: the target's default_profile)",
-    "against": "Reference: base (the target's base image, nothing patched; default), a PROFILE or an IMAGE",
+    "against": "Reference: base (the target's base image, nothing patched; default), a PROFILE, an IMAGE, or a "
+               "record FILE (equiv --record)",
+    "record": "Serve only the reference and write its teacher-forced evidence to FILE (compare later with "
+              "--against FILE)",
     "dtype": "float32 or bfloat16 on both sides (default: the target's equiv.dtype, else float32)",
     "top_k": "prompt_logprobs per position (default: the target's equiv.top_k)",
     "greedy_tokens": "Greedy continuation tokens, for the first divergence (default: equiv.greedy_tokens)",
     "prompts": "Use only the first N prompts of the target's equiv prompt set (default: all)",
     "set_": SET_HELP})
 def equiv(c: Context, cmd: Output, target: str = "", profile: str = "", against: str = "base", dtype: str = "",
-          top_k: int = 0, greedy_tokens: int = 0, prompts: int = 0, set_: list[str] | None = None) -> None:
-    """Accuracy gate: serve TARGET:PROFILE and the reference at once, compare teacher-forced logprobs. Exit 4 over."""
-    app.equiv(cmd.settings, target or None, profile or None, set_ or [], against=against, dtype=dtype, top_k=top_k,
-              greedy_tokens=greedy_tokens, prompts=prompts, show=lambda r: cmd.result(None, r.to_json()))
+          top_k: int = 0, greedy_tokens: int = 0, prompts: int = 0, set_: list[str] | None = None,
+          record: str = "") -> None:
+    """Accuracy gate: serve TARGET:PROFILE and the reference at once, compare teacher-forced logprobs. Exit 4 over.
+
+    One server at a time: --record FILE keeps the reference's evidence, --against FILE compares with it."""
+    result = app.equiv(cmd.settings, target or None, profile or None, set_ or [], against=against, dtype=dtype,
+                       top_k=top_k, greedy_tokens=greedy_tokens, prompts=prompts, record=record,
+                       in_place=cmd.in_place, show=lambda r: cmd.result(r.text(), r.to_json(), logged=True))
+    if result is None:  # --record: the evidence file is the result
+        cmd.result(f"RECORD={record}", {"record": record})
 
 
-@command(json=True, host=True, iterable=["check", "set_"], help={
+@command(json=True, host=True, in_place=True, iterable=["check", "set_"], help={
     "target": TARGET_HELP,
     "profile": "Profile whose steps are searched (default: the target's default_profile)",
     "check": "Smoke check id to bisect on (repeatable), or 'equiv' for the accuracy gate",
@@ -440,10 +467,11 @@ def bisect(c: Context, cmd: Output, target: str = "", profile: str = "", check: 
            set_: list[str] | None = None) -> None:
     """Find the first step whose image fails --check (or the suite), by binary search over the steps. Exit 4 if one."""
     app.bisect(cmd.settings, target or None, profile or None, set_ or [], check=check or [], suite=suite,
-               tags=tags, repeat=repeat, flaky=flaky, show=lambda r: cmd.result(None, r.to_json()))
+               tags=tags, repeat=repeat, flaky=flaky, in_place=cmd.in_place,
+               show=lambda r: cmd.result(r.text(), r.to_json(), logged=True))
 
 
-@command(json=True, host=True, workload="ablate", iterable=["set_"], help={
+@command(json=True, host=True, in_place=True, workload="ablate", iterable=["set_"], help={
     "target": TARGET_HELP,
     "profile": "Profile of the full image (default: the target's default_profile)",
     "steps": "Comma-separated step ids to ablate (default: every step not marked required)",
@@ -454,12 +482,14 @@ def bisect(c: Context, cmd: Output, target: str = "", profile: str = "", check: 
 def ablate(c: Context, cmd: Output, target: str = "", profile: str = "", steps: str = "", repeat: int = 3,
            out: str = "", no_equiv: bool = False, set_: list[str] | None = None,
            workload: Workload | None = None) -> None:
-    """For each step: the image without it, benched ABAB against the full image, and its equiv verdict; a table."""
+    """For each step: the image without it, benched ABAB against the full image, and its equiv verdict; a table.
+
+    --in-place: one server at a time on this machine (full, each variant, full)."""
     from .bench import Workload
 
     result = app.ablate(cmd.settings, target or None, profile or None, set_ or [], workload=workload or Workload(),
-                        steps=steps, repeat=repeat, out=out, equiv=not no_equiv)
-    cmd.result(None, result.to_json())
+                        steps=steps, repeat=repeat, out=out, equiv=not no_equiv, in_place=cmd.in_place)
+    cmd.result(result.text(), result.to_json(), logged=True)
 
 
 # --------------------------------------------------------------------------- what the platform builds
@@ -496,6 +526,15 @@ def wheels(c: Context, cmd: Output, python: str = "3.10", out: str = "") -> None
     tag = "cp" + python.replace(".", "")
     result = app.wheels(python, out or str(Path(".imageforge") / "wheelhouse" / tag))
     cmd.result(result.text(), result.to_json())
+
+
+@command(json=True, manifest=False)
+def engine(c: Context, cmd: Output) -> None:
+    """Make the Docker engine answer: the docker CLI's endpoint (DOCKER_HOST, else the current docker context);
+    on this machine's socket installs docker.io and starts dockerd when none answers."""
+    info = app.engine(log=cmd.log)
+    cmd.result(f"Docker {info['server_version']} ({info['os']}/{info['arch']}) at {info['endpoint']} "
+               f"({info['source']}, {'local' if info['local'] else 'remote'})", info)
 
 
 # ----------------------------------------------------------------- in place (no Docker): apply, revert, status
@@ -550,8 +589,8 @@ def status(c: Context, cmd: Output, root: str = "/") -> None:
 
 
 TASKS: tuple[Task[Any], ...] = (validate, plan, base, build, init, check_patches, patch_from, lock, export, clean, run,
-                                 stop, smoke, demo, bench, sweep, equiv, bisect, ablate, submission, wheels, apply,
-                                 revert, status)
+                                 stop, smoke, demo, bench, sweep, equiv, bisect, ablate, submission, wheels, engine,
+                                 apply, revert, status)
 
 
 def collection(*extra: Task[Any]) -> Collection:
@@ -570,42 +609,11 @@ def program(namespace: Collection | None = None) -> Program:
     return Program(namespace=namespace or ns, version=__version__, name="imageforge", binary="imageforge")
 
 
-def without_caller_pythonpath(environ: Mapping[str, str], own: str) -> dict[str, str] | None:
-    """The environment to run imageforge itself in when the caller's ``PYTHONPATH`` holds more than ``own`` (the
-    folder imageforge was imported from): ``PYTHONPATH`` cut to ``own`` (or dropped), the caller's value kept in
-    IMAGEFORGE_CALLER_PYTHONPATH for the target interpreter, scripts and server. None: nothing to do."""
-    from .settings import ENV_CALLER_PYTHONPATH
-
-    value = environ.get("PYTHONPATH", "")
-    if not value or ENV_CALLER_PYTHONPATH in environ:
-        return None
-    entries = [e for e in value.split(os.pathsep) if e]
-    kept = [e for e in entries if os.path.realpath(e) == os.path.realpath(own)]
-    if kept == entries:
-        return None
-    env = {k: v for k, v in environ.items() if k != "PYTHONPATH"}
-    env[ENV_CALLER_PYTHONPATH] = value
-    if kept:
-        env["PYTHONPATH"] = kept[0]
-    return env
-
-
 def main() -> None:
     """The `imageforge` console command (a reader closing stdout ends it quietly, also in invoke's own listings).
 
-    Run with a ``PYTHONPATH`` (the card's corex one), it runs itself again without it first (see
-    :func:`without_caller_pythonpath`)."""
-    own = str(Path(__file__).resolve().parents[1])
-    env = without_caller_pythonpath(os.environ, own)
-    if env is not None:
-        script = sys.argv[0] if os.path.isfile(sys.argv[0]) else None  # the console script (else -m)
-        os.execve(sys.executable, [sys.executable, *([script] if script else ["-m", "imageforge.commands"]),
-                                   *sys.argv[1:]], env)
+    The console script enters through :func:`imageforge.launch.main` (the caller's PYTHONPATH dropped first)."""
     with contextlib.suppress(Exit), closed_pipe_quiet():
         program().run()
         return
     sys.exit(EXIT_CLOSED_PIPE)
-
-
-if __name__ == "__main__":
-    main()

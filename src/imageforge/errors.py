@@ -153,6 +153,15 @@ class InfraError(ImageforgeError):
     kind = "infrastructure error"
 
 
+def require_extra(module: str, extra: str, what: str) -> None:
+    """Fail (exit 5) naming the install extra when ``module`` (an optional dependency) is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise InfraError(f"{what} needs the Python package {module!r}, which is not installed",
+                         hint=f"pip install 'imageforge[{extra}]' (the {extra!r} extra)")
+
+
 @dataclass
 class ErrorCollector:
     """Collects problems so validation can report all of them at once."""

@@ -26,7 +26,7 @@ import hashlib
 import json
 import os
 import tarfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -36,6 +36,7 @@ from .base import DaemonProbe
 from .docker_engine import DiskNeed, check_disk, client, daemon_errors, ensure_daemon, human_bytes
 from .errors import BuildError, ConfigError, InfraError
 from .plan import Plan, make_plan
+from .progress import Tracker, progress
 from .resolve import Resolved
 from .runs import image_lock
 
@@ -197,6 +198,13 @@ def _save_stream(tags: Iterable[str]) -> Iterable[bytes]:
     return chunks
 
 
+def _counted(chunks: Iterable[bytes], bar: Tracker) -> Iterator[bytes]:
+    """``chunks``, advancing ``bar`` by each one's size."""
+    for chunk in chunks:
+        bar.advance(len(chunk))
+        yield chunk
+
+
 def _write_tarball(chunks: Iterable[bytes], dest: Path, *, compress: bool) -> tuple[str, int]:
     """Stream ``chunks`` to ``dest`` (atomic rename), hashing the bytes written. (sha256, size)"""
     tmp = dest.with_name(f".{dest.name}.partial")
@@ -268,12 +276,19 @@ def push_image(image: Any, tags: Iterable[str], repository: str, log: Log) -> li
                 added.append(ref)
             digest = ""
             errors: list[str] = []
-            for event in api.push(repository, tag=tag_name, stream=True, decode=True):
-                if "error" in event:
-                    errors.append(str(event.get("error")))
-                aux = event.get("aux") or {}
-                if aux.get("Digest"):
-                    digest = str(aux["Digest"])
+            layers: dict[str, tuple[int, int]] = {}  # layer id -> (bytes pushed, its size), from the daemon's events
+            with progress(f"docker push {ref}", unit="bytes") as bar:
+                for event in api.push(repository, tag=tag_name, stream=True, decode=True):
+                    if "error" in event:
+                        errors.append(str(event.get("error")))
+                    aux = event.get("aux") or {}
+                    if aux.get("Digest"):
+                        digest = str(aux["Digest"])
+                    detail = event.get("progressDetail") or {}
+                    if event.get("id") and detail.get("total"):
+                        layers[str(event["id"])] = (int(detail.get("current") or 0), int(detail["total"]))
+                        bar.update(completed=sum(c for c, _ in layers.values()),
+                                   total=sum(n for _, n in layers.values()))
             if errors:
                 raise InfraError(f"push of {ref} failed", found=errors[-1][:300],
                                  hint="is the registry reachable and are you logged in? credentials come from "
@@ -308,7 +323,8 @@ def export(resolved: Resolved, *, environ: Mapping[str, str], out: str | None = 
             size = int(image.attrs.get("Size") or 0)
             check_disk([DiskNeed("the exported tarball", out_dir, size // 2 if gzip_ else size)])
             log(f"saving {', '.join(plan.tags)} -> {tarball}")
-            digest, nbytes = _write_tarball(_save_stream(plan.tags), tarball, compress=gzip_)
+            with progress(f"docker save {plan.tags[0]}", total=size or None, unit="bytes") as bar:
+                digest, nbytes = _write_tarball(_counted(_save_stream(plan.tags), bar), tarball, compress=gzip_)
             saved = saved_image_ids(tarball)
             if saved != [str(image.id)]:  # a build elsewhere (another checkout) moved the tag meanwhile
                 tarball.unlink()

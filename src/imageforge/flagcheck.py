@@ -109,11 +109,31 @@ def parser_steps(steps: Sequence[Step]) -> tuple[Step, ...]:
     return tuple(steps[: last + 1])
 
 
-def flags_key(base_id: str, steps: Sequence[Step], environ: Mapping[str, str]) -> str:
-    """The plan's chain key of the last parser step (the base ID when there is none)."""
-    key = base_id
+def key_parts(steps: Sequence[Step], environ: Mapping[str, str]) -> list[Any]:
+    """What of the parser steps decides the flags, by content (issue 25), never the layer chain:
+
+    each step that can change the parser (:func:`changes_parser`) by its own definition and input digests;
+    every other file step by the path it writes only (a new module can add a choice to a registry, a patch to a
+    module that is not a parser file cannot change a flag). So an edit of the cpu target's ``prefix_prefill``
+    patch is not a new parser, even though the ``ldconfig`` script after it puts it among the parser steps.
+    A script counts by its own definition: the same script on the same base is taken to change the same flags.
+    """
+    parts: list[Any] = []
     for step in parser_steps(steps):
-        key = chain_key(key, step.definition(), step_inputs(step, environ))
+        if changes_parser(step):
+            parts.append([step.definition(), step_inputs(step, environ)])
+        elif step.kind in ("patch", "overlay"):
+            parts.append([step.kind, str(step.spec["file" if step.kind == "patch" else "dest"])])
+        else:  # a symlink step is paths only: all of it, but its id and why
+            parts.append({k: v for k, v in step.definition().items() if k not in ("id", "why")})
+    return parts
+
+
+def flags_key(base_id: str, steps: Sequence[Step], environ: Mapping[str, str]) -> str:
+    """The base image ID chained with :func:`key_parts` (the base ID when no step changes the parser)."""
+    key = base_id
+    for part in key_parts(steps, environ):
+        key = chain_key(key, {"part": part}, {})
     return key
 
 
@@ -146,7 +166,7 @@ def index_key(target: Target, environ: Mapping[str, str]) -> str | None:
     ref = _reference(target, environ)
     if ref is None:
         return None
-    steps = [[s.definition(), step_inputs(s, environ)] for s in parser_steps(target.steps)]
+    steps = key_parts(target.steps, environ)
     return sha256_bytes(canonical({"ref": ref, "steps": steps, "method": flag_method(target),
                                    "format": FORMAT}).encode())
 

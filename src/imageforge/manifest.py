@@ -5,7 +5,7 @@ Over 600 lines: the one place that validates build.yaml (every kind's fields, pr
 Three passes, each reporting every problem it finds:
 
 1. safe YAML load with positions (:mod:`imageforge.yamldoc`);
-2. JSON Schema ``build.schema.json`` (package data, ``src/imageforge/schema/``; strict: unknown
+2. JSON Schema ``build.schema.json`` (top-level ``schema/``, package data in the wheel; strict: unknown
    keys -> "did you mean");
 3. semantic checks: default target/profile exist, step ids unique, sources exist,
    destinations stay inside their root, ``extends`` resolves without cycles,
@@ -32,7 +32,7 @@ from . import settings
 from .errors import ConfigError, ErrorCollector, Location
 from .patching import reapplies
 from .tolerances import EquivSettings, equiv_settings
-from .yamldoc import YamlDocument, did_you_mean, load_yaml, validate_schema
+from .yamldoc import YamlDocument, did_you_mean, load_yaml_c, validate_schema
 
 DEFAULT_MANIFEST = settings.DEFAULT_MANIFEST
 StepKind = Literal["overlay", "patch", "script", "symlink"]
@@ -688,7 +688,7 @@ class _Builder:
 def load_manifest(path: Path | str = DEFAULT_MANIFEST) -> Manifest:
     """Load, schema-check and semantically check a manifest. Raises ConfigError listing all problems."""
     path = Path(path)
-    doc = load_yaml(path, what="manifest")
+    doc = load_yaml_c(path, what="manifest")  # libyaml; any problem is re-read by the position loader
     if not isinstance(doc.data, dict):
         raise ConfigError(
             "manifest must be a mapping",

@@ -64,6 +64,7 @@ class PatchOutcome:
     lines: tuple[int, ...] = ()  # 1-based lines where the anchor starts
     inside: tuple[InsideLine, ...] = ()  # rejected matches (inside a line), when status == "inside-line"
     new_lines: tuple[int, ...] = ()  # 1-based lines of ``result`` that ``new`` wrote (their names are checked)
+    hint: str = ""  # anchor-missing: a line that holds the anchor's first line at another indentation
 
     @property
     def ok(self) -> bool:
@@ -174,6 +175,16 @@ def _replace_at(text: str, offsets: list[int], old: str, new: str) -> tuple[str,
     return "".join(parts), tuple(written)
 
 
+def _indent_hint(near: tuple[NearMatch, ...], old: str) -> str:
+    """"line N holds the anchor's first line indented 16 spaces, the anchor 12 spaces" (or "")."""
+    first = next((ln for ln in old.split("\n") if ln.strip()), "")
+    for m in near:
+        if m.text.strip() == first.strip() and _indent(m.text) != _indent(first):
+            return (f"line {m.line} holds the anchor's first line indented {indent_words(_indent(m.text))}, "
+                    f"the anchor {indent_words(_indent(first))}")
+    return ""
+
+
 def apply_patch(text: str, old: str, new: str, count: int = 1) -> PatchOutcome:
     anchored = line_anchored(old, new)
     if anchored and "\r\n" in text:
@@ -192,7 +203,8 @@ def apply_patch(text: str, old: str, new: str, count: int = 1) -> PatchOutcome:
             return PatchOutcome("inside-line", 0, count, None, near=near_matches(text, old),
                                 lines=tuple(_line_of(text, i) for i in rejected),
                                 inside=tuple(_inside(text, i, old) for i in rejected))
-        return PatchOutcome("anchor-missing", 0, count, None, near=near_matches(text, old))
+        near = near_matches(text, old)
+        return PatchOutcome("anchor-missing", 0, count, None, near=near, hint=_indent_hint(near, old))
     return PatchOutcome("ambiguous", found, count, None, lines=lines)
 
 
@@ -217,7 +229,7 @@ def describe(outcome: PatchOutcome) -> str:
                 f"(a multi-line anchor must begin at a line start)"
                 + (f"; nearest line-start candidates: {near}" if near else ""))
     if near:
-        return f"anchor not found; closest: {near}"
+        return f"anchor not found; closest: {near}" + (f"; {outcome.hint}" if outcome.hint else "")
     return "anchor not found; no similar line"
 
 

@@ -197,11 +197,14 @@ def check_python(text: str, path: str, *, python_version: str = "", lines: Itera
     except SyntaxError as exc:
         assert feature is not None
         return _syntax(text, path, exc, f"Python {feature[0]}.{feature[1]}, the base image's")
+    wanted_lines = None if lines is None else set(lines)
+    if wanted_lines is not None and not wanted_lines:
+        return None  # no step lines: compile and parse only (what verify checks)
     try:
         top = symtable.symtable(text, path, "exec")
     except SyntaxError as exc:  # pragma: no cover - compile() above accepted it
         return _syntax(text, path, exc)
-    missing = unbound_names(code_tree, top, None if lines is None else set(lines))
+    missing = unbound_names(code_tree, top, wanted_lines)
     if missing:
         name, line = missing[0]
         more = f" (and {', '.join(sorted({n for n, _ in missing[1:]} - {name}))})" if len(missing) > 1 else ""

@@ -36,14 +36,14 @@ from .build import build_target
 from .docker_engine import (
     client,
     daemon_errors,
-    docker_host,
+    endpoint,
     ensure_daemon,
     explanation,
     image_or_none,
-    is_local_default_host,
 )
+from .docker_engine.forward import SSHForward, end_recorded
 from .errors import ConfigError, InfraError, SmokeError
-from .labels import L_KIND, L_STARTED_BY, L_TARGET, L_TOOL, TOOL
+from .labels import L_KIND, L_RUN, L_STARTED_BY, L_TARGET, L_TOOL, TOOL
 from .resolve import Resolved
 from .runs import new_run_id, run_dir
 from .server_spec import KIND_SERVER, container_port, container_spec
@@ -154,6 +154,7 @@ class Server:
     image: str
     run_dir: Path
     started: float = field(default_factory=time.monotonic)
+    forward: SSHForward | None = None  # ssh:// daemon: the ssh -L forward that makes ``url`` reach the port
     ready_at: float | None = None
     startup_seconds: float | None = None
 
@@ -233,6 +234,7 @@ class StartOptions(TypedDict, total=False):
     run_id: str | None
     labels: Mapping[str, str] | None  # extra container labels
     host_address: str | None  # where the port is published and reached (default: from environ)
+    detach_forward: bool  # ssh:// daemon: the ssh -L forward outlives this process (`invoke run`)
 
 
 def start_server(resolved: Resolved, *, log: Log = print, **options: Unpack[StartOptions]) -> Server:
@@ -249,7 +251,7 @@ def start_server(resolved: Resolved, *, log: Log = print, **options: Unpack[Star
     host_address = options.get("host_address") or default_host_address(environ)
     ensure_daemon(log=log)
     run_id = run_id or new_run_id()
-    local = is_local_default_host(docker_host())
+    local = endpoint().local  # from the client's base URL: a socket or loopback TCP is this machine
     if port is not None:
         if not 0 < port < 65536:
             raise ConfigError("--port must be 1-65535", found=str(port))
@@ -284,10 +286,23 @@ def start_server(resolved: Resolved, *, log: Log = print, **options: Unpack[Star
             raise
     if host_port is None:
         host_port = published_port(container, container_port(resolved))
+    url, forward = f"http://{host_address}:{host_port}", None
+    ep = endpoint()
+    if ep.is_ssh:  # the port is on the ssh host: reach it through a forward of our own
+        forward = SSHForward(ep.host, host_address, host_port)
+        try:
+            forward.open(detach=bool(options.get("detach_forward")))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                container.remove(force=True, v=True)
+            raise
+        url = forward.url
+        log(f"ssh forward {forward.url} -> {host_address}:{host_port} on {ep.host} (ssh pid {forward.pid})")
     server = Server(
         container=container,
         run_id=run_id,
-        url=f"http://{host_address}:{host_port}",
+        url=url,
+        forward=forward,
         host_port=host_port,
         target=resolved.target.name,
         profile="base" if base else resolved.profile_name,
@@ -409,6 +424,8 @@ def remove_server(server: Server, *, log: Log | None = None, keep_log: bool = Tr
         server.container.stop(timeout=STOP_TIMEOUT)
     with contextlib.suppress(Exception):
         server.container.remove(force=True, v=True)
+    if server.forward is not None:
+        server.forward.close()
     if log is not None:
         log(f"removed {server.name}")
 
@@ -452,19 +469,26 @@ def start_detached(resolved: Resolved, *, base: bool, port: int | None, timeout:
 
     Without ``port`` (and with a local daemon) the target's ``run.port`` is used when it is free.
     """
-    if port is None and is_local_default_host(docker_host()):
+    if port is None and endpoint().local:
         configured = resolved.run.port
         port = None if port_in_use(configured, host_address) else configured
         if port is None:
             log(f"port {configured} is taken: picking a free one")
     server = start_server(resolved, base=base, port=port, log=log, labels={L_STARTED_BY: STARTED_BY_RUN},
-                          host_address=host_address)
+                          host_address=host_address, detach_forward=True)
     try:
         wait_ready(server, timeout=timeout or resolved.target.smoke.startup_timeout, log=log, resolved=resolved)
     except BaseException:
         remove_server(server, log=log)
         raise
+    if server.forward is not None:  # ssh:// daemon: the forward stays up with the server; `stop` ends it
+        server.forward.record(forward_record(server.run_id))
     return server
+
+
+def forward_record(run_id: str) -> Path:
+    """Where ``run`` records the ssh forward of a detached server (pid + start time), for ``stop``."""
+    return settings.cache_dir() / "forwards" / f"{run_id}.json"
 
 
 def list_servers(target: str | None = None, *, every: bool = False) -> list[Any]:
@@ -489,6 +513,10 @@ def stop_servers(target: str | None = None, *, every: bool = False, log: Log = p
             container.stop(timeout=STOP_TIMEOUT)
         with contextlib.suppress(Exception):
             container.remove(force=True, v=True)
+        run_id = (container.labels or {}).get(L_RUN)
+        ended = end_recorded(forward_record(run_id)) if run_id else None
+        if ended is not None:
+            log(f"closed the ssh forward of {container.name} (pid {ended})")
         names.append(str(container.name))
         log(f"removed {container.name}")
     if not names:

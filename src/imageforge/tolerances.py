@@ -21,6 +21,7 @@ Manifest form (every key optional)::
       tolerances:
         float32:  {max_abs: 1.0e-3, mean_abs: 1.0e-4, p95_abs: 5.0e-4, top1_min: 0.99}
         bfloat16: {mean_abs: 0.05, p95_abs: 0.1, top1_min: 0.95}
+      memory: {params_billion: 35, devices: 4, device_gb: 32}   # refuse a dtype whose weights do not fit
 
 A tolerance key the manifest gives replaces that key of the default; ``null`` switches it off.
 """
@@ -34,6 +35,7 @@ from typing import Any, Literal
 
 Dtype = Literal["float32", "bfloat16"]
 DTYPES: tuple[Dtype, ...] = ("float32", "bfloat16")
+BYTES_PER_VALUE: Mapping[str, int] = MappingProxyType({"float32": 4, "bfloat16": 2})
 TOLERANCE_KEYS = ("max_abs", "mean_abs", "p95_abs", "top1_min", "kl_max")
 
 
@@ -91,6 +93,19 @@ class EquivSettings:
     greedy_tokens: int = 16
     prompts: tuple[str, ...] = DEFAULT_PROMPTS
     tolerances: Mapping[Dtype, Tolerance] = field(default_factory=lambda: DEFAULT_TOLERANCES)
+    memory: Mapping[str, float] | None = None  # params_billion, devices, device_gb
+
+    def fits(self, dtype: Dtype) -> str | None:
+        """None when the weights fit the devices in ``dtype``; else the arithmetic that says they do not."""
+        if not self.memory:
+            return None
+        params, devices, per = (float(self.memory[k]) for k in ("params_billion", "devices", "device_gb"))
+        need = params * BYTES_PER_VALUE[dtype]
+        have = devices * per
+        if need <= have:
+            return None
+        return (f"{params:g}B x {BYTES_PER_VALUE[dtype]} B = {need:g} GB of weights in {dtype} > "
+                f"{devices:g} x {per:g} GB = {have:g} GB")
 
     def tolerance(self, dtype: Dtype | None = None) -> Tolerance:
         """The gate for ``dtype`` (default: the block's own dtype)."""
@@ -113,4 +128,5 @@ def equiv_settings(raw: Mapping[str, Any] | None) -> EquivSettings:
         greedy_tokens=int(raw.get("greedy_tokens", 16)),
         prompts=prompts,
         tolerances=MappingProxyType(tolerances),
+        memory=MappingProxyType({k: float(v) for k, v in raw["memory"].items()}) if raw.get("memory") else None,
     )

@@ -16,9 +16,11 @@ summary is recorded as a label, so an all-HIT build skips verification.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .docker_engine.containers import process_overrides
@@ -26,6 +28,7 @@ from .errors import BuildError
 from .labels import L_KIND
 from .manifest import Target
 from .plan import Plan
+from .settings import cache_dir
 from .steps import kind
 
 if TYPE_CHECKING:
@@ -104,7 +107,21 @@ for g in spec["link_globs"]:
         out["checked"]["symlinks"] += 1
         if not os.path.islink(link) or not os.path.exists(link):
             out["symlinks"].append({"link": link, "target": os.readlink(link) if os.path.islink(link) else None})
-for name in spec["imports"]:
+# What the imports depend on besides the base: the bytes of every file a step changed (the host's context
+# holds the base ID, the script steps, links and env). Imports that passed on this content before are not redone.
+reuse = False
+if spec.get("context"):  # the engine's build (the submission tree's copy has no imports to reuse)
+    h = hashlib.sha256(spec["context"].encode())
+    for path in sorted(set(spec["python_files"]) | set(spec["overlays"])):
+        try:
+            h.update(("%s\0%s\n" % (path, hashlib.sha256(open(path, "rb").read()).hexdigest())).encode())
+        except OSError:
+            h.update(("%s\0missing\n" % path).encode())
+    out["content"] = h.hexdigest()
+    reuse = out["content"] in spec.get("verified", ())
+    if reuse:
+        out["reused"] = out["content"]
+for name in ([] if reuse else spec["imports"]):
     out["checked"]["imports"] += 1
     try:
         importlib.import_module(name)
@@ -127,11 +144,55 @@ class VerifySpec:
     link_globs: tuple[Mapping[str, str], ...]
     imports: tuple[str, ...]
     import_env: Mapping[str, str]
+    context: str = ""  # verify_context: what the imports depend on besides the changed files' bytes
+    verified: tuple[str, ...] = ()  # contents whose imports passed before (verified_contents)
 
     def to_json(self) -> dict[str, Any]:
         return {"python_files": list(self.python_files), "overlays": dict(self.overlays),
                 "links": list(self.links), "link_globs": [dict(g) for g in self.link_globs],
-                "imports": list(self.imports), "import_env": dict(self.import_env)}
+                "imports": list(self.imports), "import_env": dict(self.import_env),
+                **({"context": self.context, "verified": list(self.verified)} if self.context else {})}
+
+
+# --------------------------------------------------------------------------- verification facts by content
+
+
+def verify_context(plan: Plan, base_id: str, python: str, spec: VerifySpec,
+                   environ: Mapping[str, str] | None = None) -> str:
+    """What an import result depends on besides the bytes of the files the steps changed (issue 25).
+
+    The base image ID (every file no step wrote), the interpreter, the imports and their environment, the
+    links, and every script step (definition and input digests: a script can change anything). The image
+    adds the sha256 of each changed ``.py`` and overlaid file; the digest of both is the content verified.
+    """
+    from .plan import canonical, sha256_bytes, step_inputs
+
+    scripts = [[p.step.definition(), step_inputs(p.step, environ)] for p in plan.steps
+               if p.step is not None and kind(p.step.kind).runs_process]
+    return sha256_bytes(canonical({
+        "base": base_id, "python": python, "imports": list(spec.imports), "import_env": dict(spec.import_env),
+        "links": list(spec.links), "link_globs": [dict(g) for g in spec.link_globs], "scripts": scripts,
+    }).encode())
+
+
+def _facts_file() -> Path:
+    return cache_dir() / "verify" / "imports-passed.txt"
+
+
+def verified_contents() -> tuple[str, ...]:
+    """The contents (see :func:`verify_context`) whose imports passed in an earlier build on this host."""
+    try:
+        return tuple(sorted(set(_facts_file().read_text().split())))
+    except OSError:
+        return ()
+
+
+def record_verified(content: str) -> None:
+    """Remember that the imports passed on ``content`` (one line; concurrent builds append whole lines)."""
+    with contextlib.suppress(OSError):
+        _facts_file().parent.mkdir(parents=True, exist_ok=True)
+        with _facts_file().open("a") as f:
+            f.write(content + "\n")
 
 
 def verify_spec(plan: Plan, site: str) -> VerifySpec:
@@ -161,14 +222,23 @@ class VerifyReport:
     seconds: float
     failures: list[str] = field(default_factory=list)
 
+    @property
+    def reused(self) -> str | None:
+        """The content digest whose imports passed before (they were not run again), else None."""
+        value = self.result.get("reused")
+        return str(value) if value else None
+
     def summary(self) -> dict[str, Any]:
         return {"ok": not self.failures, "checked": self.result.get("checked", {}),
-                "recompiled": len(self.result.get("compiled", [])), "seconds": round(self.seconds, 1)}
+                "recompiled": len(self.result.get("compiled", [])), "seconds": round(self.seconds, 1),
+                "content": self.result.get("content"), "imports_reused": bool(self.reused)}
 
     def text(self) -> str:
         c = self.result.get("checked", {})
+        imports = (f"imports REUSED (content {self.reused[:12]} verified before)" if self.reused
+                   else f"{c.get('imports', 0)} imports ok")
         return (f"{c.get('python', 0)} .py recompiled/checked, {c.get('overlays', 0)} overlay hashes, "
-                f"{c.get('symlinks', 0)} links, {c.get('imports', 0)} imports ok ({self.seconds:.1f}s)")
+                f"{c.get('symlinks', 0)} links, {imports} ({self.seconds:.1f}s)")
 
 
 def failures_of(result: Mapping[str, Any]) -> list[str]:
@@ -213,6 +283,8 @@ def verify_image(scope: Containers, parent: str, parent_config: Mapping[str, Any
         )
     result: dict[str, Any] = json.loads(lines[-1][len(MARK):])
     report = VerifyReport(container, result, time.monotonic() - t0, failures_of(result))
+    if not report.failures and result.get("content") and not report.reused and spec.context:
+        record_verified(str(result["content"]))
     if report.failures:
         raise BuildError(
             f"verification of target {target.name!r} failed ({len(report.failures)} problem(s)); no tag moved",

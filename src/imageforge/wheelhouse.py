@@ -43,7 +43,7 @@ PART_SIZE = 4_000_000
 MANYLINUX_FROM, MANYLINUX_TO = 17, 31
 ARCH = "x86_64"
 #: What of the checkout a wheel is built from (copied first: building writes build/ and *.egg-info).
-PROJECT_FILES = ("pyproject.toml", "README.md", "LICENSE", "src", "schema")
+PROJECT_FILES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE", "src", "schema")
 REQUIREMENTS = "requirements.txt"
 PARTS = "parts"
 HEADER = "# imageforge wheelhouse"

@@ -38,7 +38,7 @@ from .errors import ConfigError, ErrorCollector, Location, Problem
 MAX_BYTES = 1024 * 1024
 MAX_DEPTH = 64  # nesting of mappings/lists; manifests and suites use < 15
 MAX_NODES = 100_000  # nodes counted with aliases expanded; the repo's largest file has ~3000
-SCHEMA_PACKAGE = "imageforge"  # the JSON Schemas are package data: imageforge/schema/*.json
+SCHEMA_PACKAGE = "imageforge"  # in a wheel the JSON Schemas are package data: imageforge/schema/*.json
 
 KeyPath = tuple[str | int, ...]
 
@@ -549,13 +549,31 @@ def _previous_line(lines: list[str], line: int) -> str | None:
 # --------------------------------------------------------------------------- schema
 
 
-@cache
-def load_schema(name: str) -> dict[str, Any]:
-    """A JSON Schema shipped in the package (``imageforge/schema/NAME``), so an installed wheel validates too."""
+#: The one place the schemas live in the source tree: schema/ at the top of the repository.
+CHECKOUT_SCHEMAS = Path(__file__).resolve().parents[2] / "schema"
+
+
+def schema_text(name: str) -> str:
+    """The text of JSON Schema NAME: the wheel's package data, else the checkout's top-level ``schema/``.
+
+    ``setup.py``'s build hook copies ``schema/*.json`` to ``imageforge/schema/`` in the wheel (no
+    second copy in git); an editable install or ``PYTHONPATH=src`` reads ``schema/`` beside ``src/``.
+    """
     from importlib.resources import files
 
-    text = files(SCHEMA_PACKAGE).joinpath("schema").joinpath(name).read_text(encoding="utf-8")
-    schema: dict[str, Any] = json.loads(text)
+    packaged = files(SCHEMA_PACKAGE).joinpath("schema").joinpath(name)
+    if packaged.is_file():
+        return packaged.read_text(encoding="utf-8")
+    checkout = CHECKOUT_SCHEMAS / name
+    if checkout.is_file():
+        return checkout.read_text(encoding="utf-8")
+    raise FileNotFoundError(f"JSON Schema {name}: neither package data imageforge/schema/{name} nor {checkout}")
+
+
+@cache
+def load_schema(name: str) -> dict[str, Any]:
+    """A JSON Schema (see :func:`schema_text`), so a checkout and an installed wheel validate alike."""
+    schema: dict[str, Any] = json.loads(schema_text(name))
     return schema
 
 

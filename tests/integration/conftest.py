@@ -39,7 +39,7 @@ def _log(line: str) -> None:
 def docker_ready() -> None:
     from imageforge.docker_engine import ensure_daemon
 
-    ensure_daemon(log=_log)
+    ensure_daemon(start=True, log=_log)  # the test set-up may start one (as `invoke test` does)
 
 
 @pytest.fixture(scope="session")

@@ -51,7 +51,8 @@ def test_check_patches_bi100_every_step_applies_after_the_baseline(vendor: str) 
     text = invoke("check-patches", "--target", "bi100", "--diff", env=env_for(vendor, BASELINE))
     assert text.returncode == 0, text.stdout + text.stderr
     assert "-        NUM_WARPS = 8" in text.stdout and "+        NUM_WARPS = 4  # imageforge" in text.stdout
-    assert "+        return _imageforge_sorted_moe(hidden_states, w13, w2, topk_weights, topk_ids)" in text.stdout
+    assert "+            return _imageforge_sorted_moe(hidden_states, w13, w2, topk_weights, topk_ids)" in text.stdout
+    assert "7 of 7 step(s) ok" in text.stdout and "final state: " in text.stdout
     assert "+    max_completion_tokens: Optional[int] = None" in text.stdout
 
 

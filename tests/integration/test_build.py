@@ -107,6 +107,16 @@ targets:
 """
 
 
+@pytest.fixture(autouse=True)
+def own_verify_facts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test starts with no import verified on any content (the host file would make the order matter)."""
+    from imageforge import verify
+
+    facts = tmp_path / "verify-facts" / "imports-passed.txt"
+    monkeypatch.setattr(verify, "_facts_file", lambda: facts)
+    return facts
+
+
 @pytest.fixture
 def project(tmp_path: Path, probe_base: str) -> Iterator[Path]:
     (tmp_path / "overlays").mkdir()
@@ -195,6 +205,29 @@ def test_changed_overlay_rebuilds_from_that_step(project: Path) -> None:
     assert states(result) == ["HIT", "BUILT", "BUILT", "BUILT", "BUILT"]
     code = "import probepkg.extra as e, probepkg; print(e.EXTRA, probepkg.VALUE)"
     assert run_in(result.tags[0], "python3", "-c", code) == "changed 3"
+
+
+def test_content_verified_before_is_not_imported_again(project: Path, own_verify_facts: Path) -> None:
+    """A new chain (the patch step renamed) with the same bytes: the verify layer is made, its imports reused."""
+    (project / "overlays" / "extra.py").write_text(f"EXTRA = 'reuse {project.name}'\n")  # content no test built
+    first = do_build(project)
+    verify_row = next(s for s in first.steps if s.stage == "verify")
+    assert verify_row.cache == "BUILT" and "2 imports ok" in verify_row.detail
+    assert len(own_verify_facts.read_text().split()) == 1
+    text = (project / "build.yaml").read_text().replace("- id: value\n", "- id: value-renamed\n")
+    (project / "build.yaml").write_text(text)
+    again = do_build(project)
+    assert states(again) == ["HIT", "BUILT", "BUILT", "REUSED", "BUILT"]
+    row = next(s for s in again.steps if s.stage == "verify")
+    assert "imports REUSED (content" in row.detail and "0 imports" not in row.detail
+    labels = docker_client().images.get(row.image_id).labels
+    assert json.loads(labels[L_VERIFIED])["imports_reused"] is True
+    # Different bytes: imported again.
+    text = (project / "build.yaml").read_text().replace('new: "VALUE = 2"', 'new: "VALUE = 4"')
+    (project / "build.yaml").write_text(text)
+    third = do_build(project)
+    assert next(s for s in third.steps if s.stage == "verify").cache == "BUILT"
+    assert run_in(third.tags[0], "python3", "-c", "import probepkg; print(probepkg.VALUE)") == "4"
 
 
 def test_profile_switch_reuses_shared_layers(project: Path) -> None:

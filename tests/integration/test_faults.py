@@ -144,7 +144,7 @@ def test_script_step_exits_non_zero(tmp_path: Path, base: str) -> None:
     assert "script step 'slow' exited with code 7" in err
     assert "about to fail" in err and "detail on stderr" in err, "the script's output is shown"
     assert f"{manifest}:" in err, "the error points into the manifest"
-    run_id = run_id_of(proc.stdout)
+    run_id = run_id_of(proc.stderr)  # the build log is on stderr (stdout: results only)
     assert run_id and labelled_containers(run_id=run_id) == []
     assert tag_id(f"imageforge-test/{target}:small") is None
 
@@ -157,7 +157,7 @@ def test_disk_full_reported_by_the_daemon(tmp_path: Path, base: str, proxy: Sock
     assert_clean_failure(proc, 5)
     assert "out of disk space" in proc.stderr and "no space left on device" in proc.stderr
     assert "invoke clean" in proc.stderr, "the hint says how to free space"
-    run_id = run_id_of(proc.stdout)
+    run_id = run_id_of(proc.stderr)  # the build log is on stderr (stdout: results only)
     assert run_id and labelled_containers(run_id=run_id) == []
     assert tag_id(f"imageforge-test/{target}:small") is None
 
@@ -169,7 +169,7 @@ def test_disk_full_inside_a_script_step(tmp_path: Path, base: str) -> None:
     proc = invoke("build", "--manifest", str(manifest))
     assert_clean_failure(proc, 5)
     assert "No space left on device" in proc.stderr and "out of disk space" in proc.stderr
-    run_id = run_id_of(proc.stdout)
+    run_id = run_id_of(proc.stderr)  # the build log is on stderr (stdout: results only)
     assert run_id and labelled_containers(run_id=run_id) == []
     assert tag_id(f"imageforge-test/{target}:small") is None
 
@@ -192,9 +192,9 @@ def test_ctrl_c_during_a_step_then_resume(tmp_path: Path, base: str) -> None:
     assert run_id and labelled_containers(run_id=run_id) == [], "no dangling containers"
     assert tag_id(f"imageforge-test/{target}:small") == before, "the tag did not move"
     again = invoke("build", "--manifest", str(manifest), check=True)
-    steps = re.findall(r"\[\d+/\d+\] (\w+)\s+\w+\s+(\S+)", again.stdout)
-    assert ("HIT", "extra") in steps, again.stdout  # resumed from the cache
-    assert ("BUILT", "slow") in steps, again.stdout
+    steps = re.findall(r"\[\d+/\d+\] (\w+)\s+\w+\s+(\S+)", again.stderr)
+    assert ("HIT", "extra") in steps, again.stderr  # resumed from the cache
+    assert ("BUILT", "slow") in steps, again.stderr
     assert tag_id(f"imageforge-test/{target}:small") != before
 
 

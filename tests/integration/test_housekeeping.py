@@ -54,7 +54,7 @@ def test_lock_then_locked_build_and_every_kind_of_drift(tmp_path: Path) -> None:
         assert set(entry["inputs"]) == {"extra", "script"}
 
         ok = invoke("build", "--manifest", str(manifest), "--locked", check=True)
-        assert "lock ok" in ok.stdout
+        assert "lock ok" in ok.stderr  # build logs: stderr
 
         # an overlay changes: named, exit 2, nothing built
         before = image_ids(target)
@@ -115,7 +115,7 @@ def test_clean_keeps_what_tags_need_and_removes_the_rest(tmp_path: Path) -> None
     assert labelled_containers(target=target) == []
     # every tag still works: a rebuild of both profiles is all HIT
     for profile in ("small", "big"):
-        again = invoke("build", "--manifest", str(manifest), "--profile", profile, check=True).stdout
+        again = invoke("build", "--manifest", str(manifest), "--profile", profile, check=True).stderr
         assert all(state == "HIT" for state, _ in built_steps(again)), again
     # and a second clean has nothing to do
     quiet = invoke("clean", "--manifest", str(manifest), "--keep", "1", "--min-age", "0", check=True).stdout
@@ -165,7 +165,7 @@ def test_symlink_glob_listing_cache_never_hides_an_earlier_step(tmp_path: Path) 
 """
     manifest, _ = write_manifest(tmp_path / "a", tiny_base(), steps=script_first, files={
         "scripts/libs.sh": "#!/bin/sh\nmkdir -p /opt/libs && touch /opt/libs/liba.so /opt/libs/libb.so\n"})
-    out = invoke("build", "--manifest", str(manifest), env=env, check=True).stdout
+    out = invoke("build", "--manifest", str(manifest), env=env, check=True).stderr
     assert "2 link(s) made" in out
     assert not list((cache / "discovery").glob("listing-*")), "not cached: a script ran before the glob"
     base_dir = """\
@@ -179,16 +179,16 @@ def test_symlink_glob_listing_cache_never_hides_an_earlier_step(tmp_path: Path) 
             into: /opt/links
 """
     manifest, _ = write_manifest(tmp_path / "b", tiny_base(), steps=base_dir)
-    out = invoke("build", "--manifest", str(manifest), env=env, check=True).stdout
+    out = invoke("build", "--manifest", str(manifest), env=env, check=True).stderr
     assert "3 link(s) made" in out, "__init__.py, attn.py and the overlay's extra.py"
     # the overlay wrote into the globbed directory: the listing must come from the image, not a cache
     assert "extra.py" not in "".join(p.read_text() for p in (cache / "discovery").glob("listing-*"))
     untouched = base_dir.replace("vllm/ops/*.py", "vllm-1.0.dist-info/*").replace("link-vllm", "link-dist")
     manifest, _ = write_manifest(tmp_path / "c", tiny_base(), steps=untouched)
-    out = invoke("build", "--manifest", str(manifest), env=env, check=True).stdout
+    out = invoke("build", "--manifest", str(manifest), env=env, check=True).stderr
     assert "2 link(s) made" in out
     cached = list((cache / "discovery").glob("listing-*"))
     assert len(cached) == 1 and "METADATA" in cached[0].read_text(), "an untouched directory's listing is cached"
     manifest, _ = write_manifest(tmp_path / "d", tiny_base(), steps=untouched)  # new overlay content: a new chain
-    out = invoke("build", "--manifest", str(manifest), env=env, check=True).stdout
+    out = invoke("build", "--manifest", str(manifest), env=env, check=True).stderr
     assert "2 link(s) made" in out

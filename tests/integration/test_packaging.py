@@ -1,11 +1,13 @@
 """The package stands on its own: `pip install .` (not editable) into a fresh venv validates build.yaml.
 
-The JSON Schemas are package data (imageforge/schema/*.json, found through importlib.resources),
-so a wheel installed anywhere validates a manifest and a smoke suite without the checkout.
+The JSON Schemas live in the top-level schema/ and are package data of the wheel (imageforge/schema/*.json,
+copied there by setup.py's build hook, found through importlib.resources), so a wheel installed anywhere
+validates a manifest and a smoke suite without the checkout.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -34,7 +36,10 @@ print("suite", load_suite(repo / "smoke" / "dummy.yaml").name)
 def test_pip_install_into_a_fresh_venv_validates_build_yaml(tmp_path: Path) -> None:
     source = tmp_path / "source"  # a copy: building a wheel writes build/ and *.egg-info next to the sources
     source.mkdir()
-    shutil.copy(REPO / "pyproject.toml", source)
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE"):  # readme, license: metadata
+        shutil.copy(REPO / name, source)
+    shutil.copytree(REPO / "schema", source / "schema")
+    # the starter's links to images/cpu and smoke/ are followed: the wheel holds copies
     shutil.copytree(REPO / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     venv = tmp_path / "venv"
@@ -48,3 +53,61 @@ def test_pip_install_into_a_fresh_venv_validates_build_yaml(tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "build.yaml: ok" in proc.stdout and "target cpu" in proc.stdout and "target bi100" in proc.stdout
     assert "suite dummy-ok" in proc.stdout
+
+    # the console command, outside the repository: init a starter project, then validate and plan it
+    imageforge = venv / "bin" / "imageforge"
+    project = tmp_path / "project"
+    init = subprocess.run([str(imageforge), "init", "--dir", str(project)], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=120)
+    assert init.returncode == 0, init.stderr[-3000:]
+    assert (project / "images" / "cpu" / "base.yaml").read_bytes() == (REPO / "images/cpu/base.yaml").read_bytes()
+    assert (project / "smoke" / "dummy.yaml").read_bytes() == (REPO / "smoke/dummy.yaml").read_bytes()
+    validate = subprocess.run([str(imageforge), "validate", "--json"], capture_output=True, text=True, env=env,
+                              cwd=project, timeout=120)
+    assert validate.returncode == 0, validate.stderr[-3000:]
+    assert set(json.loads(validate.stdout)["targets"]) == {"cpu"}
+    plan = subprocess.run([str(imageforge), "plan", "-t", "cpu", "--no-daemon", "-j"], capture_output=True,
+                          text=True, env=env, cwd=project, timeout=120)
+    assert plan.returncode == 0 and json.loads(plan.stdout)["profile"] == "conservative", plan.stderr[-3000:]
+    # the core install is small: the plots and model extras are not in it
+    missing = subprocess.run([str(python), "-c", "import importlib.util as u; "
+                              "print([m for m in ('matplotlib', 'numpy', 'safetensors') if u.find_spec(m)])"],
+                             capture_output=True, text=True, env=env, timeout=60)
+    assert missing.stdout.strip() == "[]", missing.stdout
+
+SCHEMAS = """\
+import sys
+from importlib.resources import files
+from pathlib import Path
+import imageforge
+from imageforge.yamldoc import CHECKOUT_SCHEMAS, load_schema
+packaged = files("imageforge").joinpath("schema").joinpath("build.schema.json").is_file()
+print("packaged" if packaged else f"checkout {CHECKOUT_SCHEMAS}")
+print(sorted(load_schema("build.schema.json")["$defs"])[:1], sorted(load_schema("smoke.schema.json")["$defs"])[:1])
+"""
+
+
+def test_editable_install_reads_the_top_level_schema_folder(tmp_path: Path) -> None:
+    """`pip install -e .`: no copy of the schemas is made; the checkout's schema/ is what validates."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in"):
+        shutil.copy(REPO / name, source)
+    shutil.copytree(REPO / "schema", source / "schema")
+    shutil.copytree(REPO / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=env, timeout=120)
+    python = venv / "bin" / "python"
+    install = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-e",
+                              str(source)], capture_output=True, text=True, env=env, timeout=900)
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    assert not (source / "src" / "imageforge" / "schema").exists()
+    proc = subprocess.run([str(python), "-c", SCHEMAS], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[0] == f"checkout {source / 'schema'}"
+    (source / "schema" / "build.schema.json").write_text("{}")  # edits are seen at once: it is not a copy
+    again = subprocess.run([str(python), "-c", SCHEMAS], capture_output=True, text=True, env=env, cwd=tmp_path,
+                           timeout=120)
+    assert again.returncode != 0 and "KeyError: '$defs'" in again.stderr

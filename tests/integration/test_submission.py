@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import io
 import os
+import re
 import tarfile
 import time
 from collections.abc import Iterator
@@ -56,6 +57,20 @@ def plain_docker_build(tree: Path) -> tuple[str | None, list[str]]:
         for chunk in exc.build_log:
             lines.extend(str(chunk.get("stream", "") or chunk.get("error", "")).splitlines())
         return None, lines
+
+
+def build_layers(lines: list[str]) -> list[str]:
+    """The legacy builder's ` ---> 0123456789ab` lines: every layer it committed, in order (a failed build leaves
+    them dangling, with the OS base's labels: they must go, or a fixture picking its base by label finds one)."""
+    return [m.group(1) for ln in lines if (m := re.match(r"^ ---> ([0-9a-f]{12})$", ln.strip()))]
+
+
+def remove_layers(layers: list[str]) -> None:
+    """The untagged ones (the FROM line's ` ---> ` is the tagged base: it stays)."""
+    for layer in reversed(layers):  # children first
+        with contextlib.suppress(docker.errors.APIError):
+            if not sdk().api.inspect_image(layer).get("RepoTags"):
+                sdk().api.remove_image(layer, force=True)
 
 
 class _Stream(io.RawIOBase):
@@ -215,12 +230,12 @@ def test_cpu_server_started_with_the_yaml_passes_the_dummy_smoke_suite(cpu_pair:
 # --------------------------------------------------------------------------- bi100 on the vendor-layout fixture
 
 
-def bi100_tree(tmp: Path, base: str) -> Path:
+def bi100_tree(tmp: Path, base: str, *, scripts: Path = BASELINE) -> Path:
     from imageforge.manifest import load_manifest
     from imageforge.resolve import resolve
     from imageforge.submission import write_submission
 
-    env = {**os.environ, "IMAGEFORGE_BI100_BASE": base, "IMAGEFORGE_BI100_SCRIPTS": str(BASELINE)}
+    env = {**os.environ, "IMAGEFORGE_BI100_BASE": base, "IMAGEFORGE_BI100_SCRIPTS": str(scripts)}
     resolved = resolve(load_manifest(REPO / "build.yaml"), "bi100", "baseline", environ=env)
     result = write_submission(resolved, tmp, environ=env)
     assert result.base.site == SITE
@@ -246,6 +261,7 @@ def test_bi100_tree_builds_on_the_fixture_and_a_missing_anchor_fails_with_its_st
     bad = vendor_image(overrides={rel: drifted})
     try:
         image, lines = plain_docker_build(bi100_tree(tmp_path / "bad", bad))
+        remove_layers(build_layers(lines))
         log = "\n".join(lines)
         assert image is None, "the build must fail"
         assert "imageforge: step prefill-triton-tuning failed: patch 'prefill-triton-tuning' does not apply" in log

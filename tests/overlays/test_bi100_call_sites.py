@@ -232,3 +232,28 @@ def test_protocol_accepts_max_completion_tokens_and_reasoning_effort() -> None:
         after(**body, not_an_openai_field=1)
     with pytest.raises(pydantic.ValidationError, match="Stream options"):
         after(**body, stream_options={"include_usage": True}), "the baseline's own validator still runs"
+
+
+# --------------------------------------------------------------------------- every bi100 patch: once, and working code
+
+VENDOR_SITE = REPO / "tests" / "fixtures" / "bi100-vendor" / "usr" / "local" / "corex" / "lib64" / "python3" / \
+    "dist-packages"
+AFTER_BASELINE = {  # where patch_ops.sh puts the baseline files (tests/fixtures/bi100-baseline/.../patch_ops.sh)
+    "vllm/attention/ops/paged_attn.py": BASELINE / "paged_attn.py",
+    "vllm/model_executor/models/qwen3_5.py": BASELINE / "qwen3_5.py",
+    "vllm/entrypoints/openai/protocol.py": BASELINE / "protocol.py",
+}
+
+
+def test_every_bi100_patch_applies_once_and_leaves_python_310_code_with_bound_names() -> None:
+    from imageforge.pycheck import check_python
+
+    target = load_manifest(REPO / "build.yaml").target("bi100")
+    for step in (s for s in target.steps if s.kind == "patch"):
+        file = step.spec["file"]
+        source = AFTER_BASELINE.get(file, VENDOR_SITE / file)
+        text = source.read_text()
+        first = apply_patch(text, step.spec["old"], step.spec["new"])
+        assert first.status == "applies" and first.result is not None, (step.id, first.status)
+        assert check_python(first.result, file, python_version="3.10.12", lines=first.new_lines) is None, step.id
+        assert apply_patch(first.result, step.spec["old"], step.spec["new"]).status == "already-applied", step.id

@@ -140,3 +140,43 @@ def test_table_as_text_json_and_csv() -> None:
     assert float(rows[1]["delta_output_tps"]) == pytest.approx(-0.25)
     assert rows[1]["delta_input_tps"] == "0" and rows[1]["equiv"] == "FAIL"
     assert rows[2]["equiv"] == "skipped: required: true"
+
+
+# --------------------------------------------------------------------------- in place: one server at a time
+
+
+def test_in_place_schedule_is_full_each_variant_full() -> None:
+    from imageforge.forensics.ablate import in_place_slots
+
+    plan = plan_ablation(STEPS, ["warps", "libs"], repeats=2)
+    slots = in_place_slots(plan)
+    assert [(s.role, s.label, s.block) for s in slots] == [
+        ("full", "full (before)", None), ("variant", "without libs", 0), ("variant", "without warps", 1),
+        ("full", "full (after)", None)]
+    assert slots[0].steps == slots[-1].steps == plan.full
+    assert slots[1].steps == plan.variants[0].steps and slots[2].steps == plan.variants[1].steps
+
+
+def mm(score: float) -> Metrics:
+    return Metrics(score, score / 2, score * 3, 0.0)
+
+
+def test_in_place_pairs_each_variant_with_the_full_runs_around_it() -> None:
+    from imageforge.forensics.ablate import bracket, bracketed_results
+
+    plan = plan_ablation(STEPS, ["warps", "libs"], repeats=2)
+    before = [mm(100), mm(110)]
+    after = [mm(81), None]  # drift: the machine got slower; round 2 of the last full server failed
+    variants = {0: [mm(99), mm(121)], 1: [mm(45), mm(55)]}
+    results = bracketed_results(plan, before, after, variants)
+    assert len(results) == len(plan.schedule)
+    full = {(r.run.block, r.run.round): r.metrics for r in results if r.run.role == "full"}
+    assert full[(0, 0)] == full[(1, 0)] and full[(0, 0)] is not None
+    assert full[(0, 0)].score == pytest.approx(90.0)  # sqrt(100 * 81)
+    assert full[(0, 1)] == before[1]  # only one side: that one
+    assert bracket(None, None) is None
+    table = summarize(plan, results)
+    b_row, c_row = table.rows
+    assert b_row.deltas["score"] == pytest.approx((99 / 90 - 1 + 121 / 110 - 1) / 2)
+    assert c_row.deltas["score"] == pytest.approx((45 / 90 - 1 + 55 / 110 - 1) / 2)
+    assert b_row.pairs == c_row.pairs == 2

@@ -6,10 +6,13 @@ sweep's build and serve steps are replaced by stubs.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,7 @@ from imageforge.bench import (
     sweep_workload,
     verdict,
 )
+from imageforge.bench.report import bench_rows
 from imageforge.errors import ConfigError, SmokeError
 
 # ----------------------------------------------------------------------------- score
@@ -421,7 +425,6 @@ targets:
 
 def test_sweep_continues_past_failing_points_and_builds_under_a_sweep_image(
         write_manifest: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from imageforge import build as build_mod
     from imageforge.build import StepResult
     from imageforge.manifest import load_manifest
 
@@ -450,7 +453,7 @@ def test_sweep_continues_past_failing_points_and_builds_under_a_sweep_image(
         b.json_path = tmp_path / f"b{seqs}.json"
         return b
 
-    monkeypatch.setattr(build_mod, "build_target", fake_build)
+    monkeypatch.setattr(bench_mod.sweeps, "build_target", fake_build)
     monkeypatch.setattr(bench_mod.sweeps, "bench_target", fake_bench)
     lines: list[str] = []
     result = bench_mod.sweep(manifest, "t", None, [("max-num-seqs", [1, 4, 8, 16])],
@@ -557,3 +560,39 @@ def test_sweep_plot_points_one_dot_per_run_and_aa_values_kept_apart(tmp_path: Pa
     assert png == tmp_path / "sweep.png" and png.read_bytes()[:4] == b"\x89PNG"
     header, _rows = result.rows()
     assert "score / first (median, range)" in header
+
+
+def test_itl_and_p99_pool_the_gaps_of_successful_requests() -> None:
+    b = _result(2.0, completions=[3, 3], prompts=[10, 10], cached=None)
+    b.results[0].itl = [0.01, 0.03]
+    b.results[1].itl = [0.02, 0.04]
+    s = b.summary()
+    # numpy.percentile([0.01, 0.02, 0.03, 0.04], [50, 99]) by hand: rank 1.5 -> 0.025; rank 2.97 -> 0.0397
+    assert s["itl_p50_s"] == pytest.approx(0.025) and s["itl_p99_s"] == pytest.approx(0.0397)
+    # TTFTs 0.1, 0.2: rank 0.99 -> 0.199; latencies 1, 2 -> 1.99
+    assert s["ttft_p99_s"] == pytest.approx(0.199) and s["latency_p99_s"] == pytest.approx(1.99)
+    rows = dict(bench_rows(b))
+    assert rows["inter-token latency p50 / p99"].startswith("25 ms / 40 ms")
+
+
+def test_streamed_chunks_give_one_itl_gap_fewer_than_chunks(tmp_path: Path) -> None:
+    b = _bench(FakeVllm(), tmp_path)
+    assert all(len(r.itl) == 4 and all(g >= 0 for g in r.itl) for r in b.results)  # 5 chunks of one token
+    assert b.summary()["itl_p99_s"] is not None
+
+
+def test_request_rate_sends_poisson_arrivals(tmp_path: Path) -> None:
+    w = Workload(requests=200, request_rate=50.0, seed=3)
+    at = w.arrivals()
+    gaps = [b - a for a, b in itertools.pairwise(at)]
+    assert at[0] == 0.0 and at == sorted(at) and at == Workload(requests=200, request_rate=50.0, seed=3).arrivals()
+    assert statistics.mean(gaps) == pytest.approx(1 / 50, rel=0.2)  # exponential gaps of mean 1/rate
+    assert statistics.pstdev(gaps) == pytest.approx(statistics.mean(gaps), rel=0.3)  # sd = mean: exponential
+    assert Workload(requests=3).arrivals() == [0.0, 0.0, 0.0]
+    with pytest.raises(ConfigError, match="request rate must be >= 0"):
+        Workload(request_rate=-1).validate()
+    fake = FakeVllm()
+    began = time.monotonic()
+    b = _bench(fake, tmp_path, request_rate=20.0)
+    assert b.errors == 0 and len(fake.completions) == 7
+    assert time.monotonic() - began >= Workload(requests=6, request_rate=20.0).arrivals()[-1]

@@ -105,6 +105,9 @@ def no_daemon(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setattr(de, "DOCKERD_LOCK", tmp_path / "dockerd.lock")
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.delenv("DOCKER_HOST", raising=False)
+    monkeypatch.delenv("DOCKER_CONTEXT", raising=False)
+    monkeypatch.delenv(de.START_DOCKERD_ENV, raising=False)
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker-config"))  # no context: the default socket
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
@@ -133,7 +136,7 @@ def test_ensure_daemon_other_host_fails(no_daemon: Path, monkeypatch: pytest.Mon
 def test_ensure_daemon_missing_without_install(no_daemon: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(de, "_which_sbin", lambda exe: None)
     with pytest.raises(InfraError) as ei:
-        de.ensure_daemon(install=False)
+        de.ensure_daemon(start=True, install=False)
     assert ei.value.exit_code == EXIT_INFRA
     assert "docker.io" in (ei.value.hint or "")
 
@@ -141,7 +144,7 @@ def test_ensure_daemon_missing_without_install(no_daemon: Path, monkeypatch: pyt
 def test_ensure_daemon_dockerd_exits(no_daemon: Path) -> None:
     _fake_dockerd(no_daemon, "echo 'failed to start daemon: boom'; exit 3")
     with pytest.raises(InfraError) as ei:
-        de.ensure_daemon(timeout=20, log=lambda s: None)
+        de.ensure_daemon(start=True, timeout=20, log=lambda s: None)
     assert "exited with code 3" in ei.value.message
     assert any("boom" in line for line in ei.value.log_tail)
 
@@ -149,6 +152,30 @@ def test_ensure_daemon_dockerd_exits(no_daemon: Path) -> None:
 def test_ensure_daemon_timeout(no_daemon: Path) -> None:
     _fake_dockerd(no_daemon, "echo 'starting up'; sleep 3")
     with pytest.raises(InfraError) as ei:
-        de.ensure_daemon(timeout=1, log=lambda s: None)
+        de.ensure_daemon(start=True, timeout=1, log=lambda s: None)
     assert "did not answer within 1s" in ei.value.message
     assert "starting up" in ei.value.log_tail
+
+
+def test_without_being_asked_no_dockerd_is_started(no_daemon: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any command but the set-up ones: exit 5 at once, naming what starts a daemon; nothing installed or run."""
+    _fake_dockerd(no_daemon, f"touch {no_daemon / 'started'}; sleep 30")
+    monkeypatch.setattr(de, "apt_install", lambda *a, **k: pytest.fail("apt-get must not run"))
+    with pytest.raises(InfraError) as ei:
+        de.ensure_daemon(log=lambda s: None)
+    assert ei.value.exit_code == EXIT_INFRA
+    assert "no Docker daemon answers at unix:///var/run/docker.sock (default)" in ei.value.message
+    hint = ei.value.hint or ""
+    for named in ("invoke engine", "invoke demo", "invoke test", "invoke base", "IMAGEFORGE_START_DOCKERD=1"):
+        assert named in hint
+    assert not (no_daemon / "started").exists()
+    with pytest.raises(InfraError):
+        de.ensure_daemon(start=False, log=lambda s: None)
+    assert not (no_daemon / "started").exists()
+
+
+def test_imageforge_start_dockerd_asks_for_it(no_daemon: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_dockerd(no_daemon, "echo 'failed to start daemon: asked'; exit 4")
+    monkeypatch.setenv(de.START_DOCKERD_ENV, "1")
+    with pytest.raises(InfraError, match="exited with code 4"):
+        de.ensure_daemon(timeout=20, log=lambda s: None)

@@ -225,7 +225,8 @@ def _accept_all(resolved: Resolved) -> FlagTable:
 
 def test_a_flag_cache_hit_opens_no_session_and_parses_no_yaml_with_the_position_loader(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The no-op build's flag check: manifest loaded once by the position loader, then nothing of it again."""
+    """The no-op build's manifest and flag check: read with libyaml, never the position-tracking Python loader
+    (it re-reads a file only to report a problem in it)."""
     env = {"IMAGEFORGE_CACHE": str(tmp_path / "cache")}
     positional: list[str] = []
     original = yamldoc._Loader.__init__
@@ -240,7 +241,7 @@ def test_a_flag_cache_hit_opens_no_session_and_parses_no_yaml_with_the_position_
     monkeypatch.setattr(yamldoc._Loader, "__init__", counting)
     monkeypatch.setattr(checkpatches, "image_session", no_daemon)
     manifest = load_manifest(REPO / "build.yaml")
-    assert len(positional) == 1  # the manifest itself
+    assert positional == []
     resolved = resolve(manifest, "cpu", None, environ=env)
     target = resolved.target
     base_id = "sha256:" + "1" * 64
@@ -249,7 +250,18 @@ def test_a_flag_cache_hit_opens_no_session_and_parses_no_yaml_with_the_position_
     assert check_resolved(resolved, env) is None  # checked: no "flags not checked" note
     assert check_resolved(resolved, env) is None  # the suite's models now come from their content cache
     assert list((tmp_path / "cache" / "flags" / "suites").glob("*.json"))
-    assert len(positional) == 1, positional
+    assert positional == []
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("version: 1\ntargets: [\n")
+    with pytest.raises(ConfigError):
+        load_manifest(broken)
+    assert len(positional) == 1  # a file with a problem: the position loader says where
+
+
+@pytest.mark.parametrize("name", ["build.yaml", "smoke/dummy.yaml", "smoke/real-weights.yaml", "images/cpu/base.yaml"])
+def test_libyaml_reads_the_same_document_as_the_position_loader(name: str) -> None:
+    slow, fast = yamldoc.load_yaml(REPO / name), yamldoc.load_yaml_c(REPO / name)
+    assert (fast.data, fast.positions, fast.scalars, fast.raw) == (slow.data, slow.positions, slow.scalars, slow.raw)
 
 
 def test_the_flag_index_is_keyed_by_content_so_a_fresh_clone_finds_it(tmp_path: Path) -> None:
@@ -301,3 +313,28 @@ def test_every_command_that_resolves_refuses_what_validate_refuses(tmp_path: Pat
             call()
         assert caught.value.exit_code == 2, name
         assert "max-num-seqs takes an integer" in caught.value.render(), name
+
+
+def test_the_flags_key_follows_the_parser_not_the_layer_chain(tmp_path: Path) -> None:
+    """An edit of a patch to a module that is not a parser file keeps the flags (no new introspection)."""
+    for part in ("build.yaml", "images", "overlays", "smoke"):
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, tmp_path / part)
+    env: dict[str, str] = {}
+    text = (tmp_path / "build.yaml").read_text()
+
+    def keys(manifest_text: str) -> tuple[str, str | None]:
+        (tmp_path / "build.yaml").write_text(manifest_text)
+        target = load_manifest(tmp_path / "build.yaml").targets["cpu"]
+        return flags_key("sha256:" + "1" * 64, target.steps, env), index_key(target, env)
+
+    before = keys(text)
+    edited = text.replace("BASE_BLOCK = 64  # imageforge", "BASE_BLOCK = 32  # imageforge", 1)
+    assert edited != text
+    assert keys(edited) == before  # prefix_prefill.py is no parser file
+    script = tmp_path / "overlays" / "cpu" / "scripts" / "ldconfig.sh"
+    script.write_text(script.read_text() + "\n# changed\n")
+    assert keys(text) != before  # a script may change anything

@@ -32,12 +32,12 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("verify", "housekeeping"),  # the verify layer's checks; build.lock and clean
     ("build", "checkpatches", "flagcheck"),  # the layers; dry runs of the steps; serving flags learnt, cached
     ("inplace",),  # the steps applied to the machine itself through a journal; revert, status
-    ("server_spec", "run"),  # the serving container
+    ("server_spec", "run", "serve_process"),  # the serving container; the server as a process (in place)
     ("smoke", "bench"),  # checks and load against a server (bench: the evaluator replay, its metrics, plots)
     ("equiv", "forensics"),  # teacher-forced comparison; bisect and ablate over the step chain
     ("export", "submission"),  # the deliverables: a saved image; the tree the platform builds
     ("app",),  # the front door: the commands call only this
-    ("commands",),  # the `imageforge` command: the invoke task collection (tasks.py re-exports it)
+    ("commands", "launch"),  # the `imageforge` command: the invoke task collection; launch: its console entry
 )
 STAGE = {name: level for level, names in enumerate(STAGES) for name in names}
 

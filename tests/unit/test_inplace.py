@@ -385,7 +385,7 @@ def test_the_console_command_runs_without_the_callers_pythonpath(tmp_path: Path)
     shadow.mkdir()
     (shadow / "yaml.py").write_text("raise ImportError('the box PYTHONPATH shadowed imageforge')\n")
     script = tmp_path / "imageforge"
-    script.write_text(f"import sys\nsys.path.insert(0, {str(SRC)!r})\nfrom imageforge.commands import main\n"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(SRC)!r})\nfrom imageforge.launch import main\n"
                       "from imageforge import settings\nprint('CALLER', settings.Settings.from_cli().environ"
                       ".get('PYTHONPATH'), file=sys.stderr)\nmain()\n")
     env = {**os.environ, "PYTHONPATH": str(shadow)}
@@ -397,7 +397,7 @@ def test_the_console_command_runs_without_the_callers_pythonpath(tmp_path: Path)
 
 
 def test_pythonpath_is_cut_to_imageforges_own_folder() -> None:
-    from imageforge.commands import without_caller_pythonpath
+    from imageforge.launch import without_caller_pythonpath
 
     assert without_caller_pythonpath({"PYTHONPATH": str(SRC)}, str(SRC)) is None
     env = without_caller_pythonpath({"PYTHONPATH": f"{SRC}{os.pathsep}/usr/local/corex", "A": "1"}, str(SRC))

@@ -160,8 +160,20 @@ def test_repo_manifest_loads_with_default_equiv_settings() -> None:
     m = load_manifest(REPO / "build.yaml")
     for target in m.targets.values():
         assert target.equiv.tolerance("float32") == DEFAULT_TOLERANCES["float32"]
-        assert not any(s.required for s in target.steps)
+    # only the organisers' baseline is required (bi100 cannot serve Qwen3.6 without it: equiv's reference)
+    assert {(t.name, s.id) for t in m.targets.values() for s in t.steps if s.required} == {
+        ("bi100", "organisers-baseline")}
     # the cpu MoE patches need the overlay they call (bisect/ablate drop them together); nothing else declares any
     requires = {s.id: s.requires for t in m.targets.values() for s in t.steps if s.requires}
     assert requires == {"cpu-moe-skip-prepack": ("sorted-moe-module",),
                         "cpu-moe-apply-sorted": ("cpu-moe-skip-prepack",)}
+
+
+def test_equiv_memory_block(write_manifest: Callable[[str], Path]) -> None:
+    block = "    equiv: {memory: {params_billion: 7, devices: 1, device_gb: 24}}\n"
+    m = load_manifest(write_equiv(write_manifest, block))
+    settings = m.targets["t"].equiv
+    assert settings.fits("bfloat16") is None
+    assert settings.fits("float32") == "7B x 4 B = 28 GB of weights in float32 > 1 x 24 GB = 24 GB"
+    error = error_of(write_equiv(write_manifest, "    equiv: {memory: {params_billion: 7}}\n")).render()
+    assert "targets.t.equiv.memory" in error

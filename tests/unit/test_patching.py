@@ -92,6 +92,8 @@ def test_a_shallower_anchor_inside_a_deeper_line_is_refused_with_both_indentatio
 def test_a_deeper_anchor_than_the_line_is_missing() -> None:
     out = apply_patch(MOE, "                unique = ids(x)\n", "                pass\n")
     assert out.status == "anchor-missing" and out.near[0].line == 6
+    assert out.hint == "line 6 holds the anchor's first line indented 12 spaces, the anchor 16 spaces"
+    assert describe(out).endswith("; " + out.hint)
 
 
 def test_only_accepted_matches_are_counted_and_replaced() -> None:

@@ -27,7 +27,7 @@ def step(kind_name: str, spec: dict[str, object], source: Path | None = None) ->
 
 
 def test_every_schema_kind_has_one_class_with_the_schema_keys() -> None:
-    schema_file = Path(__file__).resolve().parents[2] / "src/imageforge/schema/build.schema.json"
+    schema_file = Path(__file__).resolve().parents[2] / "schema/build.schema.json"
     defs = json.loads(schema_file.read_text())["$defs"]
     kinds = defs["step"]["properties"]["kind"]["enum"]
     assert sorted(KINDS) == sorted(kinds) == ["overlay", "patch", "script", "symlink"]

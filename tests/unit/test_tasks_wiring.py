@@ -80,9 +80,34 @@ def test_equiv_options_reach_app_equiv(tasks_ns: Any, monkeypatch: pytest.Monkey
     s, target, profile, sets = args
     assert (target, profile, sets) == ("cpu", "conservative", ["max-num-seqs=2", "enforce-eager=true"])
     assert callable(kwargs.pop("show"))  # the result (--json) is shown before the verdict
-    assert kwargs == {"against": "aggressive", "dtype": "bfloat16", "top_k": 3, "greedy_tokens": 7, "prompts": 2}
+    assert kwargs == {"against": "aggressive", "dtype": "bfloat16", "top_k": 3, "greedy_tokens": 7, "prompts": 2,
+                      "record": "", "in_place": None}
     assert s.manifest == Path("other.yaml") and s.host_address == "10.0.0.9" and s.sources["host_address"] == "cli"
     assert "IMAGEFORGE_HOST_ADDRESS" not in os.environ  # the address travels in Settings only
+
+
+def test_in_place_options_reach_equiv_run_smoke_bench(tasks_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from imageforge.serve_process import InPlace
+
+    where = InPlace(Path("/box"), "/opt/venv/bin/python3")
+    for name, argv in (("equiv", ["--record", "ref.json"]), ("run", []), ("smoke", []), ("bench", []),
+                       ("ablate", ["--steps", "a,b"]), ("sweep", ["--param", "max-num-seqs=1,2"]),
+                       ("bisect", ["--check", "equiv"])):
+        calls: Calls = []
+        monkeypatch.setattr(app, name, recorder(calls))
+        with pytest.raises(Reached):
+            run_task(tasks_ns, name, "--target", "cpu", *argv, "--in-place", "--root", "/box", "--python",
+                     "/opt/venv/bin/python3")
+        [(_args, kwargs)] = calls
+        assert kwargs["in_place"] == where, name
+        if name == "equiv":
+            assert kwargs["record"] == "ref.json"
+    calls = []
+    monkeypatch.setattr(app, "stop", recorder(calls))
+    with pytest.raises(Reached):
+        run_task(tasks_ns, "stop", "--in-place")
+    [(_args, kwargs)] = calls
+    assert kwargs["in_place"] is True
 
 
 def test_bisect_options_reach_app_bisect(tasks_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,7 +121,7 @@ def test_bisect_options_reach_app_bisect(tasks_ns: Any, monkeypatch: pytest.Monk
     assert args[1:] == ("cpu", None, [])
     assert callable(kwargs.pop("show"))
     assert kwargs == {"check": ["models-lists-served-name", "chat-basic"], "suite": "smoke/evaluator.yaml",
-                      "tags": "dummy-ok,info", "repeat": 3, "flaky": "unknown"}
+                      "tags": "dummy-ok,info", "repeat": 3, "flaky": "unknown", "in_place": None}
 
 
 def test_ablate_options_reach_app_ablate(tasks_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,7 +134,7 @@ def test_ablate_options_reach_app_ablate(tasks_ns: Any, monkeypatch: pytest.Monk
     [(args, kwargs)] = calls
     assert args[1:] == ("cpu", "conservative", [])
     w = kwargs.pop("workload")
-    assert kwargs == {"steps": "a,b", "repeat": 2, "out": "/tmp/ablate-out", "equiv": False}
+    assert kwargs == {"steps": "a,b", "repeat": 2, "out": "/tmp/ablate-out", "equiv": False, "in_place": None}
     assert (w.requests, w.concurrency, w.prompt_tokens, w.output_tokens, w.seed, w.warmup, w.repeat) == \
         (6, 2, 64, 8, 5, 0, 1)
     assert (w.shared_prefix, w.duration, w.model) == (Workload().shared_prefix, Workload().duration, None)
@@ -174,7 +199,7 @@ def _resolved_of(call: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
 def test_smoke_and_demo_pass_the_host_address_down(settings_10: Settings, monkeypatch: pytest.MonkeyPatch,
                                                     no_host_env: None) -> None:
     calls = _reached(monkeypatch, "imageforge.smoke", "smoke_target")
-    monkeypatch.setattr("imageforge.docker_engine.ensure_daemon", lambda log=print: None)
+    monkeypatch.setattr("imageforge.docker_engine.ensure_daemon", lambda log=print, start=False: None)
     with pytest.raises(Reached):
         app.smoke(settings_10, None, "big", [], url=None, suite=None, tags="a,b", base=True, port=8123, wait=0)
     with pytest.raises(Reached):
@@ -257,3 +282,36 @@ def test_submission_check_task_on_a_written_tree(tmp_path: Path) -> None:
 
     both = invoke("submission", "--target", "cpu", "--out", str(tree), "--check", "--git")
     assert both.returncode == 2 and "--check only reads the tree" in both.stderr
+
+
+def test_smoke_json_and_junit_come_from_the_report_before_the_verdict(
+        tasks_ns: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    junit = tmp_path / "run" / "smoke-junit.xml"
+    junit.parent.mkdir()
+    junit.write_text("<testsuites/>\n")
+
+    class Report:
+        junit_path = junit
+
+        def summary_line(self) -> str:
+            return "1 passed, 1 failed"
+
+        def to_json(self) -> dict[str, Any]:
+            return {"passed": 1, "failed": 1}
+
+    def failing_smoke(*args: Any, show: Callable[[Any], None], **kwargs: Any) -> None:
+        print("a progress line")  # a library log line: stderr
+        show(Report())
+        raise ConfigError("stands in for the verdict")
+
+    monkeypatch.setattr(app, "smoke", failing_smoke)
+    Program(namespace=tasks_ns).run(["invoke", "smoke", "--url", "http://127.0.0.1:9", "--json", "--junit",
+                                     str(tmp_path / "out.xml")], exit=False)
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"passed": 1, "failed": 1}  # stdout: the one JSON document only
+    assert "a progress line" in captured.err and "stands in for the verdict" in captured.err
+    assert (tmp_path / "out.xml").read_text() == "<testsuites/>\n"
+    Program(namespace=tasks_ns).run(["invoke", "smoke", "--url", "http://127.0.0.1:9", "-q"], exit=False)
+    captured = capsys.readouterr()
+    assert captured.out == "smoke: 1 passed, 1 failed\n"
+    assert "a progress line" not in captured.err and "stands in for the verdict" in captured.err  # errors stay

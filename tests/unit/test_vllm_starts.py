@@ -25,12 +25,14 @@ def test_what_counts_as_a_server(argv: list[str], server: bool) -> None:
 
 
 def test_a_server_process_counts_once_and_its_workers_not() -> None:
-    counter = VllmStarts()
+    counter = VllmStarts(count_fakes=True)
     counter._scan_proc()
     before = dict(counter.processes)
     # a "server" (argv[0] set with exec -a) with a "worker" child that has the same command line
     script = 'exec -a "vllm serve /model" bash -c \'(exec -a "vllm serve /model" sleep 30) & sleep 30\''
-    proc = subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    # the session's own counter leaves it out (IMAGEFORGE_TEST_FAKE_VLLM); this one counts it
+    proc = subprocess.Popen(["bash", "-c", script], start_new_session=True,
+                            env={**os.environ, "IMAGEFORGE_TEST_FAKE_VLLM": "1"})
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -46,5 +48,8 @@ def test_a_server_process_counts_once_and_its_workers_not() -> None:
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # its own session: the server and its worker
         proc.wait()
-    assert counter.lines() == [f"{len(counter.processes)} vLLM starts (0 in Docker containers, "
-                               f"{len(counter.processes)} as processes in place)"]
+    counter.containers["c0ffee"] = "tests/integration/test_x.py::test_y"
+    lines = counter.lines()
+    assert "   1 in Docker,  0 in place  tests/integration/test_x.py" in lines
+    assert lines[-1] == (f"{len(counter.processes) + 1} vLLM starts (1 in Docker containers, "
+                         f"{len(counter.processes)} as processes in place)")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from imageforge.docker_engine import client, docker_host
+from imageforge.docker_engine import client, endpoint
 from imageforge.errors import BuildError, InfraError
 from imageforge.labels import L_KEY, L_KIND, TOOL
 from imageforge.settings import cache_dir
@@ -205,8 +205,11 @@ class FixedBase:
 
 def daemon_probe() -> CacheProbe | None:
     """A probe when a daemon answers quickly, else None (plan then says UNKNOWN)."""
-    host = docker_host()
-    if host is None and not Path("/var/run/docker.sock").exists():
+    try:
+        ep = endpoint()
+    except InfraError:  # an unreadable docker context: plan says UNKNOWN
+        return None
+    if ep.default_socket and not Path("/var/run/docker.sock").exists():
         return None
     try:
         probe = DaemonProbe()

@@ -14,6 +14,7 @@ from typing import Any
 
 from imageforge import docker_engine as de
 from imageforge.errors import BuildError
+from imageforge.progress import progress
 from imageforge.runs import file_lock
 from imageforge.settings import cache_dir
 
@@ -313,40 +314,44 @@ def ensure_cpu_base(source: RecipeSource, *, log: Log = print) -> BaseImage:
             log(f"reuse vLLM base image {ref} ({_short_id(image)}; OS image and wheelhouse not needed)")
             return BaseImage(ref, str(image.id), os_ref, vkey, dig, ("vllm",), ())
 
-        with _file_lock(f"os-{okey[:KEY_LEN]}"):
-            os_image = de.image_or_none(os_ref)
-            if os_image is not None:
-                log(f"reuse OS image {os_ref} ({_short_id(os_image)})")
-                reused.append("os")
-            else:
-                log(f"make OS image {os_ref}")
+        with progress("base image (OS, wheelhouse, vLLM)", total=3, unit="parts") as bar:
+            with _file_lock(f"os-{okey[:KEY_LEN]}"):
+                os_image = de.image_or_none(os_ref)
+                if os_image is not None:
+                    log(f"reuse OS image {os_ref} ({_short_id(os_image)})")
+                    reused.append("os")
+                else:
+                    log(f"make OS image {os_ref}")
+                    t0 = time.monotonic()
+                    os_image = build_os_image(recipe, okey, log=log)
+                    seconds.append(("os", time.monotonic() - t0))
+                    log(f"made OS image {os_ref} ({_short_id(os_image)}, "
+                        f"{de.human_bytes(os_image.attrs.get('Size', 0))}) in {seconds[-1][1]:.1f}s")  # fmt: skip
+                    made.append("os")
+            bar.advance()
+
+            wh = wheelhouse_dir()
+            with _file_lock("wheelhouse"):
                 t0 = time.monotonic()
-                os_image = build_os_image(recipe, okey, log=log)
-                seconds.append(("os", time.monotonic() - t0))
-                log(f"made OS image {os_ref} ({_short_id(os_image)}, "
-                    f"{de.human_bytes(os_image.attrs.get('Size', 0))}) in {seconds[-1][1]:.1f}s")  # fmt: skip
-                made.append("os")
+                n = fill_wheelhouse(entries, wh, log=log)
+                if n:
+                    seconds.append(("wheelhouse", time.monotonic() - t0))
+                    log(f"made wheelhouse: {n} wheel(s) downloaded in {seconds[-1][1]:.1f}s ({wh})")
+                    made.append("wheelhouse")
+                else:
+                    log(f"reuse wheelhouse {wh} ({len(entries)} wheels match the lock)")
+                    reused.append("wheelhouse")
+            bar.advance()
 
-        wh = wheelhouse_dir()
-        with _file_lock("wheelhouse"):
+            log(f"make vLLM base image {ref} (lock {dig[:12]}, {len(entries)} wheels)")
             t0 = time.monotonic()
-            n = fill_wheelhouse(entries, wh, log=log)
-            if n:
-                seconds.append(("wheelhouse", time.monotonic() - t0))
-                log(f"made wheelhouse: {n} wheel(s) downloaded in {seconds[-1][1]:.1f}s ({wh})")
-                made.append("wheelhouse")
-            else:
-                log(f"reuse wheelhouse {wh} ({len(entries)} wheels match the lock)")
-                reused.append("wheelhouse")
-
-        log(f"make vLLM base image {ref} (lock {dig[:12]}, {len(entries)} wheels)")
-        t0 = time.monotonic()
-        image = build_vllm_image(recipe, vkey, os_ref, wh, dig, log=log)
-        seconds.append(("vllm", time.monotonic() - t0))
-        made.append("vllm")
-        log(f"made vLLM base image {ref} ({_short_id(image)}, "
-            f"{de.human_bytes(image.attrs.get('Size', 0))}) in {seconds[-1][1]:.1f}s")  # fmt: skip
-        return BaseImage(ref, str(image.id), os_ref, vkey, dig, tuple(reused), tuple(made), tuple(seconds))
+            image = build_vllm_image(recipe, vkey, os_ref, wh, dig, log=log)
+            seconds.append(("vllm", time.monotonic() - t0))
+            made.append("vllm")
+            log(f"made vLLM base image {ref} ({_short_id(image)}, "
+                f"{de.human_bytes(image.attrs.get('Size', 0))}) in {seconds[-1][1]:.1f}s")  # fmt: skip
+            bar.advance()
+            return BaseImage(ref, str(image.id), os_ref, vkey, dig, tuple(reused), tuple(made), tuple(seconds))
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from imageforge.errors import ConfigError
+from imageforge.errors import ConfigError, require_extra
 from imageforge.settings import cache_dir
 
 from .recipe import Recipe, RecipeSource, as_recipe
@@ -70,6 +70,8 @@ def ensure_model(recipe: RecipeSource, dest: Path | None = None, *, log: Log = p
     if stamp.is_file() and stamp.read_text().strip() == digest:
         log(f"reuse tiny model {dest}")
         return dest
+    for lib in ("numpy", "safetensors"):
+        require_extra(lib, "model", "writing the tiny model (images/cpu/make_model.py)")
     t0 = time.monotonic()
     dest.parent.mkdir(parents=True, exist_ok=True)
     module = _load_make_model(loaded.model_script)

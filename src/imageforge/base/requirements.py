@@ -16,6 +16,7 @@ from typing import Any
 from imageforge import docker_engine as de
 from imageforge.errors import BuildError, ConfigError
 from imageforge.plan import sha256_file
+from imageforge.progress import progress, watch_size
 
 Log = Callable[[str], None]
 
@@ -218,12 +219,13 @@ def fill_wheelhouse(entries: Sequence[LockEntry], d: Path, *, log: Log = print) 
             "--only-binary=:all:", "--disable-pip-version-check", "--progress-bar", "off",
             "--dest", str(dest), "-r", str(req),
         ]  # fmt: skip
-        de.run_logged(
-            cmd,
-            what="pip download",
-            hint="a hash mismatch means the lock and the index disagree: regenerate the lock "
-            "(python images/cpu/lock.py) or restore it from git; otherwise check that PyPI is reachable",
-        )
+        with progress("wheelhouse download", total=need, unit="bytes") as bar, watch_size(dest, bar):
+            de.run_logged(
+                cmd,
+                what="pip download",
+                hint="a hash mismatch means the lock and the index disagree: regenerate the lock "
+                "(python images/cpu/lock.py) or restore it from git; otherwise check that PyPI is reachable",
+            )
         for f in dest.glob("*.whl"):
             f.replace(d / f.name)
     still = missing_wheels(entries, d)

@@ -6,10 +6,11 @@ The streams are read by :func:`imageforge.serving_client.open_stream` (httpx-sse
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from httpx_sse import SSEError
@@ -167,6 +168,7 @@ class BenchClient:
         result.latency = got.total
         result.status = got.status
         result.ttft = got.first_chunk
+        result.itl = got.itl
         if got.usage is not None:
             result.usage = True
             result.prompt_tokens, result.completion_tokens = got.prompt_tokens, got.completion_tokens
@@ -219,6 +221,12 @@ class Streamed:
     total: float = 0.0  # the end of the stream, or the failure
     chunks: int = 0  # chunks with choices
     usage: dict[str, Any] | None = None  # the last usage block
+    chunk_times: list[float] = field(default_factory=list)  # when each chunk with choices came
+
+    @property
+    def itl(self) -> list[float]:
+        """Inter-token latencies: the gaps between consecutive chunks with choices (vllm bench serve's ITL)."""
+        return [b - a for a, b in itertools.pairwise(self.chunk_times)]
 
     @property
     def ttft(self) -> float | None:
@@ -279,8 +287,9 @@ async def stream_request(http: Any, endpoint: str, body: dict[str, Any], *,
                     choices = chunk.get("choices")
                     if choices:
                         out.chunks += 1
+                        out.chunk_times.append(clock() - start)
                         if out.first_chunk is None:
-                            out.first_chunk = clock() - start
+                            out.first_chunk = out.chunk_times[-1]
                         if out.first_token is None and any(_carries_token(c) for c in choices):
                             out.first_token = clock() - start
                     usage = chunk.get("usage")

@@ -18,6 +18,9 @@ from .evaluator import TARGET_OUTPUT_TPS_P10, TARGET_TTFT_P90_S, RequestRecord
 
 
 def _figure(rows: int, width: float = 8.0, height: float = 3.0) -> Any:
+    from ..errors import require_extra
+
+    require_extra("matplotlib", "plots", "the PNG plots of bench --replay and sweep")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -30,9 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from ..errors import ConfigError, SmokeError
+from ..progress import progress
 from .client import stream_request
 from .evaluator import ErrorClass, EvalReport, RequestRecord, classify_error, evaluate
+from .plots import plot_replay
 from .replay_loading import load_jsonl, server_counter
 from .replay_workload import ReplayRequest, ReplaySpec, generate, stats, write_jsonl
 
@@ -99,8 +103,6 @@ async def send_one(client: Any, index: int, body: dict[str, Any], *,
 
 def discover_model(url: str, model: str | None = None, *, transport: Any = None) -> tuple[str, int | None]:
     """The served model (``model`` if listed, else the first) and its max_model_len (vLLM lists it)."""
-    import httpx
-
     try:
         with httpx.Client(transport=transport, timeout=15.0) as client:
             response = client.get(url.rstrip("/") + "/v1/models")
@@ -124,8 +126,6 @@ def run_replay(requests: Sequence[ReplayRequest], url: str, *, model: str | None
     ``timeout`` bounds each request (the evaluator's redline is a total-time p99 of 999,999 ms); the duration
     is checked between requests, so the last one may run past it by at most ``timeout``.
     """
-    import httpx
-
     if duration <= 0 or timeout <= 0:
         raise ConfigError("duration and timeout must be > 0")
     if max_requests is not None and max_requests < 1:
@@ -141,18 +141,20 @@ def run_replay(requests: Sequence[ReplayRequest], url: str, *, model: str | None
     async def loop() -> str:
         async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=httpx.Timeout(timeout, connect=10.0),
                                      transport=transport) as client:
-            for i, request in enumerate(requests[:limit]):
-                if time.monotonic() - begin >= duration:
-                    return "duration"
-                body = prepare_body(request, served, planned_output=planned_output)
-                record = await send_one(client, i, body, planned_input=request.planned_input)
-                records.append(record)
-                if log is not None:
-                    state = "ok" if record.ok else f"{record.error_class} ({record.error})"
-                    ttft = "-" if record.ttft_s is None else f"{record.ttft_s:.3f}s"
-                    log(f"  [{i + 1}/{limit}] {state}: prompt {record.prompt_tokens} (cached "
-                        f"{record.cached_tokens}), out {record.completion_tokens}, ttft {ttft}, "
-                        f"total {record.total_s or 0:.3f}s")
+            with progress("replay requests", total=limit, unit="requests") as bar:
+                for i, request in enumerate(requests[:limit]):
+                    if time.monotonic() - begin >= duration:
+                        return "duration"
+                    body = prepare_body(request, served, planned_output=planned_output)
+                    record = await send_one(client, i, body, planned_input=request.planned_input)
+                    records.append(record)
+                    bar.advance()
+                    if log is not None:
+                        state = "ok" if record.ok else f"{record.error_class} ({record.error})"
+                        ttft = "-" if record.ttft_s is None else f"{record.ttft_s:.3f}s"
+                        log(f"  [{i + 1}/{limit}] {state}: prompt {record.prompt_tokens} (cached "
+                            f"{record.cached_tokens}), out {record.completion_tokens}, ttft {ttft}, "
+                            f"total {record.total_s or 0:.3f}s")
         return stopped_by
 
     stopped_by = asyncio.run(loop())
@@ -267,8 +269,6 @@ def replay_bench(url: str, options: ReplayOptions, run_dir: Path, *, echo: Log =
 
 
 def write_replay(result: ReplayBench) -> None:
-    from .plots import plot_replay
-
     result.run_dir.mkdir(parents=True, exist_ok=True)
     result.json_path = result.run_dir / "bench.json"
     result.json_path.write_text(json.dumps(result.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -278,8 +278,6 @@ def write_replay(result: ReplayBench) -> None:
 
 def _sync(transport: Any) -> Any:
     """A MockTransport serves sync and async clients alike; anything else is async-only (None: the network)."""
-    import httpx
-
     return transport if isinstance(transport, httpx.MockTransport) else None
 
 

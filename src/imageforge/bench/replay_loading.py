@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from ..errors import ConfigError, ErrorCollector, Location, Problem, SmokeError
 from .replay_workload import META_KEY, ReplayRequest, TokenCounter
 
@@ -123,8 +125,6 @@ def tokenizer_counter(tokenizer_json: Path) -> TokenCounter:
 
 def server_counter(url: str, model: str, *, timeout: float = 30.0, transport: Any = None) -> TokenCounter:
     """A counter that asks the server's ``/tokenize`` (vLLM), caching each text's count."""
-    import httpx
-
     client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout, transport=transport)
     cache: dict[str, int] = {}
 

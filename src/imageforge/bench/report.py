@@ -46,9 +46,12 @@ def bench_rows(bench: BenchResult) -> list[tuple[str, str]]:
         ("Cache TPS", fmt(s["cache_tps"], 2)),
         ("score", f"{s['score']:,.1f}  (= {SCORE_OUTPUT_WEIGHT} x out + {SCORE_INPUT_WEIGHT} x in + "
                   f"{SCORE_CACHE_WEIGHT} x cache)"),
-        ("TTFT p50 / p95", f"{ms(s['ttft_p50_s'])} / {ms(s['ttft_p95_s'])}"),
-        ("latency p50 / p95", f"{ms(s['latency_p50_s'])} / {ms(s['latency_p95_s'])}"),
-        ("time per output token p50", ms(s["tpot_p50_s"])),
+        ("TTFT p50 / p95 / p99", f"{ms(s['ttft_p50_s'])} / {ms(s['ttft_p95_s'])} / {ms(s['ttft_p99_s'])}"),
+        ("latency p50 / p95 / p99", f"{ms(s['latency_p50_s'])} / {ms(s['latency_p95_s'])} / "
+                                    f"{ms(s['latency_p99_s'])}"),
+        ("time per output token p50 / p99", f"{ms(s['tpot_p50_s'])} / {ms(s['tpot_p99_s'])}"),
+        ("inter-token latency p50 / p99", f"{ms(s['itl_p50_s'])} / {ms(s['itl_p99_s'])}  (gaps between streamed "
+                                          "chunks, pooled)"),
         ("per-request Output TPS p10", fmt(s["output_tps_p10"], 2) + "  (completion / latency incl. TTFT: the "
                                                                      "evaluator's definition)"),
         ("runs", f"{len(bench.repeats) or 1}" + (f" (median by score shown; scores {_scores(bench)})"
@@ -71,12 +74,14 @@ def _load(value: Any) -> str:
 
 
 def make_console() -> Any:
-    """A rich console; 160 columns when stdout is not a terminal (rich would squeeze tables into 80)."""
-    import sys
-
+    """A rich console on the command's result stream (stdout; stderr under --json); 160 columns when that is not
+    a terminal (rich would squeeze tables into 80)."""
     from rich.console import Console
 
-    return Console() if sys.stdout.isatty() else Console(width=160)
+    from ..cli import results_stream
+
+    stream = results_stream()
+    return Console(file=stream) if stream.isatty() else Console(file=stream, width=160)
 
 
 def print_bench(bench: BenchResult, echo: Log = print, console: Any = None) -> None:

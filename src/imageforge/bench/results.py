@@ -24,6 +24,7 @@ class RequestResult:
     latency: float | None = None
     started: float = 0.0
     finished: float = 0.0
+    itl: list[float] = field(default_factory=list)  # seconds between consecutive streamed chunks
 
     @property
     def tpot(self) -> float | None:
@@ -135,6 +136,10 @@ class BenchResult:
         values = [v for r in self.ok_results if (v := getattr(r, attr)) is not None]
         return percentile(values, q)
 
+    def itl_pct(self, q: float) -> float | None:
+        """A percentile of every inter-token latency of the successful requests, pooled (as vllm bench serve)."""
+        return percentile([gap for r in self.ok_results for gap in r.itl], q)
+
     def summary(self) -> dict[str, Any]:
         """The numbers a table or a sweep shows (rates rounded to 0.01, times in seconds)."""
         return {
@@ -146,10 +151,12 @@ class BenchResult:
             "output_tps": round(self.output_tps, 2), "input_tps": round(self.input_tps, 2),
             "cache_tps": round(self.cache_tps, 2), "score": round(self.score, 2),
             "ttft_p50_s": rounded(self._pct("ttft", 50)), "ttft_p90_s": rounded(self._pct("ttft", 90)),
-            "ttft_p95_s": rounded(self._pct("ttft", 95)),
+            "ttft_p95_s": rounded(self._pct("ttft", 95)), "ttft_p99_s": rounded(self._pct("ttft", 99)),
             "output_tps_p10": rounded(self._pct("output_tps", 10), 2),
             "latency_p50_s": rounded(self._pct("latency", 50)), "latency_p95_s": rounded(self._pct("latency", 95)),
-            "tpot_p50_s": rounded(self._pct("tpot", 50), 6),
+            "latency_p99_s": rounded(self._pct("latency", 99)),
+            "tpot_p50_s": rounded(self._pct("tpot", 50), 6), "tpot_p99_s": rounded(self._pct("tpot", 99), 6),
+            "itl_p50_s": rounded(self.itl_pct(50), 6), "itl_p99_s": rounded(self.itl_pct(99), 6),
         }
 
     def to_json(self) -> dict[str, Any]:

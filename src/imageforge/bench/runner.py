@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, SmokeError
+from ..progress import progress
 from ..serving_client import check_url
 from ..waits import await_until
 from .client import BenchClient
@@ -50,18 +51,25 @@ async def _run(url: str, workload: Workload, echo: Log, transport: Any = None) -
                     notes.append(f"warm-up request failed: {res.error}")
         before = await client.metrics()
         started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        echo(f"bench {url} model {model}: {workload.requests} requests at concurrency {workload.concurrency}, "
+        rate = f", {workload.request_rate:g} requests/s (Poisson)" if workload.request_rate > 0 else ""
+        echo(f"bench {url} model {model}: {workload.requests} requests at concurrency {workload.concurrency}{rate}, "
              f"prompt {workload.prompt_tokens} tokens ({workload.prefix_tokens} shared), "
              f"output {workload.output_tokens} tokens, {mode} prompts, api {workload.api}")
         gate = asyncio.Semaphore(workload.concurrency)
 
-        async def limited(prompt: Prompt) -> RequestResult:
-            async with gate:
-                return await client.send(model, prompt)
+        with progress("bench requests", total=len(prompts), unit="requests") as bar:
+            async def limited(prompt: Prompt, arrival: float) -> RequestResult:
+                if arrival > 0:  # --request-rate: the Poisson arrival time of this request
+                    await asyncio.sleep(max(0.0, t0 + arrival - time.monotonic()))
+                async with gate:
+                    try:
+                        return await client.send(model, prompt)
+                    finally:
+                        bar.advance()
 
-        t0 = time.monotonic()
-        tasks = [asyncio.create_task(limited(p)) for p in prompts]
-        done, pending = await asyncio.wait(tasks, timeout=workload.duration)
+            t0 = time.monotonic()
+            tasks = [asyncio.create_task(limited(p, at)) for p, at in zip(prompts, workload.arrivals(), strict=True)]
+            done, pending = await asyncio.wait(tasks, timeout=workload.duration)
         for task in pending:
             task.cancel()
         if pending:
@@ -199,10 +207,15 @@ def verdict(bench: BenchResult) -> None:
 def bench_target(resolved: Any, workload: Workload, *, environ: Mapping[str, str] | None = None,
                  echo: Log = print, port: int | None = None, image: str | None = None,
                  startup_timeout: float | None = None, params: Mapping[str, Any] | None = None,
-                 host_address: str | None = None) -> BenchResult:
-    """Build (or reuse) TARGET:PROFILE, serve it on ``host_address``, bench it, always remove the server."""
+                 host_address: str | None = None, in_place: Any = None) -> BenchResult:
+    """Build (or reuse) TARGET:PROFILE, serve it on ``host_address``, bench it, always remove the server.
+
+    ``in_place`` (a :class:`imageforge.serve_process.InPlace`): served as a process from its root instead."""
     from ..run import serving
     from ..runs import new_run_id
+
+    if in_place is not None:
+        serving = in_place.serving
 
     workload.validate()
     environ = os.environ if environ is None else environ
@@ -222,8 +235,10 @@ def bench_target(resolved: Any, workload: Workload, *, environ: Mapping[str, str
 
 def replay_target(resolved: Any, options: Any, *, environ: Mapping[str, str] | None = None, echo: Log = print,
                   port: int | None = None, startup_timeout: float | None = None,
-                  host_address: str | None = None) -> Any:
+                  host_address: str | None = None, in_place: Any = None) -> Any:
     """Build (or reuse) TARGET:PROFILE, serve it, replay one at a time (:func:`.replay.replay_bench`), remove it.
+
+    ``in_place`` (a :class:`imageforge.serve_process.InPlace`): served as a process from its root instead.
 
     The generated workload is scaled to ``options.max_model_len``, else the server's max_model_len, else the
     target's resolved ``max-model-len``.
@@ -231,6 +246,9 @@ def replay_target(resolved: Any, options: Any, *, environ: Mapping[str, str] | N
     from ..run import serving
     from ..runs import new_run_id
     from .replay import replay_bench
+
+    if in_place is not None:
+        serving = in_place.serving
 
     environ = os.environ if environ is None else environ
     if options.max_model_len is None and options.file is None:

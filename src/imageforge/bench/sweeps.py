@@ -19,11 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..build import build_target
 from ..errors import ConfigError, ImageforgeError, SmokeError
+from ..resolve import resolve
+from ..run import serving
+from ..runs import new_run_id
 from .metrics import PLATEAU_TOLERANCE, SCORE_CACHE_WEIGHT, SCORE_INPUT_WEIGHT, SCORE_OUTPUT_WEIGHT, plateau_index
-from .report import fmt, make_console, ms
+from .plots import plot_sweep
+from .report import fmt, make_console, ms, write_bench
 from .results import rounded
-from .runner import bench_target, verdict
+from .runner import bench_target, median_run, run_bench, verdict
 from .workload import Workload
 
 Log = Callable[[str], None]
@@ -217,8 +222,6 @@ class SweepResult:
         return out
 
     def plot(self) -> Path | None:
-        from .plots import plot_sweep
-
         points = self.plot_points()
         if not points:
             return None
@@ -313,7 +316,7 @@ def _record(point: SweepPoint, bench: Any) -> None:
 def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequence[tuple[str, Sequence[Any]]],
           workload: Workload, *, sets: Sequence[str] = (), environ: Mapping[str, str] | None = None,
           echo: Log = print, startup_timeout: float | None = None, interleave: bool = True,
-          host_address: str | None = None) -> SweepResult:
+          host_address: str | None = None, in_place: Any = None) -> SweepResult:
     """One build + server + bench per combination of ``params``; a point that fails is recorded, not fatal.
 
     ``interleave`` (with ``workload.repeat`` > 1 and more than one point): every point is built first, every
@@ -321,11 +324,10 @@ def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequen
     (:func:`rotations`); each point reports the median of its runs, their spread, and the median paired ratio
     of its score to the first point's in the same round.  Otherwise the points run one after the other (each
     server started, benched ``repeat`` times, removed). Servers are published on and reached at
-    ``host_address`` (default: from ``environ``).
+    ``host_address`` (default: from ``environ``).  ``in_place`` (a :class:`imageforge.serve_process.InPlace`):
+    one point after the other served as a process on this machine; points whose steps are the same (they differ
+    in serving flags only) reuse the applied files; the root is as before at the end.
     """
-    from ..resolve import resolve
-    from ..runs import new_run_id
-
     workload.validate()
     environ = os.environ if environ is None else environ
     points = combinations(params)
@@ -335,7 +337,7 @@ def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequen
     first = resolved_points[0]
     run_id = new_run_id()
     run_dir = first.manifest.root / ".imageforge" / "runs" / run_id
-    interleaved = interleave and workload.repeat > 1 and len(points) > 1
+    interleaved = interleave and workload.repeat > 1 and len(points) > 1 and in_place is None
     result = SweepResult(run_id=run_id, target=first.target.name, profile=first.profile_name, base_sets=list(sets),
                          workload=workload, points=[SweepPoint(dict(p)) for p in points], run_dir=run_dir,
                          started_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -350,7 +352,14 @@ def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequen
          + (f"{workload.repeat} interleaved rounds, every point's server up at once" if interleaved
             else f"{workload.repeat} run(s) per point, one point after the other"))
     t0 = time.monotonic()
-    if interleaved:
+    if in_place is not None:
+        applies = len({tuple(s.id for s in r.steps) for r in resolved_points})
+        echo(f"in place on {in_place.root}: {len(points)} server start(s), one at a time; the steps applied "
+             f"{applies} time(s) (points differing only in serving flags reuse the applied files)")
+        with in_place.kept(first.manifest, environ=environ, log=echo):
+            _sweep_sequential(result, resolved_points, workload, environ=environ, echo=echo,
+                              startup_timeout=startup_timeout, host_address=host_address, in_place=in_place)
+    elif interleaved:
         _sweep_interleaved(result, resolved_points, workload, environ=environ, echo=echo,
                            startup_timeout=startup_timeout, host_address=host_address)
     else:
@@ -363,8 +372,6 @@ def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequen
 
 def _build_point(i: int, point: SweepPoint, resolved: Any, result: SweepResult, environ: Mapping[str, str],
                  echo: Log) -> bool:
-    from ..build import build_target
-
     label = " ".join(f"{k}={v}" for k, v in point.params.items())
     echo(f"[{i}/{len(result.points)}] {label}")
     with _quiet_log(result.run_dir / f"point-{i}.log") as log:
@@ -391,15 +398,26 @@ def _echo_point(point: SweepPoint, echo: Log) -> None:
 
 def _sweep_sequential(result: SweepResult, resolved_points: Sequence[Any], workload: Workload, *,
                       environ: Mapping[str, str], echo: Log, startup_timeout: float | None,
-                      host_address: str | None = None) -> None:
+                      host_address: str | None = None, in_place: Any = None) -> None:
+    applied: tuple[str, ...] | None = None
     for i, (point, resolved) in enumerate(zip(result.points, resolved_points, strict=True), 1):
-        if not _build_point(i, point, resolved, result, environ, echo):
+        if in_place is not None:
+            echo(f"[{i}/{len(result.points)}] " + " ".join(f"{k}={v}" for k, v in point.params.items()))
+            steps = tuple(s.id for s in resolved.steps)
+            if steps != applied:
+                with _quiet_log(result.run_dir / f"point-{i}.log") as log:
+                    point.build = in_place.apply(resolved, environ=environ, log=log)
+                applied = steps
+            else:
+                point.build = "the applied files reused (serving flags only)"
+            echo(f"  {point.build}")
+        elif not _build_point(i, point, resolved, result, environ, echo):
             continue
         with _quiet_log(result.run_dir / f"point-{i}.log") as log:
             try:
                 bench = bench_target(resolved, workload, environ=environ, echo=log, image=point.image_id,
                                      startup_timeout=startup_timeout, params=point.params,
-                                     host_address=host_address)
+                                     host_address=host_address, in_place=in_place)
             except ImageforgeError as exc:
                 point.status, point.error = "no-start", _first_line(exc)
                 echo(f"  server failed: {point.error}")
@@ -415,11 +433,6 @@ def _sweep_sequential(result: SweepResult, resolved_points: Sequence[Any], workl
 def _sweep_interleaved(result: SweepResult, resolved_points: Sequence[Any], workload: Workload, *,
                        environ: Mapping[str, str], echo: Log, startup_timeout: float | None,
                        host_address: str | None = None) -> None:
-    from ..run import serving
-    from ..runs import new_run_id
-    from .report import write_bench
-    from .runner import median_run, run_bench
-
     built = [i for i, (point, resolved) in enumerate(zip(result.points, resolved_points, strict=True))
              if _build_point(i + 1, point, resolved, result, environ, echo)]
     servers: dict[int, Any] = {}

@@ -55,6 +55,7 @@ class Workload:
     warmup: int = 1  # requests sent (and not measured) first, with prompts unrelated to the measured ones
     max_error_rate: float = 0.0  # a bench with a higher error rate fails (exit 4)
     repeat: int = 1  # runs on the same server (seed, seed+1, ...): the one with the median score is reported
+    request_rate: float = 0.0  # requests/s arriving as a Poisson process (seeded); 0: all at once (concurrency-gated)
 
     def validate(self) -> Workload:
         problems = bound_problems(self, at_least={"requests": 1, "concurrency": 1, "prompt_tokens": 1,
@@ -64,10 +65,26 @@ class Workload:
             problems.append(f"api must be one of {', '.join(APIS)} (got {self.api!r})")
         if self.duration <= 0 or self.timeout <= 0:
             problems.append("duration and timeout must be > 0")
+        if self.request_rate < 0:
+            problems.append(f"request rate must be >= 0 (got {self.request_rate})")
         if problems:
             raise ConfigError("invalid bench workload: " + "; ".join(problems),
                               hint="see `invoke --help bench` for the workload options")
         return self
+
+    def arrivals(self) -> list[float]:
+        """Seconds from the start at which each measured request is sent: a Poisson process of ``request_rate``
+        per second (exponential gaps from ``random.Random(seed)``, the first at 0), or all at 0 when the rate is 0."""
+        import random
+
+        if self.request_rate <= 0:
+            return [0.0] * self.requests
+        rng = random.Random(f"arrivals-{self.seed}")
+        out, t = [], 0.0
+        for _ in range(self.requests):
+            out.append(t)
+            t += rng.expovariate(self.request_rate)
+        return out
 
     @property
     def prefix_tokens(self) -> int:

@@ -1,8 +1,11 @@
 """The Docker engine: make sure a daemon answers, hand out one SDK client, translate its errors.
 
-Every task that talks to Docker calls :func:`ensure_daemon` first.  On a machine without
-Docker it installs Debian's ``docker.io`` (apt-get), starts ``dockerd`` in the background
-(there is no systemd here) and waits until the daemon answers a ping.
+Every task that talks to Docker calls :func:`ensure_daemon` first. The daemon is the one the
+docker CLI would use (:mod:`imageforge.docker_engine.endpoint`: DOCKER_HOST, else the current
+``docker context``). Only when asked -- the set-up commands (``engine``, ``demo``, ``test``,
+``base``) pass ``start=True``, or ``IMAGEFORGE_START_DOCKERD=1`` -- does a machine without a daemon
+get Debian's ``docker.io`` (apt-get) and a ``dockerd`` started in the background (there is no
+systemd here); every other command without a daemon stops at once (exit 5) naming those.
 
 :func:`daemon_errors` is the one place where SDK and connection failures become imageforge
 errors (exit 5, infrastructure), never a traceback.  Reading and writing files of containers
@@ -20,11 +23,12 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from imageforge.docker_engine.endpoint import DEFAULT_SOCKETS, Endpoint, client_kwargs, resolve_endpoint
 from imageforge.errors import BuildError, InfraError
 from imageforge.labels import L_KIND, L_RECIPE_KEY, L_TOOL, TOOL
 from imageforge.runs import file_lock
@@ -38,7 +42,8 @@ LABEL_TOOL = L_TOOL
 LABEL_KIND = L_KIND
 LABEL_RECIPE_KEY = L_RECIPE_KEY
 
-DEFAULT_SOCKET = "unix:///var/run/docker.sock"
+#: The environment variable that lets any command install and start dockerd (as `invoke engine` does).
+START_DOCKERD_ENV = "IMAGEFORGE_START_DOCKERD"
 DOCKERD_LOG = Path("/var/log/imageforge-dockerd.log")
 DOCKERD_LOCK = Path("/run/imageforge-dockerd.lock")
 #: Seconds an SDK call may take (commits and imports of multi-GB images are slow on 2 cores).
@@ -63,7 +68,18 @@ def is_local_default_host(host: str | None) -> bool:
     """True when ``host`` means this machine's default socket (so we may start dockerd)."""
     if host is None:
         return True
-    return host.rstrip("/") in {DEFAULT_SOCKET, "unix://var/run/docker.sock", "unix:///run/docker.sock"}
+    return host.rstrip("/") in DEFAULT_SOCKETS
+
+
+def endpoint() -> Endpoint:
+    """The daemon the docker CLI would talk to here and now (DOCKER_HOST, else the current context)."""
+    return resolve_endpoint(os.environ)
+
+
+def _new_client(ep: Endpoint, timeout: int) -> docker.DockerClient:
+    import docker  # lazy
+
+    return docker.DockerClient(timeout=timeout, **client_kwargs(ep, os.environ))
 
 
 def tail_lines(text: str | bytes, n: int = 30) -> list[str]:
@@ -250,23 +266,23 @@ def _which_sbin(executable: str) -> str | None:
 # --------------------------------------------------------------------------------------------
 
 
-_ANSWERED: set[str | None] = set()
+_ANSWERED: set[Endpoint] = set()
 
 
 def _ping(timeout: float = 5) -> str | None:
     """None when a daemon answers, else a short reason (a daemon that answered once is trusted)."""
-    import docker  # lazy
     from docker.errors import DockerException
 
-    if docker_host() in _ANSWERED:
+    ep = endpoint()
+    if ep in _ANSWERED:
         return None
     try:
-        c = docker.from_env(timeout=max(1, int(timeout)))
+        c = _new_client(ep, max(1, int(timeout)))
     except DockerException as exc:
         return str(exc)
     try:
         c.ping()
-        _ANSWERED.add(docker_host())
+        _ANSWERED.add(ep)
         return None
     except Exception as exc:  # requests' connection errors and DockerException alike
         return str(exc)
@@ -298,11 +314,21 @@ def _log_tail(n: int = 25) -> list[str]:
         return []
 
 
-def ensure_daemon(*, install: bool = True, timeout: float = 60, log: Callable[[str], None] = print) -> None:
-    """Make sure a Docker daemon answers; install/start one on this machine when needed.
+def start_asked(environ: Mapping[str, str] | None = None) -> bool:
+    """IMAGEFORGE_START_DOCKERD=1 (or true/yes): any command may install and start dockerd."""
+    value = (os.environ if environ is None else environ).get(START_DOCKERD_ENV, "")
+    return value.strip().lower() in ("1", "true", "yes", "on")
 
-    - a daemon answers (DOCKER_HOST honoured) -> return at once;
-    - DOCKER_HOST names another daemon -> InfraError (we never start someone else's daemon);
+
+def ensure_daemon(*, start: bool | None = None, install: bool = True, timeout: float = 60,
+                  log: Callable[[str], None] = print) -> None:
+    """Make sure a Docker daemon answers; install/start one on this machine only when asked.
+
+    - a daemon answers (DOCKER_HOST, else the current docker context) -> return at once;
+    - the endpoint is another daemon than this machine's default socket -> InfraError (we never
+      start someone else's daemon);
+    - not asked (``start`` false, or None and IMAGEFORGE_START_DOCKERD unset) -> InfraError at once,
+      naming the set-up commands that start one;
     - ``dockerd`` missing -> ``apt-get install docker.io`` (when ``install``), then
       ``dockerd`` is started in the background (own session, log in DOCKERD_LOG) and pinged
       until ``timeout`` seconds have passed -> InfraError with the log's last lines.
@@ -310,12 +336,21 @@ def ensure_daemon(*, install: bool = True, timeout: float = 60, log: Callable[[s
     reason = _ping()
     if reason is None:
         return
-    host = docker_host()
-    if not is_local_default_host(host):
+    ep = endpoint()
+    if not ep.default_socket:
+        where = f"DOCKER_HOST={ep.host}" if ep.source == "DOCKER_HOST" else ep.describe()
         raise InfraError(
-            f"no Docker daemon answers at DOCKER_HOST={host}",
+            f"no Docker daemon answers at {where}",
             found=reason,
-            hint="start that daemon, or unset DOCKER_HOST to let imageforge start a local dockerd",
+            hint="start that daemon, or unset DOCKER_HOST / `docker context use default` to use this machine's "
+            "(`invoke engine` starts a local dockerd)",
+        )
+    if not (start if start is not None else start_asked()):
+        raise InfraError(
+            f"no Docker daemon answers at {ep.describe()}",
+            found=reason,
+            hint="`invoke engine` installs Debian's docker.io when missing and starts dockerd (so do `invoke demo`, "
+            f"`invoke test` and `invoke base`); or set {START_DOCKERD_ENV}=1, or start a daemon yourself",
         )
     if shutil.which("dockerd") is None and _which_sbin("dockerd") is None:
         if not install:
@@ -408,20 +443,18 @@ def explanation(exc: BaseException) -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def _client_for(host: str | None, timeout: int) -> docker.DockerClient:
-    import docker  # lazy
-
-    return docker.from_env(timeout=timeout)
+def _client_for(ep: Endpoint, timeout: int) -> docker.DockerClient:
+    return _new_client(ep, timeout)
 
 
 def client(timeout: int = CLIENT_TIMEOUT) -> docker.DockerClient:
-    """The shared SDK client (``docker.from_env``, DOCKER_HOST honoured), cached per host."""
-    return _client_for(docker_host(), timeout)
+    """The shared SDK client for :func:`endpoint` (DOCKER_HOST, else the docker context), cached per endpoint."""
+    return _client_for(endpoint(), timeout)
 
 
 def data_root() -> Path | None:
-    """The daemon's data root (e.g. /var/lib/docker) when the daemon is local, else None."""
-    if not is_local_default_host(docker_host()):
+    """The daemon's data root (e.g. /var/lib/docker) when the daemon is on this machine, else None."""
+    if not endpoint().local:
         return None
     try:
         root = client().info().get("DockerRootDir")

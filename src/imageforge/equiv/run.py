@@ -36,6 +36,7 @@ from ..tolerances import DTYPES, Dtype, EquivSettings
 from .client import collect_against, collect_reference
 from .compare import Verdict, compare, gate
 from .evidence import Evidence
+from .record import Record, load_record, make_record, write_record
 
 if TYPE_CHECKING:
     from ..resolve import Resolved
@@ -75,6 +76,17 @@ def check_dtype(dtype: str) -> Dtype:
         raise ConfigError(f"equiv: unknown dtype {dtype!r}", expected=" or ".join(DTYPES), found=repr(dtype),
                           hint="float32 (default) gates on the max; bfloat16 on mean, p95 and top-1")
     return dtype
+
+
+def check_fits(resolved: Resolved, settings: EquivSettings, dtype: Dtype) -> None:
+    """Refuse a dtype whose weights alone exceed the devices (``equiv.memory``), with the arithmetic."""
+    why = settings.fits(dtype)
+    if why is not None:
+        other = next((d for d in DTYPES if d != dtype and settings.fits(d) is None), None)
+        raise ConfigError(f"equiv: {resolved.target.name} cannot be served in {dtype} for the comparison",
+                          found=why, key_path=f"targets.{resolved.target.name}.equiv.memory",
+                          hint=f"compare in {other} (--dtype {other}; its gate is mean, p95 and top-1)" if other
+                          else "no dtype fits: check equiv.memory")
 
 
 def served_dtype(resolved: Resolved) -> Dtype | None:
@@ -205,6 +217,7 @@ def equiv_target(resolved: Resolved, *, against: str = "base", dtype: str | None
     environ = os.environ if environ is None else environ
     settings = settings or resolved.target.equiv
     chosen = check_dtype(dtype or settings.dtype)
+    check_fits(resolved, settings, chosen)
     candidate, reference = sides(resolved, against, dtype=chosen, sets=sets, environ=environ)
     run_id = new_run_id()
     run_dir = resolved.manifest.root / ".imageforge" / "runs" / run_id
@@ -225,6 +238,170 @@ def equiv_target(resolved: Resolved, *, against: str = "base", dtype: str | None
     return result
 
 
+# --------------------------------------------------------------------------- one server at a time
+
+
+def required_resolved(resolved: Resolved) -> Resolved:
+    """``resolved`` with only its ``required: true`` steps and what they require (in-place equiv's reference)."""
+    by_id = {s.id: s for s in resolved.steps}
+    wanted: set[str] = set()
+    todo = [s.id for s in resolved.steps if s.required]
+    while todo:
+        ident = todo.pop()
+        if ident in wanted or ident not in by_id:
+            continue
+        wanted.add(ident)
+        todo.extend(by_id[ident].requires)
+    return dataclasses.replace(resolved, shared_steps=tuple(s for s in resolved.shared_steps if s.id in wanted),
+                               profile_steps=tuple(s for s in resolved.profile_steps if s.id in wanted))
+
+
+@contextlib.contextmanager
+def serving_one(side: Side, *, image: str | None, environ: Mapping[str, str], log: Log, run_id: str,
+                startup_timeout: float | None, host_address: str | None, in_place: Any = None) -> Iterator[Any]:
+    """One server for ``side``: its container (Docker), or with ``in_place`` the process serving the root."""
+    if in_place is not None:
+        cm = in_place.serving(side.resolved, environ=environ, run_id=run_id, log=log,
+                              startup_timeout=startup_timeout, host_address=host_address)
+    else:
+        from ..run import serving
+
+        cm = serving(side.resolved, environ=environ, base=side.base, image=image, run_id=run_id, log=log,
+                     startup_timeout=startup_timeout, host_address=host_address)
+    with cm as server:
+        yield server
+
+
+def _served_id(server: Any, image: str | None, in_place: Any) -> str:
+    if in_place is not None:
+        return str(server.image)
+    from ..docker_engine import image_or_none
+
+    found = image_or_none(image or server.image)
+    return str(getattr(found, "id", None) or image or server.image)
+
+
+def _image_of(side: Side, environ: Mapping[str, str], echo: Log) -> str | None:
+    """The image a Docker side runs: given, the base (None: found by ``serving``), or built (or reused)."""
+    if side.image is not None or side.base:
+        return side.image
+    from ..build import build_target
+
+    return build_target(side.resolved, environ=environ, echo=echo).image_id
+
+
+def record_reference(resolved: Resolved, path: Path, *, against: str = "base", dtype: str | None = None,
+                     settings: EquivSettings | None = None, sets: Sequence[str] = (),
+                     environ: Mapping[str, str] | None = None, echo: Log = print, startup_timeout: float | None = None,
+                     host_address: str | None = None, in_place: Any = None, reference: Side | None = None) -> Record:
+    """``equiv --record FILE``: serve the reference alone, collect its evidence, write the record.
+
+    Docker: the reference ``--against`` names (default the base image with the serving config). In place:
+    ``reference`` (default: what the root serves now, e.g. the required steps applied).
+    """
+    from ..runs import new_run_id
+
+    environ = os.environ if environ is None else environ
+    settings = settings or resolved.target.equiv
+    chosen = check_dtype(dtype or settings.dtype)
+    check_fits(resolved, settings, chosen)
+    if reference is None:
+        if in_place is not None:
+            reference = Side("what the root serves", with_serving_value(resolved, "dtype", chosen))
+        else:
+            reference = sides(resolved, against, dtype=chosen, sets=sets, environ=environ)[1]
+    echo(f"equiv --record {path}: {reference.label}, {len(settings.prompts)} prompts, top-{settings.top_k}, "
+         f"{settings.greedy_tokens} greedy tokens, in {chosen}")
+    image = None if in_place is not None else _image_of(reference, environ, echo)
+    with serving_one(reference, image=image, environ=environ, log=echo, run_id=new_run_id() + "-ref",
+                     startup_timeout=startup_timeout, host_address=host_address, in_place=in_place) as server:
+        evidence = collect_reference(server.url, settings.prompts, top_k=settings.top_k,
+                                     greedy_tokens=settings.greedy_tokens)
+        served = _served_id(server, image, in_place)
+    record = make_record(evidence, settings, chosen, served=served, label=reference.label,
+                         target=resolved.target.name,
+                         profile="base" if reference.base else reference.resolved.profile_name,
+                         flags=reference.resolved.serving_args(), env=reference.resolved.serving_env())
+    write_record(record, path)
+    echo(f"recorded {len(evidence.prompts)} prompts of {served} to {path}")
+    return record
+
+
+def against_record(resolved: Resolved, record: Record, *, dtype: str | None = None,
+                   environ: Mapping[str, str] | None = None, echo: Log = print, startup_timeout: float | None = None,
+                   host_address: str | None = None, in_place: Any = None, where: str = "") -> EquivRun:
+    """``equiv --against FILE``: serve the candidate alone, score the recorded sequences, gate in the record's dtype."""
+    from ..runs import new_run_id
+
+    environ = os.environ if environ is None else environ
+    if dtype and dtype != record.dtype:
+        raise ConfigError(f"equiv: the record was served in {record.dtype}, --dtype says {dtype}",
+                          hint=f"drop --dtype (the candidate is served in {record.dtype}), or record again")
+    if record.target and record.target != resolved.target.name:
+        raise ConfigError(f"equiv: the record is of target {record.target!r}, not {resolved.target.name!r}",
+                          found=record.describe())
+    settings = record.settings(resolved.target.equiv)
+    check_fits(resolved, settings, record.dtype)
+    candidate = Side(f"{resolved.target.name}:{resolved.profile_name}",
+                     renamed(with_serving_value(resolved, "dtype", record.dtype), "equiv"))
+    run_id = new_run_id()
+    run_dir = resolved.manifest.root / ".imageforge" / "runs" / run_id
+    echo(f"equiv {candidate.label} vs {record.describe()}: {len(record.evidence.prompts)} prompts, "
+         f"top-{record.top_k}, in {record.dtype}  run {run_id}")
+    image = None if in_place is not None else _image_of(candidate, environ, echo)
+    with serving_one(candidate, image=image, environ=environ, log=echo, run_id=run_id, startup_timeout=startup_timeout,
+                     host_address=host_address, in_place=in_place) as server:
+        cand = collect_against(server.url, record.evidence)
+    verdict = gate(compare(record.evidence, cand), settings.tolerance(record.dtype), record.dtype)
+    result = EquivRun(verdict, record.evidence, cand, run_dir,
+                      (candidate.label, f"{where or 'record'}: {record.describe()}"))
+    result.write(run_dir)
+    echo(result.text())
+    echo(f"reports: {run_dir / 'equiv.txt'}, {run_dir / 'equiv.json'}")
+    return result
+
+
+def equiv_in_place(resolved: Resolved, in_place: Any, *, record: Path | None = None, against: Path | None = None,
+                   dtype: str | None = None, settings: EquivSettings | None = None,
+                   environ: Mapping[str, str] | None = None, echo: Log = print,
+                   host_address: str | None = None) -> EquivRun | None:
+    """``equiv --in-place``: one server at a time on this machine, the root as before at the end.
+
+    * ``record`` only: the reference (the ``required: true`` steps applied: bi100's organisers' baseline; none
+      on cpu: the root as installed) served and recorded; None returned;
+    * ``against`` only: the candidate (TARGET:PROFILE applied) compared with that record;
+    * neither: both, the record kept in the run directory (two server starts).
+    """
+    from ..runs import new_run_id
+
+    environ = os.environ if environ is None else environ
+    settings = settings or resolved.target.equiv
+    chosen = check_dtype(dtype or settings.dtype)
+    check_fits(resolved, settings, chosen)
+    starts = (1 if against is None else 0) + (1 if record is None or against is None else 0)
+    if record is not None and against is not None:
+        raise ConfigError("equiv: --record FILE and --against FILE are two commands")
+    echo(f"equiv --in-place on {in_place.root}: {starts} server start(s), one at a time")
+    with in_place.kept(resolved.manifest, environ=environ, log=echo):
+        if against is None:
+            reference = required_resolved(resolved)
+            names = ", ".join(s.id for s in reference.steps) or "none: the root as installed"
+            in_place.apply(reference, environ=environ, log=echo)
+            path = record or resolved.manifest.root / ".imageforge" / "runs" / new_run_id() / "reference.json"
+            kept = record_reference(
+                resolved, path, dtype=chosen, settings=settings, environ=environ, echo=echo,
+                host_address=host_address, in_place=in_place,
+                reference=Side(f"required steps ({names})", with_serving_value(reference, "dtype", chosen)))
+            if record is not None:
+                return None
+        else:
+            kept = load_record(against)
+        in_place.apply(resolved, environ=environ, log=echo)
+        return against_record(resolved, kept, dtype=None if against is None else dtype, environ=environ,
+                              echo=echo, host_address=host_address, in_place=in_place,
+                              where=str(against) if against is not None else "reference")
+
+
 def settings_from_cli(settings: EquivSettings, *, top_k: int = 0, greedy_tokens: int = 0,
                       prompts: int = 0) -> EquivSettings:
     """The target's settings with CLI overrides (0: keep); ``prompts`` N keeps the first N prompts."""
@@ -241,11 +418,18 @@ def settings_from_cli(settings: EquivSettings, *, top_k: int = 0, greedy_tokens:
 __all__ = [
     "EquivRun",
     "Side",
+    "against_record",
     "check_dtype",
+    "check_fits",
     "compare_urls",
+    "equiv_in_place",
     "equiv_target",
+    "load_record",
+    "record_reference",
     "renamed",
+    "required_resolved",
     "served_dtype",
+    "serving_one",
     "serving_pair",
     "settings_from_cli",
     "sides",

@@ -5,6 +5,9 @@ without every step that ``requires:`` it, transitively (:func:`graph.dependents`
 ``required: true`` is listed and skipped, and so is a step whose removal would drop a required
 dependent.  Default choice: every step of the chain (shared, then the profile's).
 
+In place (one server at a time, issue 21): :func:`in_place_slots` -- full, each variant, full again -- and
+:func:`bracketed_results` pairs each variant with the geometric mean of the full runs before and after it.
+
 Schedule (ABAB, issue 14 section 5): one block per variant; in a block the full image and the
 variant alternate ``full, variant, full, variant, ...`` for ``repeats`` rounds.  The full image's
 server stays up for the whole ablation and each variant's server is started once, for its block,
@@ -110,6 +113,60 @@ def plan_ablation(steps: Sequence[StepLike], chosen: Iterable[str] | None = None
             for role in roles:
                 schedule.append(ScheduledRun(len(schedule), block, r, role, variant.step))
     return AblationPlan(tuple(ids), tuple(variants), tuple(skipped), repeats, tuple(schedule))
+
+
+# --------------------------------------------------------------------------- in place: one server at a time
+
+
+@dataclass(frozen=True)
+class ServerSlot:
+    """One server of the in-place schedule: which steps are applied, what its bench runs are."""
+
+    index: int
+    role: Role
+    label: str  # "full (before)", "without STEP", "full (after)"
+    steps: tuple[str, ...]  # the steps applied for it
+    block: int | None  # the variant's block (None: a full server)
+
+
+def in_place_slots(plan: AblationPlan) -> tuple[ServerSlot, ...]:
+    """In place the machine serves one thing at a time: full, each variant, full again (``n + 2`` starts).
+
+    Each server gets ``plan.repeats`` bench runs in a row (round r of each server uses the same seed as round r
+    of the ABAB schedule); a variant's run r is paired with the geometric mean of the full runs r before and
+    after (:func:`bracketed_results`), so a drift of the machine over the whole ablation cancels to first order.
+    """
+    slots = [ServerSlot(0, "full", f"{FULL[1:-1]} (before)", plan.full, None)]
+    for block, variant in enumerate(plan.variants):
+        slots.append(ServerSlot(len(slots), "variant", f"without {variant.step}", variant.steps, block))
+    slots.append(ServerSlot(len(slots), "full", f"{FULL[1:-1]} (after)", plan.full, None))
+    return tuple(slots)
+
+
+def _geomean(a: float, b: float) -> float:
+    return float((a * b) ** 0.5) if a > 0 and b > 0 else (a + b) / 2
+
+
+def bracket(before: Metrics | None, after: Metrics | None) -> Metrics | None:
+    """The full image's numbers at a point between two full runs: their geometric means (one of them alone)."""
+    if before is None or after is None:
+        return before or after
+    return Metrics(*(_geomean(getattr(before, m), getattr(after, m)) for m in METRICS))
+
+
+def bracketed_results(plan: AblationPlan, before: Sequence[Metrics | None], after: Sequence[Metrics | None],
+                      variants: Mapping[int, Sequence[Metrics | None]]) -> list[RunResult]:
+    """The runs of the in-place schedule as :func:`summarize` reads the ABAB ones (same blocks and rounds)."""
+    out: list[RunResult] = []
+    for run in plan.schedule:
+        if run.role == "full":
+            a = before[run.round] if run.round < len(before) else None
+            b = after[run.round] if run.round < len(after) else None
+            out.append(RunResult(run, bracket(a, b)))
+        else:
+            got = variants.get(run.block, ())
+            out.append(RunResult(run, got[run.round] if run.round < len(got) else None))
+    return out
 
 
 # --------------------------------------------------------------------------- results

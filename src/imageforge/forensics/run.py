@@ -37,8 +37,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, ImageforgeError, SmokeError
-from .ablate import FULL, AblationPlan, AblationTable, Metrics, RunResult, plan_ablation, summarize
-from .search import BisectResult, FlakyPolicy, Outcome, bisect
+from .ablate import (
+    FULL,
+    AblationPlan,
+    AblationTable,
+    Metrics,
+    RunResult,
+    bracketed_results,
+    in_place_slots,
+    plan_ablation,
+    summarize,
+)
+from .search import BisectResult, FlakyPolicy, Outcome, bisect, probe_bound
 
 if TYPE_CHECKING:
     from ..bench import BenchResult, Workload
@@ -190,13 +200,15 @@ class BisectRun:
 def bisect_target(resolved: Resolved, *, checks: Sequence[str] = (), suite_path: str | None = None,
                   tags: Sequence[str] | None = None, repeat: int = 1, flaky: FlakyPolicy = "fail",
                   environ: Mapping[str, str] | None = None, echo: Log = print,
-                  startup_timeout: float | None = None, host_address: str | None = None) -> BisectRun:
+                  startup_timeout: float | None = None, host_address: str | None = None,
+                  in_place: Any = None) -> BisectRun:
     """Binary search over the images after step k for the first one failing the selected checks.
 
-    Every server is published on and reached at ``host_address`` (default: from ``environ``).
+    Every server is published on and reached at ``host_address`` (default: from ``environ``).  ``in_place``:
+    each cut's steps applied under its root and served as a process, one at a time (equiv: the base's evidence is
+    recorded first, then each cut is compared with it); the root is as before at the end.
     """
     from ..runs import new_run_id
-    from ..smoke import DEFAULT_TAGS, load_suite, suite_for
 
     environ = os.environ if environ is None else environ
     steps = resolved.steps
@@ -214,12 +226,35 @@ def bisect_target(resolved: Resolved, *, checks: Sequence[str] = (), suite_path:
     def build_cut(k: int, log: Log, subject: Resolved) -> str:
         return build_subset(subject, [s.id for s in steps[:k]], suffix="bisect", environ=environ, log=log).image_id
 
-    probing = _Probing(build_cut, run_dir, reports, environ, echo, startup_timeout, host_address)
+    probing = _Probing(build_cut, run_dir, reports, environ, echo, startup_timeout, host_address, in_place)
+    if in_place is not None:
+        bound = probe_bound(len(steps)) * repeat + (1 if use_equiv else 0)
+        echo(f"bisect --in-place on {in_place.root}: at most {bound} server starts, one at a time")
+    with contextlib.ExitStack() as stack:
+        if in_place is not None:
+            stack.enter_context(in_place.kept(resolved.manifest, environ=environ, log=echo))
+        result, selection = _bisect_search(resolved, steps, checks, suite_path, tags, repeat, flaky, use_equiv,
+                                           probing, run_id)
+    run = BisectRun(result, steps, labels, run_dir, selection, reports)
+    (run_dir / "bisect.json").write_text(json.dumps(run.to_json(), indent=2) + "\n")
+    (run_dir / "bisect.txt").write_text(run.text() + "\n")
+    echo(run.text())
+    echo(f"reports: {run_dir / 'bisect.txt'}, {run_dir / 'bisect.json'}")
+    return run
 
+
+def _bisect_search(resolved: Resolved, steps: Sequence[Step], checks: Sequence[str], suite_path: str | None,
+                   tags: Sequence[str] | None, repeat: int, flaky: FlakyPolicy, use_equiv: bool, probing: _Probing,
+                   run_id: str) -> tuple[BisectResult, str]:
+    from ..smoke import DEFAULT_TAGS, load_suite, suite_for
+
+    environ, echo, startup_timeout, host_address = (probing.environ, probing.echo, probing.startup_timeout,
+                                                    probing.host_address)
     if use_equiv:
         selection = "--check equiv (accuracy gate against the base)"
         with _equiv_reference(resolved, environ=environ, echo=echo, run_id=run_id, startup_timeout=startup_timeout,
-                              host_address=host_address) as (ref_url, subject, settings, dtype):
+                              host_address=host_address, in_place=probing.in_place) as (ref_url, subject, settings,
+                                                                                        dtype):
 
             def probe(k: int) -> Outcome:
                 return _equiv_probe(k, subject, ref_url, settings, dtype, probing)
@@ -238,12 +273,7 @@ def bisect_target(resolved: Resolved, *, checks: Sequence[str] = (), suite_path:
             return _smoke_probe(k, resolved, selected, probing)
 
         result = bisect(len(steps), probe, repeat=repeat, flaky=flaky, log=echo)
-    run = BisectRun(result, steps, labels, run_dir, selection, reports)
-    (run_dir / "bisect.json").write_text(json.dumps(run.to_json(), indent=2) + "\n")
-    (run_dir / "bisect.txt").write_text(run.text() + "\n")
-    echo(run.text())
-    echo(f"reports: {run_dir / 'bisect.txt'}, {run_dir / 'bisect.json'}")
-    return run
+    return result, selection
 
 
 def _quiet(path: Path) -> Log:
@@ -267,6 +297,7 @@ class _Probing:
     echo: Log
     startup_timeout: float | None
     host_address: str | None
+    in_place: Any = None  # an imageforge.serve_process.InPlace: apply the cut under its root, serve a process
 
 
 def _probe_cut(k: int, build_as: Resolved, serve_as: Resolved, p: _Probing, *, what: str, no_server: str,
@@ -276,6 +307,18 @@ def _probe_cut(k: int, build_as: Resolved, serve_as: Resolved, p: _Probing, *, w
 
     log = _quiet(p.run_dir / f"cut-{k}.log")
     p.echo(f"bisect: probing k={k}{what} (log {p.run_dir / f'cut-{k}.log'})")
+    if p.in_place is not None:
+        cut = subset_resolved(build_as, [s.id for s in build_as.steps[:k]], suffix="bisect")
+        try:
+            p.in_place.apply(cut, environ=p.environ, log=log)
+        except ImageforgeError as exc:
+            return Outcome(False, f"the steps up to {k} did not apply in place: {_first_line(exc)}")
+        try:
+            with p.in_place.serving(cut, environ=p.environ, startup_timeout=p.startup_timeout, log=log,
+                                    host_address=p.host_address) as process:
+                return measure(process, log)
+        except SmokeError as exc:
+            return Outcome(False, f"{no_server.format(k=k)}: {_first_line(exc)}")
     try:
         image = p.build_cut(k, log, build_as)
     except ImageforgeError as exc:
@@ -311,26 +354,43 @@ def _smoke_probe(k: int, resolved: Resolved, suite: Suite, p: _Probing) -> Outco
 
 @contextlib.contextmanager
 def _equiv_reference(resolved: Resolved, *, environ: Mapping[str, str], echo: Log, run_id: str,
-                     startup_timeout: float | None,
-                     host_address: str | None = None) -> Iterator[tuple[str, Resolved, Any, Any]]:
-    """The base reference server, started once for a whole equiv bisect."""
+                     startup_timeout: float | None, host_address: str | None = None,
+                     in_place: Any = None) -> Iterator[tuple[Any, Resolved, Any, Any]]:
+    """The base reference server, started once for a whole equiv bisect (in place: its evidence, recorded first)."""
+    from ..equiv.client import collect_reference
     from ..equiv.run import check_dtype, renamed, with_serving_value
     from ..run import serving
 
     settings = resolved.target.equiv
     dtype = check_dtype(settings.dtype)
     subject = renamed(with_serving_value(resolved, "dtype", dtype), "equiv")
+    if in_place is not None:
+        base = subset_resolved(subject, [], suffix="bisect")
+        in_place.apply(base, environ=environ, log=echo)
+        with in_place.serving(base, environ=environ, run_id=f"{run_id}-ref", startup_timeout=startup_timeout,
+                              log=echo, host_address=host_address) as ref:
+            evidence = collect_reference(ref.url, settings.prompts, top_k=settings.top_k,
+                                         greedy_tokens=settings.greedy_tokens)
+        yield evidence, subject, settings, dtype
+        return
     with serving(subject, environ=environ, base=True, run_id=f"{run_id}-ref", startup_timeout=startup_timeout,
                  log=echo, host_address=host_address) as ref:
         yield ref.url, subject, settings, dtype
 
 
-def _equiv_probe(k: int, subject: Resolved, ref_url: str, settings: Any, dtype: Any, p: _Probing) -> Outcome:
-    from ..equiv.run import compare_urls
+def _equiv_probe(k: int, subject: Resolved, ref_url: Any, settings: Any, dtype: Any, p: _Probing) -> Outcome:
+    from ..equiv.client import collect_against
+    from ..equiv.compare import compare, gate
+    from ..equiv.run import EquivRun, compare_urls
 
     def measure(server: Server, log: Log) -> Outcome:
         out = p.run_dir / f"equiv-cut-{k}-{len(p.reports.get(k, []))}"
-        result = compare_urls(ref_url, server.url, settings, dtype, run_dir=out)
+        if isinstance(ref_url, str):
+            result = compare_urls(ref_url, server.url, settings, dtype, run_dir=out)
+        else:  # in place: the base's evidence, recorded before the first cut
+            cand = collect_against(server.url, ref_url)
+            result = EquivRun(gate(compare(ref_url, cand), settings.tolerance(dtype), dtype), ref_url, cand, out)
+            result.write(out)
         p.reports.setdefault(k, []).append(str(out / "equiv.json"))
         return Outcome(result.verdict.passed, "" if result.verdict.passed else result.verdict.text())
 
@@ -468,6 +528,102 @@ def ablate_target(resolved: Resolved, workload: Workload, *, steps: Sequence[str
     return result
 
 
+def ablate_in_place(resolved: Resolved, workload: Workload, in_place: Any, *, steps: Sequence[str] | None = None,
+                    repeats: int = 3, out: Path | None = None, equiv: bool = True,
+                    environ: Mapping[str, str] | None = None, echo: Log = print,
+                    startup_timeout: float | None = None, host_address: str | None = None) -> AblationRun:
+    """``ablate --in-place``: one server at a time on this machine -- full, each variant, full again.
+
+    Each server: its steps applied under the root, served as a process, ``repeats`` bench runs, stopped. equiv of a
+    variant is against the evidence the first full server gave (in the served dtype). The root is as before at the
+    end. The table is the ABAB one's, each variant paired with the full runs around it (:func:`bracketed_results`).
+    """
+    from ..bench import run_bench
+    from ..equiv.client import collect_against, collect_reference
+    from ..equiv.compare import compare, gate
+    from ..equiv.run import served_dtype
+    from ..runs import new_run_id
+
+    workload.validate()
+    environ = os.environ if environ is None else environ
+    plan = plan_ablation(resolved.steps, steps, repeats)
+    slots = in_place_slots(plan)
+    run_id = new_run_id()
+    out = out or resolved.manifest.root / ".imageforge" / "runs" / run_id
+    out.mkdir(parents=True, exist_ok=True)
+    started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    t0 = time.monotonic()
+    echo(plan.text())
+    echo(f"ablate --in-place on {in_place.root}: {len(slots)} server starts, one at a time: "
+         + ", ".join(slot.label for slot in slots))
+    load_before = list(os.getloadavg())
+    seeds = [workload.seed + r for r in range(plan.repeats)]
+    measured: dict[int, list[Metrics | None]] = {}
+    served: dict[str, str] = {}
+    verdicts: dict[str, str] = {}
+    reference = None
+    settings = resolved.target.equiv
+    dtype = served_dtype(resolved)
+    with in_place.kept(resolved.manifest, environ=environ, log=echo):
+        for slot in slots:
+            runs: list[Metrics | None] = []
+            measured[slot.index] = runs
+            subset = subset_resolved(resolved, slot.steps, suffix="ablate")
+            try:
+                served[slot.label] = in_place.apply(subset, environ=environ, log=_quiet(out / "apply.log"))
+                with in_place.serving(subset, environ=environ, run_id=f"{run_id}-s{slot.index}",
+                                      startup_timeout=startup_timeout, log=_quiet(out / "servers.log"),
+                                      host_address=host_address) as server:
+                    echo(f"  [{slot.index + 1}/{len(slots)}] {slot.label}: up after "
+                         f"{server.startup_seconds or 0:.0f}s")
+                    for r in range(plan.repeats):
+                        one = dataclasses.replace(workload, seed=seeds[r], repeat=1)
+                        try:
+                            bench = run_bench(server.url, one, run_dir=out / "runs" / f"{slot.index:02d}-r{r}",
+                                              echo=_quiet(out / "bench.log"))
+                            runs.append(metrics_of(bench, one))
+                        except ImageforgeError as exc:
+                            echo(f"    round {r + 1} failed: {_first_line(exc)}")
+                            runs.append(None)
+                        got = runs[-1]
+                        echo(f"    round {r + 1}: " + ("failed" if got is None else
+                                                       f"score {got.score:.1f}, Output {got.output_tps:.1f} TPS"))
+                    if equiv and slot.index == 0:
+                        reference = collect_reference(server.url, settings.prompts, top_k=settings.top_k,
+                                                      greedy_tokens=settings.greedy_tokens)
+                    elif equiv and slot.block is not None and reference is not None:
+                        step = plan.variants[slot.block].step
+                        try:
+                            cand = collect_against(server.url, reference)
+                            tolerance = settings.tolerance(dtype) if dtype is not None else None
+                            if tolerance is None:
+                                verdicts[step] = "report"
+                            else:
+                                verdicts[step] = "pass" if gate(compare(reference, cand), tolerance,
+                                                                dtype or "").passed else "FAIL"
+                        except SmokeError as exc:
+                            echo(f"    equiv failed to run: {_first_line(exc)}")
+                            verdicts[step] = "error"
+                        echo(f"    equiv vs full ({dtype or 'ungated'}): {verdicts[step]}")
+            except ImageforgeError as exc:
+                if slot.index == 0:
+                    raise
+                echo(f"  [{slot.index + 1}/{len(slots)}] {slot.label}: {_first_line(exc)}")
+                runs.extend([None] * (plan.repeats - len(runs)))
+                if slot.block is not None:
+                    verdicts[plan.variants[slot.block].step] = "no-start"
+    variants = {slot.block: measured[slot.index] for slot in slots if slot.block is not None}
+    results = bracketed_results(plan, measured[slots[0].index], measured[slots[-1].index], variants)
+    table = summarize(plan, results, verdicts)
+    result = AblationRun(plan, table, out, {"before": load_before, "after": list(os.getloadavg())},
+                         {**workload.to_json(), "repeats": plan.repeats, "schedule": "in place: full, variants, full"},
+                         served, started_at, time.monotonic() - t0)
+    result.write()
+    echo(table.text())
+    echo(f"reports: {out / 'ablate.txt'}, {out / 'ablate.json'}, {out / 'ablate.csv'}")
+    return result
+
+
 def _ablate_equiv(resolved: Resolved, full_url: str, variant_url: str, run_dir: Path, echo: Log) -> str:
     """equiv of the variant against the full image, in the dtype both serve in (report only if ungated)."""
     from ..equiv.run import compare_urls, served_dtype
@@ -489,6 +645,7 @@ def _ablate_equiv(resolved: Resolved, full_url: str, variant_url: str, run_dir: 
 __all__ = [
     "AblationRun",
     "BisectRun",
+    "ablate_in_place",
     "ablate_target",
     "bisect_target",
     "build_subset",

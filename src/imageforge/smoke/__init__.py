@@ -1,6 +1,6 @@
 """Smoke suites: checks as data, run against an OpenAI-compatible server, with reports.
 
-A suite is a YAML file (``schema/smoke.schema.json``, strict; errors name file:line like the
+A suite is a YAML file (top-level ``schema/smoke.schema.json``, strict; errors name file:line like the
 manifest's).  Each check is a request (method, endpoint, body, stream, repeat, concurrency,
 timeout) and expectations (status, JSON Schema of the body, JSONPath comparisons, regular
 expressions, relations between fields, stream == non-stream, /metrics counters growing by a

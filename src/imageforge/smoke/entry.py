@@ -142,13 +142,19 @@ def _wait_for_url(url: str, timeout: float, echo: Log) -> None:
 def smoke_target(resolved: Any, *, environ: Mapping[str, str] | None = None, suite_path: Path | None = None,
                  tags: Sequence[str] | None = None, echo: Log = print, base: bool = False,
                  build_image: bool = True, port: int | None = None, live: bool | None = None,
-                 startup_timeout: float | None = None, host_address: str | None = None) -> SmokeReport:
+                 startup_timeout: float | None = None, host_address: str | None = None,
+                 in_place: Any = None) -> SmokeReport:
     """``invoke smoke --target T --profile P``: build if needed, serve, run the suite, always remove.
 
     The server is published on and reached at ``host_address`` (default: from ``environ``, else 127.0.0.1).
+    ``in_place`` (a :class:`imageforge.serve_process.InPlace`): the target's serving command as a process on
+    this machine, serving the files under its root, instead of a container.
     """
     from ..run import serving
     from ..runs import new_run_id
+
+    if in_place is not None:
+        serving = in_place.serving
 
     environ = os.environ if environ is None else environ
     suite = load_suite(suite_for(resolved, str(suite_path) if suite_path else None))

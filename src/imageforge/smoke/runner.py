@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
+
+import httpx
+import jsonpath
 
 from ..serving_client import (
     SSE_CONTENT_TYPE,
@@ -44,8 +47,6 @@ class Runner:
     def __init__(self, suite: Suite, url: str, *, tags: Sequence[str], vars: Mapping[str, Any] | None = None,
                  hooks: ServerHooks | None = None, echo: Log = print, concurrency: int | None = None,
                  transport: Any = None) -> None:
-        import httpx
-
         self.suite = suite
         self.url = url.rstrip("/")
         self.tags = tuple(tags)
@@ -68,8 +69,6 @@ class Runner:
     def send(self, method: str, endpoint: str, *, body: Any = None, raw_body: str | None = None,
              headers: Mapping[str, str] | None = None, stream: bool = False,
              timeout: float = DEFAULT_TIMEOUT) -> Exchange:
-        import httpx
-
         ex = Exchange(method, self.url + endpoint, body, raw_body)
         hdrs = dict(headers or {})
         kwargs: dict[str, Any] = {"headers": hdrs, "timeout": httpx.Timeout(timeout)}
@@ -129,8 +128,6 @@ class Runner:
         Suite vars are rendered as soon as what they refer to is known, so setup requests can
         use plain vars and later vars can use what setup bound.
         """
-        import jsonpath
-
         self.names = {**self.provided}
         pending = {k: v for k, v in self.suite.vars.items() if k not in self.names}
         self._fill(pending)
@@ -357,7 +354,7 @@ class Runner:
             futures: dict[Future[CheckResult], Check] = {}
             for check in parallel:
                 futures[pool.submit(self._run_tracked, check, table)] = check
-            for future in _as_completed(futures):
+            for future in as_completed(futures):
                 result = future.result()
                 results[result.check.id] = result
                 table.done(result)
@@ -371,10 +368,4 @@ class Runner:
     def _run_tracked(self, check: Check, table: LiveTable) -> CheckResult:
         table.running(check)
         return self.run_check(check)
-
-
-def _as_completed(futures: Mapping[Future[CheckResult], Check]) -> Iterator[Future[CheckResult]]:
-    from concurrent.futures import as_completed
-
-    yield from as_completed(futures)
 

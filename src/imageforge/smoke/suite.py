@@ -15,9 +15,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import jsonpath
+
 from ..errors import ConfigError, ErrorCollector, Location
 from ..serving_client import short
-from ..yamldoc import YamlDocument, format_key_path, load_yaml, validate_schema
+from ..yamldoc import YamlDocument, did_you_mean, format_key_path, load_yaml, validate_schema
 from .expr import Expr, ExprError, check_templates, json_type, parse_expr
 from .operators import PATH_OPS
 
@@ -150,8 +152,6 @@ class _SuiteLoader:
 
         if isinstance(value, str):
             if value not in self.schemas:
-                from ..yamldoc import did_you_mean
-
                 self.problem(kp, f"unknown schema name {value!r}",
                              expected="a JSON Schema mapping or one of the suite's schemas: "
                              + (", ".join(repr(s) for s in self.schemas) or "none defined"),
@@ -202,8 +202,6 @@ class _SuiteLoader:
         )
 
     def path_expectation(self, kp: tuple[str | int, ...], raw: Mapping[str, Any]) -> PathExpectation | None:
-        import jsonpath
-
         ops = [k for k in raw if k in PATH_OPS]
         if len(ops) != 1:
             self.problem(kp, "a json expectation needs exactly one comparison",
@@ -249,8 +247,6 @@ class _SuiteLoader:
                 self.problem((*rkp, "pattern"), f"invalid regular expression: {exc}", found=item["pattern"])
                 continue
             if "path" in item:
-                import jsonpath
-
                 try:
                     jsonpath.compile(item["path"])
                 except jsonpath.JSONPathError as exc:
@@ -315,8 +311,6 @@ class _SuiteLoader:
         )
 
     def setup_step(self, index: int, raw: Mapping[str, Any]) -> SetupStep:
-        import jsonpath
-
         kp: tuple[str | int, ...] = ("setup", index)
         for name, path in raw["bind"].items():
             try:

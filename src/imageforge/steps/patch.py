@@ -68,7 +68,8 @@ class Patch(OneFileKind):
                 raise StepProblem("ambiguous", path, f"anchor found {outcome.found} times (lines {lines}), "
                                   f"expected {outcome.expected}", error, blame="old")
             raise StepProblem("anchor missing", path,
-                              "anchor not found" + ("" if outcome.near else "; no similar line"), error,
+                              "anchor not found" + (f"; {outcome.hint}" if outcome.hint else "")
+                              + ("" if outcome.near else "; no similar line"), error,
                               blame="old", near=outcome.near)
         python_problem(step, path, outcome.result, ctx.python_version, outcome.new_lines, "new")
         # Keep the file's mode, owner and mtime: a same-size edit then looks unchanged to

@@ -1,0 +1,702 @@
+"""The server as a process: a target's serving command run on this machine, without Docker (in-place mode).
+
+The container runtime (:mod:`imageforge.server_spec` + :mod:`imageforge.run`) and this process runtime serve the
+same thing: :func:`process_spec` renders the command exactly as the container gets it (style ``argv``: the
+command and every flag; style ``config``: ``command --config FILE`` with the file rendered by
+:func:`imageforge.plan.render_serving_config` into the run directory, never ``/etc``), then:
+
+* every serving argument or env value equal to or under a run volume's target (``/model``) is rewritten to the
+  volume's source (``${IMAGEFORGE_MODEL_DIR}`` for bi100, the tiny model's folder for cpu);
+* host and port are set by the target's flag names (``serving.flag_names``), binding 127.0.0.1 unless
+  ``--host-address``;
+* ``/dev/shm`` must be at least ``run.shm_size`` (the container would get that much);
+* the child's environment is the caller's (``CUDA_VISIBLE_DEVICES`` and the box's own ``PYTHONPATH`` included)
+  less imageforge's own venv (its ``PYTHONPATH``/``PATH`` entries), plus the serving and run env of the target.
+
+:func:`start_process` starts it in a new session (its own process group), logs to
+``.imageforge/runs/<id>/server.log`` and records pid, process group and ``/proc/<pid>/stat`` start time in
+``server.json`` beside it; :func:`wait_process_ready` waits for ``/health`` through :mod:`imageforge.waits`;
+:func:`stop_process` ends the group (TERM, KILL after a grace) only after the pid's start time matches the record,
+so a recycled pid is never signalled.  One server at a time: a recorded server still up, or a busy port, is
+exit 5 naming the pid.  Nothing here imports the docker SDK (``tests/unit/test_serve_process.py`` checks it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import settings
+from .errors import ConfigError, InfraError, SmokeError
+from .plan import flag_argv, render_serving_config
+from .resolve import Resolved, Value
+from .runs import new_run_id, run_dir, runs_dir
+from .server_spec import volume_binds
+
+Log = Callable[[str], None]
+
+RECORD = "server.json"
+LOG_NAME = "server.log"
+CONFIG_NAME = "serving.yaml"
+STOP_GRACE = 15.0  # seconds of SIGTERM before SIGKILL (vLLM with an engine process needs a few)
+LOG_TAIL = 50
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+# --------------------------------------------------------------------------- where and with what
+
+
+@dataclass(frozen=True)
+class InPlace:
+    """In-place mode: the target's files live under ``root`` and its interpreter is ``python``.
+
+    :meth:`apply` puts exactly a resolved step list on the root (through :mod:`imageforge.inplace`'s journal);
+    :meth:`kept` puts the root back as it was when the command began (reverted, or the earlier apply again).
+    """
+
+    root: Path = Path("/")
+    python: str = "python3"  # the target interpreter (on the caller's PATH unless a path)
+    imports: bool = True  # verify's import check after an apply (off where the target cannot import)
+
+    def serving(self, resolved: Resolved, **options: Any) -> contextlib.AbstractContextManager[ProcessServer]:
+        """:func:`serving` with this root and interpreter (the shape of :func:`imageforge.run.serving`)."""
+        return serving(resolved, self, **options)
+
+    def applied_state(self) -> tuple[str, str, tuple[str, ...]] | None:
+        """(target, profile, step ids) the root's journal holds, or None (nothing applied)."""
+        from .inplace import Journal
+        from .inplace.apply import VERIFY_STEP
+
+        journal = Journal.load(self.root)
+        if journal is None or not journal.data.get("applied"):
+            return None
+        data = journal.data
+        ids = tuple(str(a["id"]) for a in data["applied"] if a["id"] != VERIFY_STEP)
+        return str(data.get("target")), str(data.get("profile")), ids
+
+    def apply(self, resolved: Resolved, *, environ: Mapping[str, str] | None = None, log: Log = print) -> str:
+        """Exactly ``resolved.steps`` applied under the root (none: reverted); what the root serves now."""
+        from . import inplace
+
+        ids = [s.id for s in resolved.steps]
+        t0 = time.monotonic()
+        if ids:
+            report = inplace.apply(resolved, root=self.root, python=self.python, environ=environ, steps=ids,
+                                   imports=self.imports, log=_quiet)
+            what = "nothing to change" if report.nothing_to_do else "changed"
+            log(f"applied {len(ids)} step(s) in place ({what}) in {time.monotonic() - t0:.1f}s: {', '.join(ids)}")
+        else:
+            done = inplace.revert(self.root, log=_quiet)
+            log("no steps: the root reverted as installed" if not done.nothing else "no steps: nothing applied")
+        return served_identity(self.root)
+
+    @contextlib.contextmanager
+    def kept(self, manifest: Any, *, environ: Mapping[str, str] | None = None, log: Log = print) -> Iterator[None]:
+        """Run the block, then put the root back as it was before it (also after an error)."""
+        from . import inplace
+        from .resolve import resolve
+
+        before = self.applied_state()
+        try:
+            yield
+        finally:
+            if self.applied_state() != before:
+                if before is None:
+                    inplace.revert(self.root, log=_quiet)
+                    log("root reverted as it was before this command (nothing applied)")
+                else:
+                    target, profile, ids = before
+                    again = resolve(manifest, target, profile, environ=environ)
+                    inplace.apply(again, root=self.root, python=self.python, environ=environ, steps=ids,
+                                  imports=self.imports, log=_quiet)
+                    log(f"root re-applied as it was before this command: {target}:{profile} ({len(ids)} steps)")
+
+
+def _quiet(_line: str) -> None:
+    return None
+
+
+# --------------------------------------------------------------------------- rendering (pure but for volume checks)
+
+
+def parse_size(text: str) -> int:
+    """Docker's ``--shm-size`` units (binary): ``1g`` -> 1073741824; ``512m``, ``64k``, plain bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)i?b?\s*", text.lower())
+    if not match:
+        raise ConfigError(f"run.shm_size {text!r} is not a size", expected="e.g. 1g, 512m, 16g")
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def rewrite_value(value: Any, mounts: Mapping[str, str]) -> Any:
+    """``value`` with each string equal to or under a mount target (``{target: source}``) rewritten to its source."""
+    if isinstance(value, str):
+        for target, source in sorted(mounts.items(), key=lambda item: -len(item[0])):
+            bare = target.rstrip("/")
+            if value in (bare, bare + "/"):
+                return source
+            if value.startswith(bare + "/"):
+                return source.rstrip("/") + value[len(bare):]
+        return value
+    if isinstance(value, list | tuple):
+        return type(value)(rewrite_value(v, mounts) for v in value)
+    return value
+
+
+def mounts(resolved: Resolved, environ: Mapping[str, str]) -> dict[str, str]:
+    """``{volume target: host source}`` of the target's run volumes (sources checked to exist, made absolute)."""
+    return {spec["bind"]: source for source, spec in volume_binds(resolved, environ).items()}
+
+
+def own_prefixes() -> list[str]:
+    """Where imageforge itself is installed: its venv (when it runs in one) and its package's import root."""
+    out: list[str] = []
+    if sys.prefix != sys.base_prefix:
+        out.append(os.path.realpath(sys.prefix))
+    package_root = os.path.realpath(str(Path(__file__).resolve().parent.parent))
+    out.append(package_root)
+    return out
+
+
+def _is_own(entry: str, prefixes: Sequence[str]) -> bool:
+    real = os.path.realpath(entry) if entry else ""
+    return bool(real) and any(real == p or real.startswith(p.rstrip("/") + "/") for p in prefixes)
+
+
+def child_environ(environ: Mapping[str, str], extra: Mapping[str, str],
+                  prefixes: Sequence[str] | None = None) -> dict[str, str]:
+    """The server's environment: the caller's, less imageforge's own venv, plus ``extra`` (the target's env).
+
+    ``PYTHONPATH`` and ``PATH`` entries inside imageforge's venv or source tree are dropped (the box's own
+    ``PYTHONPATH``, e.g. corex's, stays); ``VIRTUAL_ENV`` naming imageforge's venv is dropped too.
+    """
+    prefixes = own_prefixes() if prefixes is None else list(prefixes)
+    env = dict(environ)
+    for name in ("PYTHONPATH", "PATH"):
+        if name in env:
+            kept = [e for e in env[name].split(os.pathsep) if not _is_own(e, prefixes)]
+            if kept:
+                env[name] = os.pathsep.join(kept)
+            else:
+                del env[name]
+    if env.get("VIRTUAL_ENV") and _is_own(env["VIRTUAL_ENV"], prefixes):
+        del env["VIRTUAL_ENV"]
+    env.update(extra)
+    return env
+
+
+def program(command: Sequence[str], python: str, environ: Mapping[str, str]) -> list[str]:
+    """``command`` with its program found for the target interpreter.
+
+    ``python``/``python3`` -> the target interpreter; another program (``vllm``) -> the one beside the
+    interpreter (its venv's ``bin/``) when there, else on the caller's PATH.
+    """
+    if not command:
+        raise ConfigError("serving.command is empty")
+    first, rest = command[0], list(command[1:])
+    interpreter = python if os.sep in python else (shutil.which(python, path=environ.get("PATH")) or python)
+    if first in ("python", "python3") or re.fullmatch(r"python3(\.\d+)?", first):
+        return [interpreter, *rest]
+    beside = Path(interpreter).parent / first
+    if os.sep not in first and beside.is_file() and os.access(beside, os.X_OK):
+        return [str(beside), *rest]
+    found = first if os.sep in first else shutil.which(first, path=environ.get("PATH"))
+    if not found:
+        raise InfraError(f"the serving command's program {first!r} is not on this machine",
+                         found=f"not beside {interpreter} nor on PATH",
+                         hint="pass --python with the interpreter of the target's venv (its bin/ holds it)")
+    return [found, *rest]
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """What :func:`start_process` runs: argv, environment, working directory, where it listens."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: Path
+    host: str
+    port: int
+    config: bytes | None = None  # the rendered config file (style config), written to ``config_path``
+    config_path: Path | None = None
+    rewritten: Mapping[str, str] = field(default_factory=dict)  # volume target -> source
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def changed_env(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The child's variables that differ from ``environ`` (what server.json records)."""
+        return {k: v for k, v in self.env.items() if environ.get(k) != v}
+
+
+def process_resolved(resolved: Resolved, *, host: str, port: int, environ: Mapping[str, str]) -> tuple[
+        Resolved, dict[str, str]]:
+    """``resolved`` with host, port and the mount rewrites in its serving args and env (provenance ``in-place``)."""
+    where = mounts(resolved, environ)
+    values = [dataclasses.replace(v, value=rewrite_value(v.value, where)) for v in resolved.serving]
+    for key, value in (("host", host), ("port", port)):
+        for i, v in enumerate(values):
+            if v.key == key:
+                values[i] = dataclasses.replace(v, value=value, source="in-place")
+                break
+        else:
+            values.append(Value(key, value, "in-place", None, "in-place: where the process listens"))
+    env = [dataclasses.replace(v, value=rewrite_value(str(v.value), where)) for v in resolved.env]
+    return dataclasses.replace(resolved, serving=tuple(values), env=tuple(env)), where
+
+
+def process_spec(resolved: Resolved, *, host: str, port: int, run_directory: Path, python: str = "python3",
+                 environ: Mapping[str, str] | None = None, prefixes: Sequence[str] | None = None) -> ProcessSpec:
+    """The serving command of ``resolved`` as a process (see the module docstring); writes nothing."""
+    environ = os.environ if environ is None else environ
+    local, where = process_resolved(resolved, host=host, port=port, environ=environ)
+    serving = local.target.serving
+    extra = {**local.serving_env(), **{k: rewrite_value(str(v), where) for k, v in local.run.env.items()}}
+    env = child_environ(environ, extra, prefixes)
+    config: bytes | None = None
+    config_path: Path | None = None
+    if serving.style == "argv":
+        argv = [*serving.command, *flag_argv(local.serving_args(), flag_names=serving.flag_names,
+                                             negatable=lambda key: key in serving.negatable)]
+    else:
+        config_path = run_directory / CONFIG_NAME
+        config = render_serving_config(local)
+        argv = [*serving.command, "--config", str(config_path)]
+    return ProcessSpec(tuple(program(argv, python, env)), env, run_directory, host, port, config, config_path,
+                       where)
+
+
+# --------------------------------------------------------------------------- /proc: pids, start times, ports
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    state: str
+    pgrp: int
+    starttime: int  # clock ticks after boot (field 22 of /proc/<pid>/stat)
+
+
+def parse_stat(text: str) -> ProcStat:
+    """Parse ``/proc/<pid>/stat`` (the command name may hold spaces and parentheses: split after the last ``)``)."""
+    head, _, rest = text.rpartition(")")
+    pid = int(head.split("(", 1)[0])
+    fields = rest.split()
+    return ProcStat(pid, fields[0], int(fields[2]), int(fields[19]))
+
+
+def proc_stat(pid: int, proc: Path = Path("/proc")) -> ProcStat | None:
+    try:
+        return parse_stat((proc / str(pid) / "stat").read_text())
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def alive(pid: int, starttime: int, proc: Path = Path("/proc")) -> bool:
+    """The recorded process still runs: same pid, same start time, not a zombie."""
+    stat = proc_stat(pid, proc)
+    return stat is not None and stat.starttime == starttime and stat.state not in ("Z", "X")
+
+
+def group_members(pgrp: int, proc: Path = Path("/proc")) -> list[int]:
+    """Live processes of process group ``pgrp``."""
+    out = []
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if entry.name.isdigit():
+            stat = proc_stat(int(entry.name), proc)
+            if stat is not None and stat.pgrp == pgrp and stat.state not in ("Z", "X"):
+                out.append(stat.pid)
+    return out
+
+
+def listening_inodes(port: int, proc: Path = Path("/proc")) -> set[str]:
+    """Socket inodes listening on ``port`` (any address, IPv4 and IPv6) from ``/proc/net/tcp*``."""
+    inodes: set[str] = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = (proc / "net" / name).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(cols[9])
+    return inodes
+
+
+def port_holder(port: int, proc: Path = Path("/proc")) -> int | None:
+    """The pid of a process listening on ``port`` (None when not found or not visible)."""
+    inodes = {f"socket:[{i}]" for i in listening_inodes(port, proc)}
+    if not inodes:
+        return None
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (entry / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) in inodes:
+                        return int(entry.name)
+    return None
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass
+class ProcessServer:
+    """A started serving process (the interface smoke/bench use of :class:`imageforge.run.Server`)."""
+
+    popen: subprocess.Popen[bytes] | None
+    pid: int
+    starttime: int
+    run_id: str
+    url: str
+    host_port: int
+    target: str
+    profile: str
+    image: str  # what is served: "in place: <root> (<journal digest>)"
+    run_dir: Path
+    started: float = field(default_factory=time.monotonic)
+    ready_at: float | None = None
+    startup_seconds: float | None = None
+
+    @property
+    def name(self) -> str:
+        return f"pid {self.pid}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / LOG_NAME
+
+    def running(self) -> bool:
+        if self.popen is not None and self.popen.poll() is not None:
+            return False
+        return alive(self.pid, self.starttime)
+
+    def logs(self, tail: int | str = LOG_TAIL) -> list[str]:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return []
+        lines = [line.rstrip() for line in text.replace("\r", "\n").splitlines() if line.strip()]
+        return lines if tail == "all" else lines[-int(tail):]
+
+    def save_log(self) -> Path | None:
+        return self.log_path if self.log_path.exists() else None
+
+    def describe_state(self) -> str:
+        if self.running():
+            return f"process {self.pid} running"
+        code = self.popen.poll() if self.popen is not None else None
+        if code is None:
+            return f"process {self.pid} is gone"
+        if code < 0:
+            return f"process {self.pid} killed by signal {-code}" + (" (SIGKILL: out of memory?)"
+                                                                      if code == -signal.SIGKILL else "")
+        return f"process {self.pid} exited with code {code}"
+
+
+def write_record(server: ProcessServer, spec: ProcessSpec, environ: Mapping[str, str], **extra: Any) -> Path:
+    path = server.run_dir / RECORD
+    payload = {
+        "pid": server.pid, "pgid": server.pid, "starttime": server.starttime, "run_id": server.run_id,
+        "url": server.url, "port": server.host_port, "target": server.target, "profile": server.profile,
+        "served": server.image, "argv": list(spec.argv), "env": spec.changed_env(environ),
+        "rewritten": dict(spec.rewritten), "log": str(server.log_path),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **extra,
+    }
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
+
+
+def records(root: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Every ``server.json`` under the run directories of ``root`` not marked stopped, oldest first."""
+    out = []
+    for path in sorted(runs_dir(root).glob(f"*/{RECORD}")):
+        with contextlib.suppress(OSError, ValueError):
+            data = json.loads(path.read_text())
+            if not data.get("stopped"):
+                out.append((path, data))
+    return out
+
+
+def running_records(root: Path) -> list[dict[str, Any]]:
+    """Recorded servers still up (same pid and start time)."""
+    return [data for _, data in records(root) if alive(int(data["pid"]), int(data["starttime"]))]
+
+
+def mark_stopped(path: Path, how: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        data = json.loads(path.read_text())
+        data["stopped"] = how
+        data["stopped_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def served_identity(root: Path) -> str:
+    """What the root serves: the in-place journal's digest, or "no journal" (the root as installed)."""
+    journal = root / "var" / "lib" / "imageforge" / "journal.json"
+    if not journal.is_file():
+        return f"in place: {root} (no journal: as installed)"
+    return f"in place: {root} (journal sha256:{hashlib.sha256(journal.read_bytes()).hexdigest()[:16]})"
+
+
+# --------------------------------------------------------------------------- start, wait, stop
+
+
+def check_shm(resolved: Resolved, shm: Path = Path("/dev/shm")) -> None:
+    """``/dev/shm`` at least ``run.shm_size`` (exit 5 with the mount command otherwise)."""
+    if not resolved.run.shm_size:
+        return
+    want = parse_size(resolved.run.shm_size)
+    try:
+        st = os.statvfs(shm)
+    except OSError as exc:
+        raise InfraError(f"{shm} is not there", found=str(exc),
+                         expected=f"a tmpfs of at least {resolved.run.shm_size} (run.shm_size)") from None
+    have = st.f_blocks * st.f_frsize
+    if have < want:
+        raise InfraError(
+            f"{shm} is {have / 1024**2:.0f} MiB, less than run.shm_size {resolved.run.shm_size}",
+            expected=f">= {want} bytes (the container would get --shm-size {resolved.run.shm_size})",
+            found=f"{have} bytes",
+            hint=f"mount -o remount,size={resolved.run.shm_size} {shm} (as root), or start the box with "
+            f"--shm-size {resolved.run.shm_size}",
+        )
+
+
+def refuse_if_busy(root: Path, host: str, port: int | None) -> None:
+    """Exit 5 when a recorded server is still up (one at a time) or ``port`` is taken, naming the pid."""
+    from .run import port_in_use
+
+    for data in running_records(root):
+        raise InfraError(
+            f"an in-place server is still up: pid {data['pid']} ({data['target']}:{data['profile']} on "
+            f"{data['url']}, run {data['run_id']})",
+            found=f"pid {data['pid']}, started {data.get('started_at')}",
+            hint="`invoke stop --in-place` ends it (one server at a time on this machine)",
+        )
+    if port is not None and port_in_use(port, host):
+        pid = port_holder(port)
+        raise InfraError(
+            f"port {port} on {host} is already in use" + (f" by pid {pid}" if pid else ""),
+            found=f"pid {pid} listens on :{port}" if pid else f"something listens on {host}:{port}",
+            hint=f"stop it, or pass another --port (`ss -ltnp 'sport = :{port}'` shows who holds it)",
+        )
+
+
+def start_process(resolved: Resolved, in_place: InPlace, *, environ: Mapping[str, str] | None = None,
+                  port: int | None = None, run_id: str | None = None, host_address: str | None = None,
+                  log: Log = print, record: Mapping[str, Any] | None = None) -> ProcessServer:
+    """Render, check (shm, one server, port), start in a new session, record; no waiting."""
+    from .run import free_port, port_in_use
+
+    environ = os.environ if environ is None else environ
+    host = host_address or settings.host_address(None, environ)
+    root = resolved.manifest.root
+    if port is not None and not 0 < port < 65536:
+        raise ConfigError("--port must be 1-65535", found=str(port))
+    refuse_if_busy(root, host, port)
+    if port is None:
+        port = resolved.run.port if not port_in_use(resolved.run.port, host) else free_port(host)
+    check_shm(resolved)
+    run_id = run_id or new_run_id()
+    directory = run_dir(root, run_id)
+    spec = process_spec(resolved, host=host, port=port, run_directory=directory, python=in_place.python,
+                        environ=environ)
+    directory.mkdir(parents=True, exist_ok=True)
+    if spec.config is not None and spec.config_path is not None:
+        spec.config_path.write_bytes(spec.config)
+    with open(directory / LOG_NAME, "ab") as out:
+        try:
+            popen = subprocess.Popen(list(spec.argv), env=dict(spec.env), cwd=str(spec.cwd), stdin=subprocess.DEVNULL,
+                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            raise InfraError(f"cannot start {spec.argv[0]}", found=str(exc),
+                             hint="check --python and the target's serving.command") from None
+    stat = proc_stat(popen.pid)
+    server = ProcessServer(popen, popen.pid, stat.starttime if stat else 0, run_id, spec.url, port,
+                           resolved.target.name, resolved.profile_name, served_identity(in_place.root), directory)
+    write_record(server, spec, environ, root=str(in_place.root), python=in_place.python, **dict(record or {}))
+    log(f"started pid {server.pid} ({' '.join(spec.argv[:4])} ...) on {server.url}; log {server.log_path}")
+    return server
+
+
+def wait_process_ready(server: ProcessServer, *, timeout: float, log: Log = print, interval: float = 0.5,
+                       resolved: Resolved | None = None) -> float:
+    """Poll ``/health`` until 200 (the seconds it took); the process exiting or the timeout raises with its log."""
+    import httpx
+
+    from .run import Progress, exit_hint
+    from .waits import probe_health, wait_until
+
+    progress = Progress(f"waiting for {server.url}/health", log)
+    last = "no answer yet"
+
+    def ready() -> float | None:
+        nonlocal last
+        health = probe_health(http, server.url)
+        if health.ok:
+            server.ready_at = time.monotonic()
+            server.startup_seconds = server.ready_at - server.started
+            progress.done(f"ready: {server.url}/health OK after {server.startup_seconds:.1f}s")
+            return server.startup_seconds
+        last = health.short
+        if not server.running():
+            progress.done("")
+            tail = server.logs(LOG_TAIL)
+            raise SmokeError(
+                f"the server of {server.target}:{server.profile} stopped before it was ready "
+                f"({time.monotonic() - server.started:.0f}s after start)",
+                found=server.describe_state(), expected=f"GET {server.url}/health -> 200",
+                hint=exit_hint(tail, resolved) + f"; full log: {server.log_path}", log_tail=tail)
+        return None
+
+    with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0)) as http:
+        seconds = wait_until(ready, timeout=timeout, interval=interval, started=server.started,
+                             on_poll=progress.update)
+    if seconds is not None:
+        return seconds
+    progress.done("")
+    raise SmokeError(f"the server of {server.target}:{server.profile} was not ready within {timeout:.0f}s",
+                     expected=f"GET {server.url}/health -> 200", found=f"{last}; {server.describe_state()}",
+                     hint=f"raise targets.<target>.smoke.startup_timeout if start-up is just slow; full log: "
+                     f"{server.log_path}", log_tail=server.logs(LOG_TAIL))
+
+
+def end_group(pid: int, starttime: int, *, grace: float = STOP_GRACE, popen: subprocess.Popen[bytes] | None = None,
+              proc: Path = Path("/proc")) -> str:
+    """TERM the process group of ``pid`` (its session leader), KILL what is left after ``grace``; say how it ended.
+
+    Only when ``pid`` still has ``starttime``: a recycled pid is never signalled ("gone").
+    """
+    if not alive(pid, starttime, proc):
+        if popen is not None:
+            with contextlib.suppress(Exception):
+                popen.wait(timeout=0)
+        return "gone"
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                popen.wait(timeout=0.2)
+        else:
+            time.sleep(0.2)
+        if not alive(pid, starttime, proc) and not group_members(pid, proc):
+            return "terminated"
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    if popen is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            popen.wait(timeout=10)
+    return "killed"
+
+
+def stop_server(server: ProcessServer, *, log: Log | None = None, grace: float = STOP_GRACE) -> str:
+    how = end_group(server.pid, server.starttime, grace=grace, popen=server.popen)
+    mark_stopped(server.run_dir / RECORD, how)
+    if log is not None:
+        log(f"stopped pid {server.pid} ({how}); log {server.log_path}")
+    return how
+
+
+def stop_processes(root: Path, target: str | None = None, *, log: Log = print,
+                   grace: float = STOP_GRACE) -> list[int]:
+    """``invoke stop --in-place``: end every recorded server still up (of ``target``); their pids.
+
+    A record whose pid is gone or now belongs to another process (start time differs) is marked stale, and
+    that process is left alone.  Never touches the Docker engine.
+    """
+    stopped: list[int] = []
+    for path, data in records(root):
+        if target and data.get("target") != target:
+            continue
+        pid, starttime = int(data["pid"]), int(data["starttime"])
+        if not alive(pid, starttime):
+            mark_stopped(path, "stale: the pid is gone or belongs to another process")
+            continue
+        how = end_group(pid, starttime, grace=grace)
+        mark_stopped(path, how)
+        stopped.append(pid)
+        log(f"stopped pid {pid} ({data.get('target')}:{data.get('profile')}, run {data.get('run_id')}): {how}")
+    if not stopped:
+        log("no in-place server is running" + (f" for target {target}" if target else ""))
+    return stopped
+
+
+@contextlib.contextmanager
+def serving(resolved: Resolved, in_place: InPlace, *, startup_timeout: float | None = None, wait: bool = True,
+            log: Log = print, environ: Mapping[str, str] | None = None, port: int | None = None,
+            run_id: str | None = None, host_address: str | None = None, **unused: Any) -> Iterator[ProcessServer]:
+    """Start the process server, wait for ``/health``, yield it; always stop it (errors and Ctrl-C included).
+
+    Container-only options (``base``, ``image``, ``build_image``, ``labels``) are refused when set.
+    """
+    from .run import sigterm_as_interrupt
+
+    bad = sorted(k for k, v in unused.items() if v and k in ("base", "image"))
+    if bad:
+        raise ConfigError(f"--in-place serves the files under the root: {', '.join(bad)} does not apply")
+    server = start_process(resolved, in_place, environ=environ, port=port, run_id=run_id,
+                           host_address=host_address, log=log)
+    try:
+        with sigterm_as_interrupt():
+            if wait:
+                wait_process_ready(server, timeout=startup_timeout or resolved.target.smoke.startup_timeout,
+                                   log=log, resolved=resolved)
+            yield server
+    finally:
+        stop_server(server, log=log)
+
+
+def start_detached(resolved: Resolved, in_place: InPlace, *, port: int | None, timeout: float | None,
+                   host_address: str, environ: Mapping[str, str] | None = None, log: Log = print) -> ProcessServer:
+    """``invoke run --in-place``: start, wait until ready, leave running (a failed start is stopped again)."""
+    server = start_process(resolved, in_place, environ=environ, port=port, host_address=host_address, log=log,
+                           record={"started_by": "invoke-run"})
+    try:
+        wait_process_ready(server, timeout=timeout or resolved.target.smoke.startup_timeout, log=log,
+                           resolved=resolved)
+    except BaseException:
+        stop_server(server, log=log)
+        raise
+    return server
+
+
+__all__ = [
+    "InPlace",
+    "ProcessServer",
+    "ProcessSpec",
+    "alive",
+    "check_shm",
+    "child_environ",
+    "end_group",
+    "parse_size",
+    "parse_stat",
+    "port_holder",
+    "process_spec",
+    "records",
+    "rewrite_value",
+    "serving",
+    "start_detached",
+    "start_process",
+    "stop_processes",
+    "stop_server",
+    "wait_process_ready",
+]

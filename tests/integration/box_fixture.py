@@ -1,0 +1,153 @@
+"""A "box": the card's machine rehearsed here (issue 21 item 7), shared by the in-place integration tests.
+
+A container from the cpu base image (real vLLM for CPU in ``/opt/venv``, ``python3`` on PATH is the target
+interpreter), started with ``--shm-size 1g``, no network and no Docker socket.  Into it go the repository (the
+files git tracks or would track, as a fresh clone has them), the tiny model at the place the cpu target's volume
+source names (``.imageforge/models/tiny-qwen3-moe``), and imageforge installed into its own venv
+(``/opt/imageforge``) from a wheelhouse made on this machine for cp311 (``pip wheel`` of the repository +
+``pip download`` of its dependencies, binary only, cached under ``/tmp``).  Inside, commands run as a team on
+the card runs them: ``cd /work/repo && /opt/imageforge/bin/invoke TASK ... --in-place``.
+
+:func:`make_box` makes one; :class:`Box` runs shell commands in it (``sh``), ``invoke`` tasks, reads files and
+is removed at the end.  One box per test module: each vLLM start in it costs 30-50 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+BOX_REPO = "/work/repo"
+BOX_VENV = "/opt/imageforge"
+BOX_WHEELS = "/wheels"
+TEST_LABEL = "org.imageforge.test"
+MODEL_REL = ".imageforge/models/tiny-qwen3-moe"
+WHEEL_CACHE = Path(os.environ.get("IMAGEFORGE_BOX_WHEELS", "/tmp/imageforge-box-wheels"))
+PLATFORMS = ("manylinux_2_31_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+
+
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+def repo_files(repo: Path = REPO) -> list[str]:
+    """What a clone has: tracked files and untracked files git does not ignore (work in progress included)."""
+    out = subprocess.run(["git", "-C", str(repo), "ls-files", "-co", "--exclude-standard", "-z"], check=True,
+                         capture_output=True).stdout.decode()
+    return sorted(p for p in out.split("\0") if p and (repo / p).is_file())
+
+
+def model_dir() -> Path:
+    """The tiny model (written by `invoke base --target cpu`): this checkout's, else the main checkout's."""
+    for root in (REPO, Path("/work/main")):
+        if (root / MODEL_REL / "config.json").is_file():
+            return root / MODEL_REL
+    raise FileNotFoundError(f"no {MODEL_REL}: run `invoke base --target cpu`")
+
+
+def wheelhouse(python_version: str = "3.11") -> Path:
+    """imageforge's wheel (this checkout) + its dependencies for cpXY manylinux x86_64, in a folder."""
+    pip = [sys.executable, "-m", "pip", "-q"]
+    pyproject = (REPO / "pyproject.toml").read_bytes()
+    deps = WHEEL_CACHE / f"cp{python_version.replace('.', '')}-{hashlib.sha256(pyproject).hexdigest()[:12]}"
+    own = deps / "own"
+    if own.exists():
+        for old in own.iterdir():
+            old.unlink()
+    with tempfile.TemporaryDirectory(prefix="imageforge-box-src-") as tmp:  # the checkout is never written
+        for rel in repo_files():
+            (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, Path(tmp) / rel)
+        subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(own), tmp], check=True)
+    [wheel] = list(own.glob("imageforge-*.whl"))
+    if not (deps / "complete").exists():
+        platform_args = [a for p in PLATFORMS for a in ("--platform", p)]
+        subprocess.run([*pip, "download", "-d", str(deps), "--only-binary=:all:", "--implementation", "cp",
+                        "--python-version", python_version, *platform_args, str(wheel)], check=True)
+        (deps / "complete").write_text("ok\n")
+    return deps
+
+
+def _tar(entries: list[tuple[str, Path]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for arcname, path in entries:
+            tar.add(str(path), arcname=arcname, recursive=False)
+    return buf.getvalue()
+
+
+@dataclass
+class Box:
+    container: Any
+    repo: str = BOX_REPO
+
+    def sh(self, command: str, *, timeout: int = 900, env: dict[str, str] | None = None) -> tuple[int, str]:
+        """``bash -c COMMAND`` in the box (stdout and stderr together), killed after ``timeout`` s."""
+        result = self.container.exec_run(["timeout", "-s", "KILL", str(timeout), "bash", "-c", command],
+                                         environment=env or {}, workdir=self.repo)
+        text = result.output.decode("utf-8", "replace") if isinstance(result.output, bytes) else str(result.output)
+        return int(result.exit_code), text
+
+    def invoke(self, *args: str, timeout: int = 900) -> tuple[int, str]:
+        """``invoke TASK ...`` of the copied repository, with the box's own venv's invoke."""
+        return self.sh(f"{BOX_VENV}/bin/invoke " + " ".join(shlex.quote(a) for a in args), timeout=timeout)
+
+    def read(self, path: str) -> str:
+        code, out = self.sh(f"cat {shlex.quote(path)}")
+        assert code == 0, out
+        return out
+
+    def remove(self) -> None:
+        with contextlib.suppress(Exception):  # best effort at teardown
+            self.container.remove(force=True, v=True)
+
+
+def cpu_base_ref() -> str:
+    from imageforge.base import base_image_status
+
+    status = base_image_status(REPO / "images" / "cpu")
+    if not status.vllm_present:
+        raise FileNotFoundError("the cpu base image is not built (invoke base --target cpu)")
+    return str(status.ref)
+
+
+def make_box(image: str | None = None, *, log: Any = _log) -> Box:
+    """A started box with the repository, the tiny model and imageforge in its own venv (see the module)."""
+    import docker
+
+    t0 = time.monotonic()
+    cli = docker.from_env(timeout=600)
+    wheels = wheelhouse("3.11")
+    container = cli.containers.run(
+        image or cpu_base_ref(), ["sleep", "infinity"], detach=True, init=True, shm_size="1g", network_mode="none",
+        labels={TEST_LABEL: "in-place-box"}, name=f"imageforge-box-{os.getpid()}-{int(time.time())}")
+    box = Box(container)
+    try:
+        entries = [(f"{BOX_REPO.lstrip('/')}/{p}", REPO / p) for p in repo_files()]
+        model = model_dir()
+        entries += [(f"{BOX_REPO.lstrip('/')}/{MODEL_REL}/{f.name}", f) for f in sorted(model.iterdir())]
+        wheel_files = [w for w in sorted(wheels.glob("*.whl")) if not w.name.startswith("imageforge-")]
+        wheel_files += sorted((wheels / "own").glob("imageforge-*.whl"))
+        entries += [(f"{BOX_WHEELS.lstrip('/')}/{w.name}", w) for w in wheel_files]
+        assert container.put_archive("/", _tar(entries))
+        code, out = box.sh(f"/usr/bin/python3 -m venv {BOX_VENV} && {BOX_VENV}/bin/pip install -q --no-index "
+                           f"--find-links {BOX_WHEELS} imageforge", timeout=600)
+        assert code == 0, out
+        log(f"box {container.name}: {len(entries)} files, imageforge installed in {time.monotonic() - t0:.0f}s")
+    except BaseException:
+        box.remove()
+        raise
+    return box

@@ -1,0 +1,334 @@
+"""The server as a process (in-place mode): command rendering, rewrites, /proc checks, start/wait/stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from imageforge import serve_process as sp
+from imageforge.errors import InfraError, SmokeError
+from imageforge.manifest import load_manifest
+from imageforge.resolve import Resolved, resolve
+from imageforge.run import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def rooted(resolved: Resolved, root: Path) -> Resolved:
+    return replace(resolved, manifest=replace(resolved.manifest, root=root))
+
+
+@pytest.fixture
+def cpu(tmp_path: Path) -> Resolved:
+    (tmp_path / ".imageforge" / "models" / "tiny-qwen3-moe").mkdir(parents=True)
+    return rooted(resolve(load_manifest(REPO / "build.yaml"), "cpu", None, environ={}), tmp_path)
+
+
+def fake_venv(tmp_path: Path) -> Path:
+    """A venv-like bin/ with python3 (a link to this interpreter) and an executable vllm."""
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python3").symlink_to(sys.executable)
+    (bin_dir / "vllm").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "vllm").chmod(0o755)
+    return bin_dir / "python3"
+
+
+def test_cpu_config_style_renders_into_the_run_directory(cpu: Resolved, tmp_path: Path) -> None:
+    python = fake_venv(tmp_path)
+    run = tmp_path / "run"
+    spec = sp.process_spec(cpu, host="127.0.0.1", port=18555, run_directory=run, python=str(python), environ={},
+                           prefixes=[])
+    # the built image's CMD is `vllm serve --config /etc/imageforge/serving.yaml`: here the file is the run's
+    assert spec.argv == (str(python.parent / "vllm"), "serve", "--config", str(run / "serving.yaml"))
+    assert spec.config is not None and spec.config_path == run / "serving.yaml"
+    config = yaml.safe_load(spec.config)
+    model = str((tmp_path / ".imageforge" / "models" / "tiny-qwen3-moe").resolve())
+    assert config["model"] == model  # /models/tiny-qwen3-moe (the volume target) -> its source
+    assert (config["host"], config["port"]) == ("127.0.0.1", 18555)  # 0.0.0.0:8000 in the manifest
+    assert config["max-num-seqs"] == 8 and config["enforce-eager"] is True
+    assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == "1"  # the serving env (a built image has it in its config)
+    assert spec.rewritten == {"/models/tiny-qwen3-moe": model}
+    assert not (run / "serving.yaml").exists()  # process_spec writes nothing
+    assert spec.url == "http://127.0.0.1:18555"
+
+
+def test_bi100_argv_style_flags_by_name_model_from_its_variable(tmp_path: Path) -> None:
+    model = tmp_path / "Qwen3.6"
+    model.mkdir()
+    box_pythonpath = "/usr/local/corex/lib64/python3/dist-packages"
+    own = tmp_path / "imageforge-venv"
+    environ = {"IMAGEFORGE_MODEL_DIR": str(model), "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+               "PYTHONPATH": f"{own}/lib/python3.10/site-packages:{box_pythonpath}",
+               "PATH": f"{own}/bin:/usr/local/bin:/usr/bin", "VIRTUAL_ENV": str(own)}
+    resolved = resolve(load_manifest(REPO / "build.yaml"), "bi100", "replay", environ=environ)
+    spec = sp.process_spec(resolved, host="127.0.0.1", port=8000, run_directory=tmp_path / "run",
+                           python="/usr/bin/python3", environ=environ, prefixes=[str(own)])
+    argv = list(spec.argv)
+    assert argv[:3] == ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--model") + 1] == str(model.resolve())
+    assert argv[argv.index("-tp") + 1] == "4" and "--tensor-parallel-size" not in argv
+    assert argv[argv.index("--max-model-len") + 1] == "256000"
+    assert argv[-4:] == ["--host", "127.0.0.1", "--port", "8000"]  # not in the manifest's args: appended
+    assert spec.config is None
+    assert spec.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    assert spec.env["PYTHONPATH"] == box_pythonpath  # imageforge's own venv left out, the box's kept
+    assert spec.env["PATH"] == "/usr/local/bin:/usr/bin" and "VIRTUAL_ENV" not in spec.env
+    assert spec.env["VLLM_ENGINE_ITERATION_TIMEOUT_S"] == "3600"
+    assert spec.changed_env(environ)["PYTHONPATH"] == box_pythonpath
+
+
+def test_host_address_and_a_missing_volume_source(cpu: Resolved, tmp_path: Path) -> None:
+    spec = sp.process_spec(cpu, host="10.0.0.7", port=9000, run_directory=tmp_path, python=str(fake_venv(tmp_path)),
+                           environ={}, prefixes=[])
+    assert yaml.safe_load(spec.config or b"")["host"] == "10.0.0.7"
+    with pytest.raises(InfraError, match="does not exist"):
+        sp.process_spec(rooted(cpu, tmp_path / "elsewhere"), host="127.0.0.1", port=1, run_directory=tmp_path,
+                        environ={})
+
+
+def test_rewrite_value_equal_or_under_only() -> None:
+    where = {"/model": "/data/q", "/models/tiny": "/srv/t/"}
+    assert sp.rewrite_value("/model", where) == "/data/q"
+    assert sp.rewrite_value("/model/", where) == "/data/q"
+    assert sp.rewrite_value("/model/tokenizer.json", where) == "/data/q/tokenizer.json"
+    assert sp.rewrite_value("/models/tiny/x", where) == "/srv/t/x"
+    assert sp.rewrite_value("/modelx", where) == "/modelx"  # not under /model
+    assert sp.rewrite_value("llm", where) == "llm"
+    assert sp.rewrite_value(["/model", 3, "a"], where) == ["/data/q", 3, "a"]
+    assert sp.rewrite_value(8000, where) == 8000
+
+
+def test_program_needs_a_known_interpreter_or_path(tmp_path: Path) -> None:
+    with pytest.raises(InfraError, match="not on this machine"):
+        sp.program(["no-such-server-xyz"], "/usr/bin/python3", {"PATH": str(tmp_path)})
+    assert sp.program(["sh", "-c", "x"], "/nowhere/python3", {"PATH": "/usr/bin:/bin"})[0].endswith("/sh")
+
+
+def test_parse_size_and_the_shm_check(cpu: Resolved, tmp_path: Path) -> None:
+    assert sp.parse_size("1g") == 1024**3
+    assert sp.parse_size("512m") == 512 * 1024**2
+    assert sp.parse_size("16G") == 16 * 1024**3
+    assert sp.parse_size("65536") == 65536
+    with pytest.raises(Exception, match="not a size"):
+        sp.parse_size("lots")
+    sp.check_shm(replace(cpu, run=replace(cpu.run, shm_size="1k")), tmp_path)
+    with pytest.raises(InfraError, match=r"less than run\.shm_size 900t") as info:
+        sp.check_shm(replace(cpu, run=replace(cpu.run, shm_size="900t")), tmp_path)
+    assert "remount" in (info.value.hint or "")
+    assert info.value.exit_code == 5
+
+
+def test_parse_stat_survives_odd_command_names() -> None:
+    fields = " ".join(["S", "1", "4242", "4242"] + ["0"] * 15 + ["987654", "0"])
+    stat = sp.parse_stat(f"4243 (a) (b c) {fields}")
+    assert (stat.pid, stat.state, stat.pgrp, stat.starttime) == (4243, "S", 4242, 987654)
+    own = sp.proc_stat(os.getpid())
+    assert own is not None and own.pid == os.getpid()
+    assert sp.alive(os.getpid(), own.starttime)
+    assert not sp.alive(os.getpid(), own.starttime + 1)  # a recycled pid: another start time
+
+
+def test_end_group_checks_the_start_time_then_terms_the_whole_group() -> None:
+    group = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & wait"], start_new_session=True)
+    try:
+        time.sleep(0.3)
+        stat = sp.proc_stat(group.pid)
+        assert stat is not None and len(sp.group_members(group.pid)) == 3
+        assert sp.end_group(group.pid, stat.starttime + 5, popen=group) == "gone"  # another process: untouched
+        assert group.poll() is None and len(sp.group_members(group.pid)) == 3
+        assert sp.end_group(group.pid, stat.starttime, grace=5, popen=group) == "terminated"
+        assert group.poll() is not None and sp.group_members(group.pid) == []
+    finally:
+        if group.poll() is None:
+            os.killpg(group.pid, 9)
+
+
+def test_end_group_kills_after_the_grace() -> None:
+    group = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60"], start_new_session=True)
+    time.sleep(0.3)
+    stat = sp.proc_stat(group.pid)
+    assert stat is not None
+    assert sp.end_group(group.pid, stat.starttime, grace=0.5, popen=group) == "killed"
+    assert group.wait(timeout=5) == -9
+
+
+FAKE_SERVER = """\
+import argparse, http.server, os, sys
+p = argparse.ArgumentParser()
+p.add_argument("--host"); p.add_argument("--port", type=int); p.add_argument("--model"); p.add_argument("--fail")
+a, _ = p.parse_known_args()
+if a.fail:
+    print("ModuleNotFoundError: No module named 'broken'", flush=True)
+    sys.exit(3)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+    def log_message(self, *args): pass
+print("model", a.model, "PYTHONPATH", os.environ.get("PYTHONPATH"), flush=True)
+http.server.HTTPServer((a.host, a.port), H).serve_forever()
+"""
+
+
+@pytest.fixture
+def fake(tmp_path: Path, write_manifest: Callable[[str], Path]) -> Resolved:
+    (tmp_path / "fake_server.py").write_text(FAKE_SERVER)
+    (tmp_path / "weights").mkdir()
+    text = textwrap.dedent(f"""\
+        version: 1
+        default_target: p
+        targets:
+          p:
+            base: {{image: "debian:bookworm"}}
+            package: {{import: vllm, distribution: vllm, version: "1.0"}}
+            run:
+              shm_size: 1k
+              volumes: [{{source: weights, target: /model, read_only: true}}]
+            steps: []
+            serving:
+              config_path: /x.yaml
+              style: argv
+              command: [python3, {tmp_path / "fake_server.py"}]
+              args: {{model: /model}}
+            default_profile: one
+            profiles:
+              one: {{}}
+              broken: {{args: {{fail: "yes"}}}}
+            smoke: {{startup_timeout: 20}}
+        """)
+    return resolve(load_manifest(write_manifest(text)), "p", None, environ={})
+
+
+def test_serving_starts_records_waits_and_stops_the_process(fake: Resolved, tmp_path: Path) -> None:
+    in_place = sp.InPlace(root=tmp_path / "root", python=sys.executable)
+    port = free_port()
+    environ = {**os.environ, "PYTHONPATH": "/box/own/path"}
+    with in_place.serving(fake, port=port, environ=environ, log=lambda _line: None) as server:
+        assert server.running() and server.startup_seconds is not None
+        record = json.loads((server.run_dir / "server.json").read_text())
+        assert record["pid"] == server.pid and record["starttime"] == sp.proc_stat(server.pid).starttime  # type: ignore[union-attr]
+        assert record["url"] == f"http://127.0.0.1:{port}" and record["served"].startswith("in place:")
+        assert [r["pid"] for r in sp.running_records(fake.manifest.root)] == [server.pid]
+        with pytest.raises(InfraError, match=f"still up: pid {server.pid}") as busy:
+            sp.start_process(fake, in_place, port=free_port(), environ=environ, log=lambda _line: None)
+        assert busy.value.exit_code == 5
+        pid = server.pid
+    assert not sp.alive(pid, record["starttime"])
+    assert json.loads((server.run_dir / "server.json").read_text())["stopped"] == "terminated"
+    assert sp.running_records(fake.manifest.root) == []
+    log = (server.run_dir / "server.log").read_text()
+    assert f"model {(tmp_path / 'weights').resolve()} PYTHONPATH /box/own/path" in log
+
+
+def test_a_server_that_exits_fails_with_its_log(fake: Resolved, tmp_path: Path) -> None:
+    broken = resolve(fake.manifest, "p", "broken", environ={})
+    with pytest.raises(SmokeError, match="stopped before it was ready") as info, sp.serving(
+            broken, sp.InPlace(python=sys.executable), port=free_port(), log=lambda _line: None):
+        pass
+    assert "import failed" in (info.value.hint or "")
+    assert any("No module named" in line for line in info.value.log_tail)
+
+
+def test_a_busy_port_names_its_pid(fake: Resolved) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        assert sp.port_holder(port) == os.getpid()
+        with pytest.raises(InfraError, match=f"port {port} on 127.0.0.1 is already in use by pid {os.getpid()}"):
+            sp.start_process(fake, sp.InPlace(python=sys.executable), port=port, log=lambda _line: None)
+
+
+def test_run_detached_then_stop_in_place(fake: Resolved) -> None:
+    server = sp.start_detached(fake, sp.InPlace(python=sys.executable), port=free_port(), timeout=20,
+                               host_address="127.0.0.1", log=lambda _line: None)
+    assert server.running()
+    server.popen = None  # as `invoke stop --in-place` sees it: another process, only the record
+    lines: list[str] = []
+    assert sp.stop_processes(fake.manifest.root, log=lines.append) == [server.pid]
+    assert "terminated" in lines[0]
+    assert sp.stop_processes(fake.manifest.root, log=lines.append) == []
+    assert lines[-1] == "no in-place server is running"
+
+
+def test_a_stale_record_is_never_signalled(fake: Resolved, tmp_path: Path) -> None:
+    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        stat = sp.proc_stat(sleeper.pid)
+        assert stat is not None
+        run = tmp_path / ".imageforge" / "runs" / "r-stale"
+        run.mkdir(parents=True)
+        (run / "server.json").write_text(json.dumps({"pid": sleeper.pid, "starttime": stat.starttime - 1,
+                                                     "target": "p", "profile": "one", "run_id": "r-stale"}))
+        assert sp.stop_processes(tmp_path, log=lambda _line: None) == []
+        assert sleeper.poll() is None  # a recycled pid is left alone
+        assert json.loads((run / "server.json").read_text())["stopped"].startswith("stale")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_the_process_path_never_imports_docker(tmp_path: Path) -> None:
+    (tmp_path / ".imageforge" / "models" / "tiny-qwen3-moe").mkdir(parents=True)
+    python = fake_venv(tmp_path)
+    code = textwrap.dedent(f"""\
+        import sys
+        from dataclasses import replace
+        from pathlib import Path
+        from imageforge import app
+        from imageforge.manifest import load_manifest
+        from imageforge.resolve import resolve
+        from imageforge.serve_process import process_spec, InPlace
+        r = resolve(load_manifest(Path({str(REPO / "build.yaml")!r})), "cpu", None, environ={{}})
+        r = replace(r, manifest=replace(r.manifest, root=Path({str(tmp_path)!r})))
+        process_spec(r, host="127.0.0.1", port=1, run_directory=Path({str(tmp_path)!r}), python={str(python)!r},
+                     environ={{"PATH": "/usr/bin:/bin"}})
+        print("docker" in sys.modules)
+        """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert out.stdout.strip() == "False"
+
+
+def test_the_front_door_runs_and_stops_in_place(fake: Resolved) -> None:
+    from imageforge import app
+
+    s = app.settings(manifest=str(fake.manifest.root / "build.yaml"))
+    where = app.in_place(s, enabled=True, python=sys.executable)
+    assert where == sp.InPlace(Path("/"), sys.executable)
+    assert app.in_place(s, enabled=False) is None
+    with pytest.raises(Exception, match="go with --in-place"):
+        app.in_place(s, enabled=False, root="/x")
+    with pytest.raises(Exception, match="--base does not apply"):
+        app.run(s, "p", None, [], base=True, port=None, timeout=20, in_place=where)
+    server = app.run(s, "p", None, [], base=False, port=free_port(), timeout=20, in_place=where)
+    assert isinstance(server, sp.ProcessServer) and server.running()
+    assert app.stop("p", every=False, s=s, in_place=True) == [str(server.pid)]
+    assert not server.running()
+
+
+def test_run_and_stop_in_place_never_import_docker(fake: Resolved) -> None:
+    code = textwrap.dedent(f"""\
+        import sys
+        from imageforge import app
+        from imageforge.run import free_port
+        s = app.settings(manifest={str(fake.manifest.root / "build.yaml")!r})
+        where = app.in_place(s, enabled=True, python=sys.executable)
+        server = app.run(s, "p", None, [], base=False, port=free_port(), timeout=20, in_place=where)
+        stopped = app.stop("p", every=False, s=s, in_place=True)
+        print(stopped == [str(server.pid)], "docker" in sys.modules)
+        """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert out.stdout.strip().splitlines()[-1] == "True False", out.stdout + out.stderr
