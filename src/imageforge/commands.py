@@ -613,7 +613,9 @@ def program(namespace: Collection | None = None) -> Program:
 
 
 def main() -> None:
-    """The `imageforge` console command (a reader closing stdout ends it quietly, also in invoke's own listings)."""
+    """The `imageforge` console command (a reader closing stdout ends it quietly, also in invoke's own listings).
+
+    The console script enters through :func:`imageforge.launch.main` (the caller's PYTHONPATH dropped first)."""
     with contextlib.suppress(Exit), closed_pipe_quiet():
         program().run()
         return

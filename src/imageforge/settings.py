@@ -31,6 +31,11 @@ DEFAULT_CACHE = "~/.cache/imageforge"
 _FALSE = ("", "0", "false", "no")
 
 
+#: The caller's ``PYTHONPATH``, kept by the console command when it runs itself without it (the card's corex
+#: ``PYTHONPATH`` would shadow imageforge's own venv); Settings.environ gives it back as ``PYTHONPATH``.
+ENV_CALLER_PYTHONPATH = "IMAGEFORGE_CALLER_PYTHONPATH"
+
+
 def pick(flag: str | None, environ: Mapping[str, str], variable: str, default: str) -> tuple[str, str]:
     """(value, source): the command-line value, else the environment's, else ``default``.
 
@@ -79,7 +84,10 @@ class Settings:
     @classmethod
     def from_cli(cls, *, manifest: str | None = None, traceback: bool = False, host_address: str | None = None,
                  environ: Mapping[str, str] | None = None) -> Settings:
-        env = MappingProxyType(dict(os.environ if environ is None else environ))
+        given = dict(os.environ if environ is None else environ)
+        if ENV_CALLER_PYTHONPATH in given:  # the console command dropped it for itself: the caller's, for the target
+            given["PYTHONPATH"] = given.pop(ENV_CALLER_PYTHONPATH)
+        env = MappingProxyType(given)
         manifest_value, manifest_source = pick(manifest, env, ENV_MANIFEST, DEFAULT_MANIFEST)
         address, address_source = pick(host_address, env, ENV_HOST_ADDRESS, DEFAULT_HOST_ADDRESS)
         cache_source = pick(None, env, ENV_CACHE, DEFAULT_CACHE)[1]

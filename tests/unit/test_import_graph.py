@@ -37,7 +37,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("equiv", "forensics"),  # teacher-forced comparison; bisect and ablate over the step chain
     ("export", "submission"),  # the deliverables: a saved image; the tree the platform builds
     ("app",),  # the front door: the commands call only this
-    ("commands",),  # the `imageforge` command: the invoke task collection (tasks.py re-exports it)
+    ("commands", "launch"),  # the `imageforge` command: the invoke task collection; launch: its console entry
 )
 STAGE = {name: level for level, names in enumerate(STAGES) for name in names}
 

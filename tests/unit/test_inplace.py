@@ -377,3 +377,70 @@ def test_never_writes_through_a_link_leaving_the_root(box: dict[str, Any], tmp_p
     with pytest.raises(BuildError, match="outside the root"):
         apply(box)
     assert list(outside.iterdir()) == []
+
+
+def test_the_console_command_runs_without_the_callers_pythonpath(tmp_path: Path) -> None:
+    """A corex-like PYTHONPATH holding a broken `yaml` must not reach imageforge's own process; the target gets it."""
+    shadow = tmp_path / "corex"
+    shadow.mkdir()
+    (shadow / "yaml.py").write_text("raise ImportError('the box PYTHONPATH shadowed imageforge')\n")
+    script = tmp_path / "imageforge"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(SRC)!r})\nfrom imageforge.launch import main\n"
+                      "from imageforge import settings\nprint('CALLER', settings.Settings.from_cli().environ"
+                      ".get('PYTHONPATH'), file=sys.stderr)\nmain()\n")
+    env = {**os.environ, "PYTHONPATH": str(shadow)}
+    done = subprocess.run([sys.executable, str(script), "status", "--root", str(tmp_path), "--json"], env=env,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["applied"] == []
+    assert f"CALLER {shadow}" in done.stderr  # Settings.environ gives the caller's PYTHONPATH back
+
+
+def test_pythonpath_is_cut_to_imageforges_own_folder() -> None:
+    from imageforge.launch import without_caller_pythonpath
+
+    assert without_caller_pythonpath({"PYTHONPATH": str(SRC)}, str(SRC)) is None
+    env = without_caller_pythonpath({"PYTHONPATH": f"{SRC}{os.pathsep}/usr/local/corex", "A": "1"}, str(SRC))
+    assert env == {"PYTHONPATH": str(SRC), "IMAGEFORGE_CALLER_PYTHONPATH": f"{SRC}{os.pathsep}/usr/local/corex",
+                   "A": "1"}
+    assert without_caller_pythonpath({"PYTHONPATH": "/x", "IMAGEFORGE_CALLER_PYTHONPATH": "/x"}, str(SRC)) is None
+
+
+DIRECTORY_STEP = """\
+version: 1
+default_target: t
+targets:
+  t:
+    base: {image: "debian:bookworm"}
+    package: {import: vllm, distribution: vllm, version: "1.0"}
+    steps:
+      - id: baseline
+        kind: script
+        directory: baseline
+        dest: /workspace/scripts
+        command: [sh, patch_ops.sh]
+        touches: [vllm, /workspace/scripts]
+    serving:
+      config_path: /etc/serve.yaml
+      args: {model: /m}
+"""
+
+
+def test_a_directory_script_is_copied_to_dest_and_run_there(box: dict[str, Any]) -> None:
+    """The organisers' shape: a folder copied to ``dest`` and its command run in it; revert removes both."""
+    folder = box["repo"] / "baseline"
+    folder.mkdir()
+    (folder / "y.py").write_text("A = 5\n")
+    (folder / "patch_ops.sh").write_text('test -f ./patch_ops.sh\ncp y.py "$IMAGEFORGE_ROOT/site/vllm/y.py"\n')
+    (box["repo"] / "dir.yaml").write_text(DIRECTORY_STEP)
+    root = box["root"]
+    before = listing(root)
+    report = inplace.apply(resolved(box, manifest="dir.yaml"), root=root, python=sys.executable,
+                           environ=box["environ"], log=lambda _l: None)
+    assert report.steps[0].status == "ran" and report.steps[0].paths >= 3  # y.py, the folder, its two files
+    assert (root / "workspace/scripts/patch_ops.sh").is_file()
+    assert module_value(box, "vllm.y.A") == "5"
+    inplace.revert(root)
+    after = listing(root)
+    assert ([r for r in after if r not in before], [r for r in before if r not in after]) == ([], [])
+    assert not (root / "workspace").exists()

@@ -43,8 +43,8 @@ from .runner import LocalRunner
 Log = Callable[[str], None]
 
 VERIFY_STEP = "verify"
-#: imageforge's own process drops these when it runs the target's interpreter for itself? No: the caller's
-#: environment goes to the target interpreter, scripts and server as it is; these are recorded in the journal.
+#: The caller's environment goes to the target interpreter and the scripts as it is; these are recorded in the
+#: journal (what the steps were applied with).
 RECORDED_ENV = ("PYTHONPATH", "LD_LIBRARY_PATH")
 
 
@@ -435,15 +435,19 @@ class _Applier:
         for r in roots:
             guard_path(self.pkg, r, roots)
         snapshot = {str(p): journal.capture(p) for r in roots for p in walk(r)}
-        for r in roots:
+        for r in roots:  # a declared path not there yet, and the folders above it the script may make
             snapshot.setdefault(str(r), dict(ABSENT))
+            above = r.parent
+            while not os.path.lexists(above) and above != self.pkg.root:
+                snapshot.setdefault(str(above), dict(ABSENT))
+                above = above.parent
         snapshot_file = journal.directory / "snapshots" / f"{step.id}.json"
         snapshot_file.parent.mkdir(exist_ok=True)
         snapshot_file.write_text(json.dumps(snapshot))
-        for r in roots:  # the declared trees' directories: their mtimes come back with them
-            parent = str(r.parent)
-            if parent not in journal.data["dirs"] and parent not in journal.paths:
-                journal.data["dirs"][parent] = state_of(r.parent)
+        for key_ in [str(r) for r in roots] + [k for k, s in snapshot.items() if s["type"] == "absent"]:
+            folder = Path(key_).parent  # the declared trees' directories: their mtimes come back with them
+            if os.path.lexists(folder) and str(folder) not in journal.data["dirs"] and str(folder) not in journal.paths:
+                journal.data["dirs"][str(folder)] = state_of(folder)
         journal.begin(step.id, key, snapshot=str(snapshot_file), roots=[str(r) for r in roots])
         journal.save()
         bindir = Path(self.pkg.python).parent
@@ -501,8 +505,12 @@ class _Applier:
         journal.begin(VERIFY_STEP, key)
         jobs: list[list[Any]] = []
         tag = self.pkg.cache_tag
-        for image in files:
-            src = self.pkg.host(image)
+        # the steps' .py files, and every .py a script step changed (patch_ops.sh's `cp` keeps the size: a stale
+        # timestamp .pyc would win over it just as over a same-size patch)
+        sources = dict.fromkeys([self.pkg.host(image) for image in files] + [
+            Path(k) for k in sorted(journal.paths) if k.endswith(".py") and journal.expected(k)["type"] == "file"
+            and "__pycache__" not in k])
+        for src in sources:
             if not src.is_file():
                 raise BuildError(f"changed file {src} is missing after the steps")
             cache = src.parent / "__pycache__"
@@ -529,7 +537,7 @@ class _Applier:
         for key_ in journal.touched_by(VERIFY_STEP):
             journal.paths[key_]["stack"][-1]["state"] = state_of(Path(key_))
         journal.complete(VERIFY_STEP, key, f"{len(jobs)} hash-checked .pyc")
-        return StepResult(VERIFY_STEP, "verify", "applied", f"{len(files)} .py -> {len(jobs)} hash-checked .pyc",
+        return StepResult(VERIFY_STEP, "verify", "applied", f"{len(sources)} .py -> {len(jobs)} hash-checked .pyc",
                           len(jobs), time.monotonic() - t0)
 
 
