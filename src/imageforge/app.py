@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .run import Server
     from .smoke import SmokeReport
     from .submission import SubmissionResult
+    from .wheelhouse import Wheelhouse
 
 Log = Callable[[str], None]
 
@@ -53,10 +54,23 @@ def load(s: Settings) -> Manifest:
     return load_manifest(s.manifest)
 
 
+def _validated(s: Settings, manifest: Manifest) -> None:
+    """What `validate` refuses, every command that resolves a target refuses (exit 2, validate's message),
+    whichever profile it selects: every profile of every target resolves, and the serving args of every
+    target and profile pass the cached flag tables. Pure and cheap (no YAML parse: the loaded document;
+    ~3 ms)."""
+    from .flagcheck import check_validate
+    from .resolve import validate_all
+
+    validate_all(manifest)
+    check_validate(manifest, s.environ)
+
+
 def _resolve(s: Settings, manifest: Manifest, target: str | None, profile: str | None,
              sets: Sequence[str] = ()) -> Resolved:
     from .resolve import resolve
 
+    _validated(s, manifest)
     return resolve(manifest, target, profile, environ=s.environ, sets=sets)
 
 
@@ -117,6 +131,7 @@ def check_patches(s: Settings, target: str | None, profile: str | None, *, diff:
     from .flagcheck import check_target
 
     manifest = load(s)
+    _validated(s, manifest)
     report = check(manifest, target, profile, environ=s.environ, diff=diff)
     show(report)
     fail_if_broken(report)
@@ -129,7 +144,9 @@ def patch_from(s: Settings, target: str | None, file: str, edited: str, *, again
     """`patch-from`: the anchored patch steps that turn an image file into EDITED."""
     from .checkpatches import patch_from as derive
 
-    return derive(load(s), target, file, edited, environ=s.environ, against_base=against_base, id_prefix=id_prefix)
+    manifest = load(s)
+    _validated(s, manifest)
+    return derive(manifest, target, file, edited, environ=s.environ, against_base=against_base, id_prefix=id_prefix)
 
 
 def lock(s: Settings, target: str | None) -> tuple[Path, dict[str, Any]]:
@@ -176,7 +193,7 @@ def stop(target: str | None, *, every: bool) -> list[str]:
 
 def smoke(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, url: str | None,
           suite: str | None, tags: str | None, base: bool, port: int | None, wait: float,
-          echo: Log = print) -> SmokeReport:
+          echo: Log = print, show: Callable[[SmokeReport], None] | None = None) -> SmokeReport:
     """`smoke`: the suite against --url, or build + start + check + remove TARGET:PROFILE (exit 4 on a failure)."""
     from .errors import ConfigError
     from .smoke import DEFAULT_TAGS, parse_tags, smoke_target, smoke_url, suite_for, target_vars, verdict
@@ -196,6 +213,8 @@ def smoke(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         resolved = _resolve(s, load(s), target, profile, sets)
         report = smoke_target(resolved, environ=s.environ, suite_path=Path(suite) if suite else None, tags=tag_list,
                               echo=echo, base=base, port=port, host_address=s.host_address)
+    if show is not None:  # the result, shown before the verdict (exit 4) too
+        show(report)
     verdict(report)
     return report
 
@@ -218,15 +237,14 @@ def demo(s: Settings, *, target: str = "cpu", echo: Log = print) -> SmokeReport:
     return report
 
 
-def _workload(workload: Workload | Sequence[Any]) -> Workload:
-    """A checked Workload: given, or made from the tasks' workload options (in workload_from_cli's order)."""
-    from .bench import Workload, workload_from_cli
-
-    return workload.validate() if isinstance(workload, Workload) else workload_from_cli(*workload)
+def _workload(workload: Workload) -> Workload:
+    """The workload, checked (exit 2 naming every bad value)."""
+    return workload.validate()
 
 
 def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, url: str | None,
-          port: int | None, workload: Workload | Sequence[Any], echo: Log = print, replay: Any = None) -> Any:
+          port: int | None, workload: Workload, echo: Log = print, replay: Any = None,
+          show: Callable[[Any], None] | None = None) -> Any:
     """`bench`: load-test --url, or build + serve + bench + remove TARGET:PROFILE (exit 4 on a failure).
 
     ``replay`` (a :class:`imageforge.bench.replay.ReplayOptions`): the evaluator's one-at-a-time replay instead of
@@ -260,12 +278,14 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
                                                host_address=s.host_address), replay, echo)
         result = bench_target(resolved, w, environ=s.environ, echo=echo, port=port, host_address=s.host_address)
     print_bench(result, echo)
+    if show is not None:
+        show(result)
     verdict(result)
     return result
 
 
 def sweep(s: Settings, target: str | None, profile: str | None, params: Sequence[str], sets: Sequence[str], *,
-          workload: Workload | Sequence[Any], requests_given: bool, concurrency_given: bool,
+          workload: Workload, requests_given: bool, concurrency_given: bool,
           echo: Log = print, interleave: bool = True) -> SweepResult:
     """`sweep`: one build + serve + bench per combination of --param values; exit 4 when no point gave a result."""
     from .bench import parse_params, report_sweep, sweep_workload
@@ -274,7 +294,9 @@ def sweep(s: Settings, target: str | None, profile: str | None, params: Sequence
     parsed = parse_params(params)
     w = sweep_workload(parsed, _workload(workload), requests_given=requests_given,
                        concurrency_given=concurrency_given)
-    result = run_sweep(load(s), target, profile, parsed, w, sets=sets, environ=s.environ, echo=echo,
+    manifest = load(s)
+    _validated(s, manifest)
+    result = run_sweep(manifest, target, profile, parsed, w, sets=sets, environ=s.environ, echo=echo,
                        host_address=s.host_address, interleave=interleave)
     return report_sweep(result, echo)
 
@@ -284,7 +306,7 @@ def sweep(s: Settings, target: str | None, profile: str | None, params: Sequence
 
 def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, against: str = "base",
           dtype: str = "", top_k: int = 0, greedy_tokens: int = 0, prompts: int = 0,
-          echo: Log = print) -> EquivRun:
+          echo: Log = print, show: Callable[[EquivRun], None] | None = None) -> EquivRun:
     """`equiv`: TARGET:PROFILE against --against (base, a profile or an image), teacher-forced; exit 4 when exceeded."""
     from .equiv import raise_if_failed
     from .equiv.run import equiv_target, settings_from_cli
@@ -293,13 +315,15 @@ def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
     chosen = settings_from_cli(resolved.target.equiv, top_k=top_k, greedy_tokens=greedy_tokens, prompts=prompts)
     result = equiv_target(resolved, against=against or "base", dtype=dtype or None, settings=chosen, sets=sets,
                           environ=s.environ, echo=echo, host_address=s.host_address)
+    if show is not None:
+        show(result)
     raise_if_failed(result.verdict)
     return result
 
 
 def bisect(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *,
            check: Sequence[str] = (), suite: str = "", tags: str = "", repeat: int = 1, flaky: str = "fail",
-           echo: Log = print) -> BisectRun:
+           echo: Log = print, show: Callable[[BisectRun], None] | None = None) -> BisectRun:
     """`bisect`: the first step whose image fails the selected checks; exit 4 when one did (or the base fails)."""
     from .errors import ConfigError
     from .forensics import raise_for
@@ -314,13 +338,15 @@ def bisect(s: Settings, target: str | None, profile: str | None, sets: Sequence[
     run = bisect_target(resolved, checks=list(check), suite_path=suite or None, tags=parse_tags(tags),
                         repeat=repeat, flaky="unknown" if flaky == "unknown" else "fail", environ=s.environ,
                         echo=echo, host_address=s.host_address)
+    if show is not None:
+        show(run)
     step = run.culprit
     raise_for(run.result, None if step is None else f"{step.id} ({step.location})")
     return run
 
 
 def ablate(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *,
-           workload: Workload | Sequence[Any], steps: str = "", repeat: int = 3, out: str = "", equiv: bool = True,
+           workload: Workload, steps: str = "", repeat: int = 3, out: str = "", equiv: bool = True,
            echo: Log = print) -> AblationRun:
     """`ablate`: each chosen step's variant without it, benched ABAB against the full image, equiv each."""
     from .forensics.run import ablate_target
@@ -357,3 +383,16 @@ def check_submission(s: Settings, target: str | None, profile: str | None, sets:
 
     resolved = _resolve(s, load(s), target, profile, sets)
     return check(resolved, Path(out), environ=s.environ, log=log)
+
+
+# --------------------------------------------------------------------------- the card's box (issue 21)
+
+
+def wheels(python: str, out: str, *, log: Log | None = None) -> Wheelhouse:
+    """`wheels`: an offline wheelhouse (imageforge + runtime dependencies) for CPython ``python`` on x86_64.
+
+    No manifest and no daemon: the wheel is built from the checkout this package was imported from.
+    """
+    from .wheelhouse import make_wheelhouse
+
+    return make_wheelhouse(Path(out), python=python, log=log)

@@ -211,6 +211,7 @@ class Builder:
                 if definition.runs_process:
                     container.start()
                 ctx = ApplyContext(site=self.info.site, environ=self.environ, container=container, image=parent,
+                                   python_version=self.info.python_version,
                                    echo=(lambda line: self.log(f"    | {line}")) if self.verbose else None)
                 try:
                     changes = definition.apply(step, BuildFS(self, container, step), ctx)

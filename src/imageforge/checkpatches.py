@@ -31,13 +31,15 @@ from .errors import BuildError, ConfigError, Location
 from .manifest import Manifest, Step, Target, resolve_image_path
 from .patchfrom import apply_steps, derive_patch_steps, render_steps_yaml
 from .patching import NearMatch
+from .pycheck import check_python
 from .resolve import resolve
 from .scripts import IDLE_LOOP
 from .steps import ApplyContext, Changes, ContainerFS, DictFS, Entry, FileMeta, ImageFS, StepProblem, kind
 from .steps.core import RowStatus, text_of
 
 __all__ = ["AFTER_FAILED_SCRIPT", "OK_STATUSES", "CheckReport", "CheckRow", "ContainerFS", "DictFS", "Entry",
-           "ImageFS", "Overlay", "ScriptOutcome", "ScriptSandbox", "check_patches", "check_steps", "patch_from"]
+           "FinalState", "ImageFS", "Overlay", "ScriptOutcome", "ScriptSandbox", "check_patches", "check_steps",
+           "final_state", "patch_from"]
 
 Log = Callable[[str], None]
 
@@ -157,10 +159,11 @@ def _step_path(step: Step, site: str) -> str:
     return kind(step.kind).row_path(step, site)
 
 
-def check_file_step(step: Step, state: Overlay, site: str, *, with_diff: bool) -> CheckRow:
+def check_file_step(step: Step, state: Overlay, site: str, *, with_diff: bool, python_version: str = "") -> CheckRow:
     """A file kind's ``apply`` (the build's code) on the overlay; its Changes recorded there, its result the row."""
     try:
-        changes = kind(step.kind).apply(step, state, ApplyContext(site=site, checking=True, with_diff=with_diff))
+        changes = kind(step.kind).apply(step, state, ApplyContext(site=site, checking=True, with_diff=with_diff,
+                                                                  python_version=python_version))
     except StepProblem as problem:
         return _row(step, problem.path, problem.status, problem.detail, blame=problem.blame, near=problem.near)
     state.record(changes)
@@ -186,14 +189,16 @@ def check_script(step: Step, state: Overlay, run_script: ScriptRunner | None) ->
 
 
 def check_step(step: Step, state: Overlay, site: str, *, with_diff: bool,
-               run_script: ScriptRunner | None = None) -> CheckRow:
+               run_script: ScriptRunner | None = None, python_version: str = "") -> CheckRow:
     if kind(step.kind).runs_process:
         return check_script(step, state, run_script)
-    return check_file_step(step, state, site, with_diff=with_diff)
+    return check_file_step(step, state, site, with_diff=with_diff, python_version=python_version)
 
 
 def check_steps(shared: Sequence[Step], profiles: Mapping[str, Sequence[Step]], fs: ImageFS, site: str, *,
-                with_diff: bool = False, run_script: ScriptRunner | None = None) -> tuple[list[CheckRow], Overlay]:
+                with_diff: bool = False, run_script: ScriptRunner | None = None,
+                python_version: str = "", finals: dict[str, Overlay] | None = None,
+                ) -> tuple[list[CheckRow], Overlay]:
     """Rows for the shared steps, then for each profile's steps (on a copy of the shared result).
 
     A profile step inherited by several profiles is reported once.  Returns the rows and the
@@ -209,15 +214,17 @@ def check_steps(shared: Sequence[Step], profiles: Mapping[str, Sequence[Step]], 
         if failed:
             return CheckRow(step.id, step.kind, step.profile, _step_path(step, site), "not checked",
                             AFTER_FAILED_SCRIPT, location=step.location)
-        row = check_step(step, on, site, with_diff=with_diff, run_script=run_script)
+        row = check_step(step, on, site, with_diff=with_diff, run_script=run_script, python_version=python_version)
         failed = row.status == "script failed"
         return row
 
     rows = [one(step, state) for step in shared]
     shared_failed = failed
     seen: set[str] = {r.step for r in rows}
-    for _name, steps in profiles.items():
+    for name, steps in profiles.items():
         pstate = state.copy()
+        if finals is not None:
+            finals[name] = pstate
         failed = shared_failed
         for step in steps:
             row = one(step, pstate)
@@ -225,6 +232,78 @@ def check_steps(shared: Sequence[Step], profiles: Mapping[str, Sequence[Step]], 
                 rows.append(row)
                 seen.add(step.id)
     return rows, state
+
+
+@dataclass(frozen=True)
+class FinalState:
+    """What verify checks without importing, on the files as every step leaves them (one line per problem)."""
+
+    python: int = 0
+    overlays: int = 0
+    links: int = 0
+    problems: tuple[str, ...] = ()
+    skipped: str = ""  # why the final state was not checked
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def text(self) -> str:
+        if self.skipped:
+            return f"final state: not checked ({self.skipped})"
+        head = (f"final state: {self.python} changed .py file(s) compile, {self.overlays} overlay hash(es), "
+                f"{self.links} link(s)")
+        return head + (": ok" if self.ok else ": " + str(len(self.problems)) + " problem(s)") + "".join(
+            f"\n  ! {p}" for p in self.problems)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"python": self.python, "overlays": self.overlays, "links": self.links,
+                "problems": list(self.problems), "skipped": self.skipped, "ok": self.ok}
+
+
+def final_state(steps: Sequence[Step], state: Overlay, site: str, *, environ: Mapping[str, str],
+                python_version: str, script_changed: Sequence[str] = ()) -> FinalState:
+    """Every changed ``.py`` (the steps' and what a script step changed) compiles as the base's Python, every
+    overlay's file still has its source's sha256, every link a step made is there (verify's checks, no import)."""
+    import hashlib
+
+    python: dict[str, None] = {}
+    overlays: dict[str, str] = {}
+    links: list[str] = []
+    for step in steps:
+        definition = kind(step.kind)
+        facts = definition.facts(step, definition.inputs(step, environ), site)
+        python.update(dict.fromkeys(facts.python_files))
+        overlays.update(facts.overlays)
+        links.extend(facts.links)
+    python.update(dict.fromkeys(p for p in script_changed if p.endswith(".py")))
+    problems: list[str] = []
+    for path in python:
+        try:
+            data = state.read(path)
+        except BuildError as exc:
+            problems.append(f"{path}: cannot read it ({exc.message})")
+            continue
+        if data is None:
+            continue  # removed by a later step: nothing to compile (verify lists it as missing only for its own)
+        text = _text(data)
+        if text is None:
+            problems.append(f"{path}: not UTF-8 text")
+            continue
+        problem = check_python(text, path, python_version=python_version, lines=())
+        if problem is not None:
+            problems.append(problem.text().replace("\n", "\n    "))
+    for path, digest in overlays.items():
+        data = state.read(path)
+        if data is None:
+            problems.append(f"{path}: the overlaid file is gone")
+        elif hashlib.sha256(data).hexdigest() != digest:
+            problems.append(f"{path}: sha256 differs from the overlay's source (a later step changed it)")
+    for link in links:
+        entry = state.stat(link)
+        if entry is None or entry.kind != "link":
+            problems.append(f"{link}: the link a step made is not there")
+    return FinalState(len(python), len(overlays), len(links), tuple(problems))
 
 
 @dataclass(frozen=True)
@@ -237,6 +316,7 @@ class CheckReport:
     version_problem: str | None
     rows: tuple[CheckRow, ...]
     with_diff: bool
+    final: FinalState = field(default_factory=FinalState)
 
     @property
     def failed(self) -> tuple[CheckRow, ...]:
@@ -244,12 +324,13 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
-        return not self.failed and self.version_problem is None
+        return not self.failed and self.version_problem is None and self.final.ok
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "base": {"reference": self.base_ref, "image_id": self.base_id},
                 "site": self.site, "package_version": self.package_version,
-                "version_problem": self.version_problem, "ok": self.ok, "rows": [r.to_json() for r in self.rows]}
+                "version_problem": self.version_problem, "ok": self.ok, "rows": [r.to_json() for r in self.rows],
+                "final": self.final.to_json()}
 
     def text(self) -> str:
         out = [f"check-patches {self.target}: base {self.base_ref} ({self.base_id.split(':')[-1][:12]}), "
@@ -280,8 +361,14 @@ class CheckReport:
                     out.append(row.diff.rstrip("\n"))
         failed = len(self.failed)
         out.append("")
-        out.append(f"{len(self.rows) - failed} of {len(self.rows)} step(s) ok" + (f", {failed} would fail" if failed
-                                                                                 else ""))
+        out.append(self.final.text())
+        if failed:
+            out.append(f"{len(self.rows) - failed} of {len(self.rows)} step(s) ok, {failed} would fail")
+        elif not self.final.ok:
+            out.append(f"{len(self.rows)} of {len(self.rows)} step(s) apply, but the final state has "
+                       f"{len(self.final.problems)} problem(s) (above)")
+        else:
+            out.append(f"{len(self.rows)} of {len(self.rows)} step(s) ok")
         return "\n".join(out)
 
 
@@ -304,6 +391,7 @@ class ScriptSandbox:
         self.labels = {**labels, lb.L_KIND: "check-patches-script"}
         self.images: list[str] = []
         self.scope = dc.Containers(self.labels)
+        self.changed: dict[str, None] = {}  # files a script added or changed (docker diff), in order
 
     def __call__(self, step: Step, state: Overlay) -> ScriptOutcome:
         import docker.errors
@@ -321,6 +409,9 @@ class ScriptSandbox:
                 return ScriptOutcome(problem.script_exit_code, None, problem.detail, tuple(problem.log_tail))
             with contextlib.suppress(docker.errors.APIError):
                 container.kill()
+            for change in container.diff() or ():
+                if int(change.get("Kind", -1)) in (0, 1):  # modified, added (2: deleted)
+                    self.changed[str(change["Path"])] = None
             image = container.commit(message=f"imageforge check-patches {step.id}", conf={"Labels": self.labels})
             self.images.append(str(image.id))
             self.image = str(image.id)
@@ -382,6 +473,7 @@ class _Session:
     site: str
     version: str
     version_problem: str | None
+    python_version: str
     fs: ImageFS
     shared: tuple[Step, ...]
     profiles: Mapping[str, tuple[Step, ...]]
@@ -409,7 +501,8 @@ def image_session(manifest: Manifest, target_name: str | None, profile: str | No
                            f"{target.package.version} (targets.{target.name}.package.version)")
             container = scope.create(base_id, entrypoint=["/bin/true"], command=[])
             profiles = {r.profile_name: r.profile_steps for r in resolved_all if r.profile_steps}
-            yield _Session(target, base_ref, base_id, info.site, info.version, problem, ContainerFS(container),
+            yield _Session(target, base_ref, base_id, info.site, info.version, problem, info.python_version,
+                           ContainerFS(container),
                            resolved.shared_steps, profiles)
 
 
@@ -422,9 +515,25 @@ def check_patches(manifest: Manifest, target: str | None, profile: str | None, *
     """`invoke check-patches`: the report (the caller prints it, then fails when it is not ok)."""
     with image_session(manifest, target, profile, environ=environ, log=log) as s, \
             daemon_errors("reading files of the base image"), script_sandbox(s.base_id, s.target, environ) as sandbox:
-        rows, _ = check_steps(s.shared, s.profiles, s.fs, s.site, with_diff=diff, run_script=sandbox)
+        finals: dict[str, Overlay] = {}
+        rows, state = check_steps(s.shared, s.profiles, s.fs, s.site, with_diff=diff, run_script=sandbox,
+                                  python_version=s.python_version, finals=finals)
+        if any(not r.ok for r in rows):
+            final = FinalState(skipped="a step does not apply")
+        else:
+            site_prefix = s.site.rstrip("/") + "/"
+            changed = [p for p in sandbox.changed if p.startswith(site_prefix)]  # the package's own files
+            final = final_state(s.shared, state, s.site, environ=environ, python_version=s.python_version,
+                                script_changed=changed)
+            for name, pstate in finals.items():
+                more = final_state([*s.shared, *s.profiles[name]], pstate, s.site, environ=environ,
+                                   python_version=s.python_version, script_changed=changed)
+                final = FinalState(max(final.python, more.python), max(final.overlays, more.overlays),
+                                   max(final.links, more.links),
+                                   final.problems + tuple(f"({name}) {p}" for p in more.problems
+                                                          if p not in final.problems))
         return CheckReport(s.target.name, s.base_ref, s.base_id, s.site, s.version, s.version_problem,
-                           tuple(rows), diff)
+                           tuple(rows), diff, final)
 
 
 def fail_if_broken(report: CheckReport) -> None:
@@ -434,8 +543,14 @@ def fail_if_broken(report: CheckReport) -> None:
     parts = [f"{r.step}: {r.status}" for r in bad]
     if report.version_problem:
         parts.append(report.version_problem)
-    raise BuildError(f"{len(bad)} step(s) would fail on the base image of target {report.target!r}"
-                     if bad else "the package version differs from the manifest",
+    parts.extend(p.split("\n", 1)[0] for p in report.final.problems)
+    if bad:
+        message = f"{len(bad)} step(s) would fail on the base image of target {report.target!r}"
+    elif not report.final.ok:
+        message = f"the final state of target {report.target!r} fails what verify checks"
+    else:
+        message = "the package version differs from the manifest"
+    raise BuildError(message,
                      found="; ".join(parts),
                      hint="`invoke check-patches --diff` shows each change; `invoke patch-from` writes new anchors")
 

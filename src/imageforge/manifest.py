@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from . import settings
 from .errors import ConfigError, ErrorCollector, Location
+from .patching import reapplies
 from .tolerances import EquivSettings, equiv_settings
 from .yamldoc import YamlDocument, did_you_mean, load_yaml_c, validate_schema
 
@@ -401,6 +402,15 @@ class _Builder:
                     "patch does not change anything",
                     expected="'new' different from 'old'",
                     found="identical text",
+                )
+            elif reapplies(raw["old"], raw["new"]):
+                self.problem(
+                    (*kp, "new"),
+                    "patch would apply again: 'new' still contains 'old' where the matching rule finds it",
+                    expected="'new' without a copy of 'old' at a line start (a re-run must say 'already applied')",
+                    found=f"{reapplies(raw['old'], raw['new'])} copy(ies) of 'old' in 'new'",
+                    hint="change the kept line of 'new' (e.g. end it with a `# imageforge: ...` comment) or make "
+                         "'old' include a line that 'new' changes; `invoke patch-from` writes such steps",
                 )
         elif kind == "symlink":
             for key in ("link", "glob", "into"):

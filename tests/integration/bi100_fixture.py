@@ -22,6 +22,8 @@ from typing import Any
 
 import docker
 
+from tests.integration import helpers
+
 REPO = Path(__file__).resolve().parents[2]
 VENDOR_ROOT = REPO / "tests" / "fixtures" / "bi100-vendor"
 BASELINE = REPO / "tests" / "fixtures" / "bi100-baseline" / "qwen3_6_scripts"
@@ -50,10 +52,8 @@ def site_file(rel: str) -> str:
 
 
 def os_image(c: docker.DockerClient) -> Any:
-    images = c.images.list(filters={"label": "org.imageforge.kind=os-base"})
-    if not images:
-        raise RuntimeError("no imageforge OS image on the daemon: run `invoke base --target cpu`")
-    return sorted(images, key=lambda i: i.attrs["Created"])[-1]
+    """The cpu recipe's OS image by its computed tag (an image built FROM it inherits its kind label)."""
+    return helpers.os_image(c)
 
 
 def _tar(files: Mapping[str, bytes]) -> bytes:

@@ -8,7 +8,9 @@
   steps reuse the cached layers of the real target.
 * ``invoke_cli`` -- runs ``invoke`` in a subprocess and returns (exit code, output).
 
-Other test modules may add fixtures here.
+Other test modules may add fixtures here (each listed above). Helpers that are not fixtures (free port, the cpu
+base's references, the OS image by its computed tag, run in a directory, invoke) are in ``helpers.py``; the
+session-wide "N vLLM starts" count is ``tests/conftest.py``'s.
 """
 
 from __future__ import annotations

@@ -37,6 +37,8 @@ from typing import Any
 
 import docker
 
+from tests.integration import helpers
+
 REPO = Path(__file__).resolve().parents[2]
 INVOKE = REPO / ".venv" / "bin" / "invoke"
 TEST_LABEL = "org.imageforge.test"
@@ -90,11 +92,8 @@ def _tar(files: dict[str, bytes]) -> bytes:
 
 
 def _os_image(c: docker.DockerClient) -> Any:
-    for kind in ("os-base", "vllm-base"):
-        images = c.images.list(filters={"label": f"org.imageforge.kind={kind}"})
-        if images:
-            return sorted(images, key=lambda i: i.attrs["Size"])[0]
-    raise RuntimeError("no imageforge OS or vLLM base image on the daemon: run `invoke base --target cpu`")
+    """The cpu recipe's OS image (or its vLLM base) by computed tag, never by an inheritable label."""
+    return helpers.os_image(c, or_vllm_base=True)
 
 
 def tiny_base(c: docker.DockerClient | None = None, *, unique: bool = False) -> str:
@@ -268,10 +267,7 @@ def remove_images(c: docker.DockerClient, refs: Sequence[str]) -> None:
             c.images.remove(ref, force=True, noprune=False)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+free_port = helpers.free_port
 
 
 # --------------------------------------------------------------------------- socket proxy

@@ -12,6 +12,7 @@ import json
 import os
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import docker
@@ -32,6 +33,7 @@ from tests.integration.forge_fixtures import (
 )
 
 pytestmark = pytest.mark.integration
+EXPORT_REPO = "imageforge-test/cpu-export"
 
 
 def tar_manifest(path: Path) -> list[dict[str, object]]:
@@ -124,21 +126,24 @@ def test_push_to_a_local_registry(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_cpu_export_loads_on_a_clean_daemon_and_serves(tmp_path: Path) -> None:
-    """The deliverable: the cpu image's tarball, loaded by a daemon that never saw it, serves."""
+def test_cpu_export_loads_on_a_clean_daemon_and_serves(tmp_path: Path, cpu_variant: Callable[..., Path],
+                                                       remove_images: list[str]) -> None:
+    """The deliverable: the cpu image's tarball, loaded by a daemon that never saw it, serves.
+
+    The cpu target under its own image name (``EXPORT_REPO``; the layers are the real target's, cached): other
+    tests build cpu variants under ``imageforge/cpu:*`` and export refuses a tag the manifest does not describe,
+    so this test owns its tag instead of retrying."""
     from imageforge.base import base_image_status
 
     if not base_image_status(REPO / "images" / "cpu").vllm_present:
         pytest.skip("the cpu base image is not built (invoke base --target cpu)")
+    manifest = cpu_variant(EXPORT_REPO)
+    remove_images.append(EXPORT_REPO)
     out = tmp_path / "dist"
-    for _attempt in range(3):
-        # Other tests on the shared daemon build cpu variants (`--set`) under the same tag; export
-        # refuses a tag that is not what the manifest describes (exit 3), so build and export again.
-        invoke("build", "--target", "cpu", "--profile", "conservative", check=True, timeout=900)
-        proc = invoke("export", "--target", "cpu", "--profile", "conservative", "--out", str(out), "--json",
-                      timeout=900)
-        if proc.returncode != 3:
-            break
+    invoke("build", "--manifest", str(manifest), "--target", "cpu", "--profile", "conservative", check=True,
+           timeout=900)
+    proc = invoke("export", "--manifest", str(manifest), "--target", "cpu", "--profile", "conservative",
+                  "--out", str(out), "--json", timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     exported = json.loads(proc.stdout)
     tarball = Path(exported["tarball"])
@@ -147,12 +152,12 @@ def test_cpu_export_loads_on_a_clean_daemon_and_serves(tmp_path: Path) -> None:
 
     d2 = second_daemon()
     c2 = docker.DockerClient(base_url=d2.host, timeout=900)
-    assert c2.images.list(filters={"reference": "imageforge/cpu"}) == [], "the second daemon never saw it"
+    assert c2.images.list(filters={"reference": EXPORT_REPO}) == [], "the second daemon never saw it"
     t0 = time.monotonic()
     with open(tarball, "rb") as fh:
         c2.images.load(fh)
     load_s = time.monotonic() - t0
-    image = c2.images.get("imageforge/cpu:conservative")
+    image = c2.images.get(f"{EXPORT_REPO}:conservative")
     assert image.id == exported["image_id"]
     assert set(image.tags) == set(exported["tags"])
     tarball.unlink()  # 2.5 GB: not needed any more
@@ -161,7 +166,7 @@ def test_cpu_export_loads_on_a_clean_daemon_and_serves(tmp_path: Path) -> None:
     assert model.is_dir(), "the tiny model is written by `invoke build --target cpu`"
     port = free_port()
     container = c2.containers.run(
-        "imageforge/cpu:conservative", detach=True, shm_size="1g",
+        f"{EXPORT_REPO}:conservative", detach=True, shm_size="1g",
         ports={"8000/tcp": ("127.0.0.1", port)},
         volumes={str(model): {"bind": "/models/tiny-qwen3-moe", "mode": "ro"}},
         labels={"org.imageforge.test": "export-serve"})
@@ -184,7 +189,7 @@ def test_cpu_export_loads_on_a_clean_daemon_and_serves(tmp_path: Path) -> None:
     finally:
         container.remove(force=True)
         with contextlib.suppress(docker.errors.APIError):
-            c2.images.remove("imageforge/cpu:conservative", force=True)
+            c2.images.remove(f"{EXPORT_REPO}:conservative", force=True)
     assert labelled_containers(c2) == []
 
 

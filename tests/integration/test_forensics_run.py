@@ -48,11 +48,27 @@ def _prompts(resolved: Any, n: int, greedy: int) -> Any:
     return dataclasses.replace(s, prompts=s.prompts[:n], greedy_tokens=greedy)
 
 
+# the prompts of the former test_cpu_moe_served (plain text, a question, a tool call's JSON, a list of steps)
+MOE_PROMPTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "What is the weather like in Paris today? Let me check the weather for you.",
+    '{"name": "get_weather", "arguments": {"location": "Paris", "unit": "celsius"}}',
+    "First, we read the input. Second, we compute the value. Finally, we return the output.",
+)
+
+
 def test_equiv_the_shipped_cpu_image_matches_its_base(cpu_resolved: Any) -> None:
-    """The shipped steps are retunes (BLOCK/NUM_WARPS) and modules: nothing flagged, in float32 on both sides."""
+    """The shipped steps are retunes (BLOCK/NUM_WARPS) and modules (the MoE through sorted_moe): nothing flagged,
+    in float32 on both sides, teacher-forced. The one home of that claim (test_cpu_moe_served served the same two
+    images a second time for it; its assertions are here)."""
+    import dataclasses
+
     from imageforge.equiv.run import equiv_target
 
-    result = equiv_target(cpu_resolved, settings=_prompts(cpu_resolved, 3, 4), echo=print)
+    settings = _prompts(cpu_resolved, 3, 4)
+    settings = dataclasses.replace(settings, prompts=(*settings.prompts, *MOE_PROMPTS))
+    assert "load-format" not in cpu_resolved.serving_args()  # the tiny model's real seeded weights
+    result = equiv_target(cpu_resolved, settings=settings, echo=print)
     assert result.verdict.dtype == "float32"
     assert result.verdict.passed, result.text()
     assert {c.name for c in result.verdict.checks} == {"max_abs", "mean_abs", "p95_abs", "top1"}
@@ -63,6 +79,20 @@ def test_equiv_the_shipped_cpu_image_matches_its_base(cpu_resolved: Any) -> None
     assert saved["passed"] is True and saved["dtype"] == "float32"
     assert (result.run_dir / "evidence-reference.json").is_file()
     assert "equiv PASSED" in (result.run_dir / "equiv.txt").read_text()
+    # the weights make the logprobs mean something (dummy weights would give flat logits: nothing to compare)
+    reference = [pos for prompt in result.reference.prompts for pos in prompt.positions]
+    candidate = [pos for prompt in result.candidate.prompts for pos in prompt.positions]
+    assert len(reference) == len(candidate) > 0
+    gaps = sorted(pos.best_logprob() - pos.smallest_logprob() for pos in reference)
+    assert min(pos.best_logprob() for pos in reference) > -6.0, "near -ln(vocab): flat logits (dummy weights?)"
+    assert gaps[len(gaps) // 2] > 1.0, "top-1 and top-5 within a nat: nothing to compare"
+    # every reference top-5 token is scored by the candidate, and the top-1 agrees at every position
+    for ref, cand in zip(reference, candidate, strict=True):
+        ref_top = [token for token, _ in ref.top(5)]
+        assert set(ref_top) <= set(cand.entries), f"reference top-5 {ref_top} missing from the candidate's"
+        assert cand.top(1)[0][0] == ref_top[0]
+    overall = result.verdict.comparison.overall
+    assert overall.top1_agree == overall.positions
 
 
 def test_equiv_catches_a_scaled_softmax_with_exit_4(cpu_variant: Callable[..., Path],

@@ -19,16 +19,11 @@ import httpx
 import pytest
 
 from imageforge.labels import L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL
+from tests.integration.helpers import free_port
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 INVOKE = REPO / ".venv" / "bin" / "invoke"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import textwrap
 import threading
 import time
@@ -25,6 +24,7 @@ import pytest
 
 from imageforge.labels import L_RUN
 from imageforge.smoke import ServerHooks, load_suite, run_suite, target_vars
+from tests.integration.helpers import free_port
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -36,12 +36,6 @@ def summary(output: str) -> tuple[int, int, int]:
     assert found, "no closing line `N passed, N failed` in the output"
     passed, failed, skipped = found[-1]
     return int(passed), int(failed), int(skipped or 0)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def hooks_for(server: Any) -> ServerHooks:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from imageforge.manifest import load_manifest
 from imageforge.patchfrom import apply_steps
+from imageforge.patching import apply_patch
 
 REPO = Path(__file__).resolve().parents[2]
 BASELINE = REPO / "tests" / "fixtures" / "bi100-baseline" / "qwen3_6_scripts"
@@ -92,16 +93,42 @@ def moe_inputs(tokens: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     return x, w13, w2, weights / weights.sum(-1, keepdim=True), ids
 
 
+MOE_NAMES: dict[str, Any] = {**TYPING, "torch": torch, "F": F, "nn": torch.nn,
+                             "get_tensor_model_parallel_world_size": lambda: 1, "ReplicatedLinear": None,
+                             "tensor_model_parallel_all_reduce": None}
+
+
+def experts_of(source: str) -> Callable[..., torch.Tensor]:
+    """``_pure_pytorch_experts`` of the fixture's block, bound to an object holding ``experts.w13_weight/w2_weight``."""
+    block = compile_class(source, "Qwen3_5SparseMoeBlock", dict(MOE_NAMES))
+
+    def call(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+             ids: torch.Tensor) -> torch.Tensor:
+        owner = types.SimpleNamespace(experts=types.SimpleNamespace(w13_weight=w13, w2_weight=w2))
+        return typing.cast(torch.Tensor, block._pure_pytorch_experts(owner, x, weights, ids))
+
+    return call
+
+
+def test_sorted_moe_anchor_is_the_real_indentation() -> None:
+    """The baseline loop sits 12 spaces deep in the `else:`, after `out = torch.zeros_like(hidden_states)`."""
+    original, patched = texts("qwen3_5.py", "sorted-moe-call")
+    lines = original.splitlines()
+    at = lines.index("            unique_eids = topk_ids.view(-1).unique().tolist()")
+    assert lines[at - 1] == "            out = torch.zeros_like(hidden_states)"
+    assert lines[at - 2] == "        else:"
+    assert "        return out  # partial, all-reduce done in forward()" in lines
+    ast.parse(patched)  # the patched file compiles (it broke with the old 8-space anchor)
+    assert apply_patch(patched, patch_of("sorted-moe-call")["old"],
+                       patch_of("sorted-moe-call")["new"]).status == "already-applied"
+
+
 @pytest.mark.parametrize(("tokens", "dtype", "tol"), [(64, torch.float32, 1e-5), (300, torch.bfloat16, 2e-2)])
 def test_sorted_moe_call_site_replaces_the_expert_loop(in_image: Any, tokens: int, dtype: torch.dtype,
                                                         tol: float) -> None:
     original, patched = texts("qwen3_5.py", "sorted-moe-call")
     spy = in_image("vllm.model_executor.layers.fused_moe.sorted_moe", "sorted_moe", "fused_experts")
-    names = {**TYPING, "torch": torch, "F": F, "nn": torch.nn,
-             "get_tensor_model_parallel_world_size": lambda: 1, "ReplicatedLinear": None,
-             "tensor_model_parallel_all_reduce": None}
-    before = compile_class(original, "Qwen3_5SparseMoeBlock", dict(names)).experts_forward
-    after = compile_class(patched, "Qwen3_5SparseMoeBlock", dict(names)).experts_forward
+    before, after = experts_of(original), experts_of(patched)
     args = moe_inputs(tokens, dtype)
     want = before(*args)
     assert spy.calls == 0
@@ -114,11 +141,7 @@ def test_sorted_moe_call_site_replaces_the_expert_loop(in_image: Any, tokens: in
 def test_sorted_moe_call_site_leaves_decode_alone(in_image: Any) -> None:
     original, patched = texts("qwen3_5.py", "sorted-moe-call")
     spy = in_image("vllm.model_executor.layers.fused_moe.sorted_moe", "sorted_moe", "fused_experts")
-    names = {**TYPING, "torch": torch, "F": F, "nn": torch.nn,
-             "get_tensor_model_parallel_world_size": lambda: 1, "ReplicatedLinear": None,
-             "tensor_model_parallel_all_reduce": None}
-    before = compile_class(original, "Qwen3_5SparseMoeBlock", dict(names)).experts_forward
-    after = compile_class(patched, "Qwen3_5SparseMoeBlock", dict(names)).experts_forward
+    before, after = experts_of(original), experts_of(patched)
     args = moe_inputs(1, torch.float32)
     torch.testing.assert_close(after(*args), before(*args), rtol=0, atol=0)
     assert spy.calls == 0, "T == 1 keeps the baseline's gathered-weights path"

@@ -323,3 +323,43 @@ def test_ensure_model_reuses_and_rewrites(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert logs[-1].startswith("made tiny model")
     assert (dest / "config.json").read_bytes() == (d / "config.json").read_bytes()
     assert not list(tmp_path.glob(".explicit-*"))
+
+
+# ---------------------------------------------------------------------------- the recipe read once
+
+
+def test_the_recipe_is_read_once_and_passed_as_data(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    reads: list[Path] = []
+    real = base.recipe.load_recipe
+
+    def counting(recipe_dir: Path) -> base.Recipe:
+        reads.append(recipe_dir)
+        return real(recipe_dir)
+
+    monkeypatch.setattr(base.recipe, "load_recipe", counting)  # the one reader of base.yaml
+    monkeypatch.setenv("IMAGEFORGE_CACHE", str(tmp_path))
+    monkeypatch.setattr(de, "_ping", lambda timeout=5: "no daemon")
+    recipe = base.as_recipe(RECIPE)
+    assert len(reads) == 1
+    assert recipe.lock == tuple(base.parse_lock(recipe.lock_path.read_text())) and len(recipe.lock) > 100
+    refs = base.recipe_refs(recipe)
+    assert refs.os_key == base.os_key(recipe) and refs.vllm_key == base.vllm_key(recipe, recipe.lock)
+    assert refs.lock_digest == base.lock_digest(recipe.lock) and refs.ref.startswith("imageforge/vllm-cpu-base:")
+    # handed the loaded recipe, nothing reads base.yaml again; handed the directory, once per call
+    status = base.base_image_status(recipe)
+    assert base.default_model_dir(recipe) == status.model_dir and base.model_digest(recipe)
+    assert len(reads) == 1
+    assert base.base_image_status(RECIPE) == status and len(reads) == 2
+    dest = tmp_path / "model"
+    dest.mkdir()
+    (dest / ".imageforge-model").write_text(base.model_digest(recipe) + "\n")
+    logs: list[str] = []
+    assert base.ensure_model(RECIPE, dest, log=logs.append) == dest and logs == [f"reuse tiny model {dest}"]
+    assert len(reads) == 3  # ensure_model read base.yaml once (it used to read it 4 times)
+    assert base.as_recipe(recipe) is recipe
+
+
+def test_a_broken_lock_fails_when_the_recipe_is_loaded(recipe_copy: Path) -> None:
+    (recipe_copy / "requirements.lock").write_text("torch>=2\n")
+    with pytest.raises(ConfigError, match="not a pinned requirement"):
+        base.load_recipe(recipe_copy)

@@ -15,20 +15,15 @@ import httpx
 import pytest
 
 from imageforge.bench.replay import (
-    META_KEY,
     ReplayOptions,
-    ReplayRequest,
-    ReplaySpec,
-    generate,
-    load_jsonl,
     prepare_body,
     replay_bench,
     replay_options,
     replay_verdict,
     run_replay,
-    stats,
-    write_jsonl,
 )
+from imageforge.bench.replay_loading import load_jsonl
+from imageforge.bench.replay_workload import META_KEY, ReplayRequest, ReplaySpec, generate, stats, write_jsonl
 from imageforge.errors import ConfigError, SmokeError
 
 

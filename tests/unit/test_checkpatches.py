@@ -296,3 +296,54 @@ def test_derive_property(a: list[str], b: list[str], nl_a: bool, nl_b: bool) -> 
         current = apply_steps(current, [s])
     if steps:
         assert yaml.safe_load(render_steps_yaml(steps)) == steps
+
+
+# --------------------------------------------------------------------------- issue 22: the rule and the file checks
+
+
+def _step(ident: str, kind_name: str, spec: dict[str, object], index: int = 0) -> object:
+    from imageforge.errors import Location
+    from imageforge.manifest import Step
+
+    return Step(ident, kind_name, None, Location("build.yaml", 1 + index), f"steps[{index}]", None, spec)  # type: ignore[arg-type]
+
+
+MOE_PY = ("def f(x, T):\n    if T == 1:\n        out = x\n    else:\n        out = x * 0\n        uniq = x + 1\n"
+          "    return out\n")
+
+
+def test_deeper_line_and_broken_file_rows() -> None:
+    fs = DictFS(files={f"{SITE}/vllm/m.py": MOE_PY.encode()})
+    inside = _step("inside", "patch", {"file": "vllm/m.py", "old": "    uniq = x + 1\n", "new": "    uniq = 2\n"})
+    broken = _step("broken", "patch", {"file": "vllm/m.py", "old": "        out = x\n",
+                                       "new": "        out = x\n      y = 1\n"}, 1)
+    unbound = _step("unbound", "patch", {"file": "vllm/m.py", "old": "        out = x * 0\n",
+                                         "new": "        out = x * topk_weights\n"}, 2)
+    rows, state = check_steps([inside, broken, unbound], {}, fs, SITE, python_version="3.10.12")  # type: ignore[list-item]
+    by = {r.step: r for r in rows}
+    assert by["inside"].status == "inside line" and not by["inside"].ok
+    assert "found inside line 6 at column 5: the line is indented 8 spaces, the anchor 4 spaces" in by["inside"].detail
+    assert by["broken"].status == "breaks the file" and "line 4: IndentationError" in by["broken"].detail
+    assert by["unbound"].status == "breaks the file"
+    assert "NameError: name 'topk_weights' is not bound" in by["unbound"].detail
+    assert state.read(f"{SITE}/vllm/m.py") == MOE_PY.encode(), "a failing step records nothing"
+
+
+def test_final_state_checks_what_verify_checks(tmp_path: Path) -> None:
+    from imageforge.checkpatches import Overlay, final_state
+
+    source = tmp_path / "o.py"
+    source.write_text("X = 1\n")
+    ov = _step("ov", "overlay", {"source": str(source), "dest": "vllm/o.py"})
+    object.__setattr__(ov, "source_path", source)
+    fs = DictFS(files={f"{SITE}/vllm/o.py": b"X = 2\n", f"{SITE}/vllm/s.py": b"def f(:\n"})
+    state = Overlay(fs)
+    final = final_state([ov], state, SITE, environ={}, python_version="3.10.12",  # type: ignore[list-item]
+                        script_changed=[f"{SITE}/vllm/s.py", f"{SITE}/vllm/data.txt"])
+    assert (final.python, final.overlays) == (2, 1) and not final.ok
+    assert any("vllm/s.py, line 1: SyntaxError" in p for p in final.problems)
+    assert any("sha256 differs" in p for p in final.problems)
+    assert "2 changed .py file(s) compile, 1 overlay hash(es), 0 link(s): 2 problem(s)" in final.text()
+    good = final_state([ov], Overlay(DictFS(files={f"{SITE}/vllm/o.py": b"X = 1\n"})), SITE, environ={},  # type: ignore[list-item]
+                       python_version="3.10.12")
+    assert good.ok and good.text().endswith(": ok")

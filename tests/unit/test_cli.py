@@ -66,21 +66,3 @@ def test_unknown_profile_exit_2() -> None:
     proc = invoke("plan", "--target", "cpu", "--profile", "agressive", "--no-daemon")
     assert proc.returncode == 2
     assert "did you mean 'aggressive'?" in proc.stderr
-
-
-def test_every_task_has_letters_for_short_flags() -> None:
-    """invoke invents a short flag from an option's name; for `--output-tokens` it once picked "-" (`--=INT`)."""
-    import re
-
-    listing = invoke("--list")
-    assert listing.returncode == 0, listing.stderr
-    names = re.findall(r"^\s+([a-z][a-z-]+)\s", listing.stdout, flags=re.M)
-    assert {"build", "bench", "sweep", "smoke"} <= set(names)
-    for name in names:
-        text = invoke("--help", name).stdout
-        assert "--=" not in text, (name, text)
-        shorts = re.findall(r"^\s+-(\S)[ ,]", text, flags=re.M)
-        assert all(s.isalpha() for s in shorts), (name, shorts)
-        assert len(shorts) == len(set(shorts)), (name, shorts)
-    assert "-O INT, --output-tokens=INT" in invoke("--help", "bench").stdout
-    assert "-H STRING, --host-address=STRING" in invoke("--help", "sweep").stdout

@@ -305,3 +305,36 @@ def test_the_flags_key_follows_the_parser_not_the_layer_chain(tmp_path: Path) ->
     script = tmp_path / "overlays" / "cpu" / "scripts" / "ldconfig.sh"
     script.write_text(script.read_text() + "\n# changed\n")
     assert keys(text) != before  # a script may change anything
+
+
+def test_every_command_that_resolves_refuses_what_validate_refuses(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22: `many` in the target's args, the selected profile overriding the key: validate refused it,
+    plan and build accepted it. Every command resolving a target now says validate's message (exit 2)."""
+    from imageforge import app
+
+    manifest = write(tmp_path, "        max-num-seqs: many\n")
+    fill_cache(manifest, tmp_path / "cache")
+    want = validate(manifest, tmp_path / "cache")
+    assert want.returncode == 2 and "max-num-seqs takes an integer" in want.stdout + want.stderr
+    env = {**os.environ, "IMAGEFORGE_CACHE": str(tmp_path / "cache")}
+    env.pop("IMAGEFORGE_TRACEBACK", None)
+    plan = subprocess.run([str(INVOKE), "plan", "--manifest", str(manifest), "--target", "vendor", "--profile",
+                           "small", "--no-daemon"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 2, plan.stdout + plan.stderr
+    first = next(line for line in (want.stdout + want.stderr).splitlines() if "max-num-seqs" in line)
+    assert first in plan.stdout + plan.stderr
+    monkeypatch.setenv("IMAGEFORGE_CACHE", str(tmp_path / "cache"))
+    s = app.settings(manifest=str(manifest))
+    calls = {
+        "build": lambda: app.build(s, "vendor", "small", [], verbose=False, quiet=True),
+        "check-patches": lambda: app.check_patches(s, "vendor", "small", diff=False, show=print),
+        "export": lambda: app.export(s, "vendor", "small", out=str(tmp_path / "x.tar"), push=None, gzip_=False,
+                                     save=False, quiet=True),
+        "submission": lambda: app.submission(s, "vendor", "small", [], out=str(tmp_path / "tree")),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ConfigError) as caught:
+            call()
+        assert caught.value.exit_code == 2, name
+        assert "max-num-seqs takes an integer" in caught.value.render(), name

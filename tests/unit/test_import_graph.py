@@ -21,7 +21,8 @@ PACKAGE = "imageforge"
 STAGES: tuple[tuple[str, ...], ...] = (
     ("errors", "labels", "settings"),  # one error root, every label, the tool's own options
     # pure helpers; runs and locks; HTTP wire formats and the health wait; equiv tolerances
-    ("yamldoc", "patching", "patchfrom", "runs", "cli", "serving_client", "waits", "tolerances"),
+    ("yamldoc", "patching", "pycheck", "patchfrom", "runs", "cli", "serving_client", "waits", "tolerances", "starter",
+     "progress", "wheelhouse_join", "wheelhouse"),  # wheelhouse_join: the stdlib joiner shipped beside the parts
     ("docker_engine",),  # the daemon: engine setup, SDK client, the one error translator, container files
     ("manifest",),
     ("resolve",),
@@ -34,7 +35,8 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("smoke", "bench"),  # checks and load against a server (bench: the evaluator replay, its metrics, plots)
     ("equiv", "forensics"),  # teacher-forced comparison; bisect and ablate over the step chain
     ("export", "submission"),  # the deliverables: a saved image; the tree the platform builds
-    ("app",),  # the front door: tasks.py calls only this
+    ("app",),  # the front door: the commands call only this
+    ("commands",),  # the `imageforge` command: the invoke task collection (tasks.py re-exports it)
 )
 STAGE = {name: level for level, names in enumerate(STAGES) for name in names}
 
@@ -122,7 +124,8 @@ def test_function_local_and_type_checking_imports_count() -> None:
 
 
 def _copy(tmp_path: Path) -> Path:
-    shutil.copytree(SRC / PACKAGE, tmp_path / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
+    # symlinks=True: the starter's links to the repository's images/ stay links (not modules of the package)
+    shutil.copytree(SRC / PACKAGE, tmp_path / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"), symlinks=True)
     return tmp_path
 
 

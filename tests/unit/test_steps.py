@@ -91,25 +91,25 @@ def test_patch_facts() -> None:
 
 def test_overlay_returns_the_source_with_the_steps_mode_and_owner(tmp_path: Path) -> None:
     source = tmp_path / "o.py"
-    source.write_bytes(b"NEW\n")
+    source.write_bytes(b"NEW = 1\n")
     os.chmod(source, 0o755)
     s = step("overlay", {"source": "o.py", "dest": "vllm/o.py", "owner": "1:2"}, source)
     changes = kind("overlay").apply(s, DictFS(dirs={"/site/vllm"}), CTX)
-    assert changes.files == (FileChange("/site/vllm/o.py", b"NEW\n", 0o755, 1, 2, None),)
-    assert changes.summary == "added /site/vllm/o.py (4 bytes, mode 755)"
+    assert changes.files == (FileChange("/site/vllm/o.py", b"NEW = 1\n", 0o755, 1, 2, None),)
+    assert changes.summary == "added /site/vllm/o.py (8 bytes, mode 755)"
     assert changes.status == "applies" and changes.links == ()
     explicit = step("overlay", {"source": "o.py", "dest": "vllm/o.py", "mode": 0o600}, source)
-    same = DictFS(files={"/site/vllm/o.py": b"NEW\n"})
+    same = DictFS(files={"/site/vllm/o.py": b"NEW = 1\n"})
     checked = kind("overlay").apply(explicit, same, CHECK)
     # the same bytes: already applied for the report, but the file is still written (its mode may differ)
     assert checked.status == "already applied"
-    assert checked.files == (FileChange("/site/vllm/o.py", b"NEW\n", 0o600, 0, 0, None),)
-    assert checked.summary == "replaced /site/vllm/o.py (4 bytes, mode 600)"
+    assert checked.files == (FileChange("/site/vllm/o.py", b"NEW = 1\n", 0o600, 0, 0, None),)
+    assert checked.summary == "replaced /site/vllm/o.py (8 bytes, mode 600)"
 
 
 def test_overlay_problems_and_facts(tmp_path: Path) -> None:
     source = tmp_path / "o.py"
-    source.write_bytes(b"NEW\n")
+    source.write_bytes(b"NEW = 1\n")
     s = step("overlay", {"source": "o.py", "dest": "vllm/o.py"}, source)
     with pytest.raises(StepProblem) as isdir:
         kind("overlay").apply(s, DictFS(dirs={"/site/vllm/o.py"}), CTX)

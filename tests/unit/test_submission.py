@@ -20,8 +20,9 @@ import yaml
 
 from imageforge.errors import ConfigError
 from imageforge.manifest import load_manifest
-from imageforge.patching import apply_patch
+from imageforge.patching import apply_patch, describe
 from imageforge.plan import make_plan
+from imageforge.pycheck import check_python
 from imageforge.resolve import Resolved, resolve
 from imageforge.submission import RECORD, BaseFacts, check_submission, render_tree, run_yaml_doc, write_submission
 from imageforge.submission.applier import applier_source
@@ -195,7 +196,7 @@ def test_applier_embeds_imageforge_patching_verbatim() -> None:
     ("a\n    NUM = 8\n", "applies"), ("a\nNUM=8\nb\n", "anchor-missing"), ("NUM = 8\nNUM = 8\n", "ambiguous"),
 ])
 def test_applier_counts_anchors_as_imageforge_does(tmp_path: Path, text: str, status: str) -> None:
-    target = tmp_path / "site" / "pkg" / "f.py"
+    target = tmp_path / "site" / "pkg" / "f.txt"  # not .py: this is about counting (the .py check has its own test)
     target.parent.mkdir(parents=True)
     target.write_text(text)
     os.chmod(target, 0o640)
@@ -304,3 +305,32 @@ def test_git_commits_the_tree(cpu_tree: Path) -> None:
     assert sorted(listed) == sorted(tree_of(cpu_tree))
     assert git_commit(cpu_tree, cpu(), lambda _: None) == head, "nothing changed: no new commit"
     assert check_submission(cpu(), cpu_tree, environ={}, log=lambda _: None) > 0, ".git is not part of the tree"
+
+
+@pytest.mark.parametrize(("text", "old", "new", "status", "message"), [
+    ("def f():\n    if a:\n        pass\n    else:\n            x = 1\n", "        x = 1\n", "        y = 2\n",
+     "inside-line", "found inside line 5 at column 5: the line is indented 12 spaces, the anchor 8 spaces"),
+    ("def f():\r\n    x = 1\r\n", "    x = 1\n", "    y = 2\n", "crlf", "CRLF line ends"),
+    ("def f(a):\n    x = 1\n    return a\n", "    x = 1\n", "    x = b\n", "applies",
+     "line 2: NameError: name 'b' is not bound in its scope"),
+    ("def f(a):\n    x = 1\n    return a\n", "    x = 1\n", "    x = (1\n", "applies", "line "),
+])
+def test_applier_refuses_what_the_engine_refuses(tmp_path: Path, text: str, old: str, new: str, status: str,
+                                                 message: str) -> None:
+    """Inside a line, CRLF, an unbound name, a syntax error: the applier's exit 3 and the engine's own message."""
+    target = tmp_path / "site" / "pkg" / "f.py"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(text.encode())
+    expected = apply_patch(text, old, new)
+    assert expected.status == status
+    proc = run_applier(tmp_path, {"op": "patch", "step": "my-step", "path": str(target), "python_version": "3.10.12",
+                                  "site": str(tmp_path / "site"), "old": old, "new": new, "count": 1})
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.startswith("imageforge: step my-step failed: ") and message in proc.stderr
+    if status == "applies":  # it applies, but breaks the file: the engine's check says the same
+        assert expected.result is not None
+        problem = check_python(expected.result, str(target), python_version="3.10.12", lines=expected.new_lines)
+        assert problem is not None and problem.error in proc.stderr
+    else:
+        assert describe(expected) in proc.stderr
+    assert target.read_bytes() == text.encode(), "nothing written on failure"

@@ -79,6 +79,7 @@ def test_equiv_options_reach_app_equiv(tasks_ns: Any, monkeypatch: pytest.Monkey
     [(args, kwargs)] = calls
     s, target, profile, sets = args
     assert (target, profile, sets) == ("cpu", "conservative", ["max-num-seqs=2", "enforce-eager=true"])
+    assert callable(kwargs.pop("show"))  # the result (--json) is shown before the verdict
     assert kwargs == {"against": "aggressive", "dtype": "bfloat16", "top_k": 3, "greedy_tokens": 7, "prompts": 2}
     assert s.manifest == Path("other.yaml") and s.host_address == "10.0.0.9" and s.sources["host_address"] == "cli"
     assert "IMAGEFORGE_HOST_ADDRESS" not in os.environ  # the address travels in Settings only
@@ -93,6 +94,7 @@ def test_bisect_options_reach_app_bisect(tasks_ns: Any, monkeypatch: pytest.Monk
                  "--flaky", "unknown")
     [(args, kwargs)] = calls
     assert args[1:] == ("cpu", None, [])
+    assert callable(kwargs.pop("show"))
     assert kwargs == {"check": ["models-lists-served-name", "chat-basic"], "suite": "smoke/evaluator.yaml",
                       "tags": "dummy-ok,info", "repeat": 3, "flaky": "unknown"}
 
@@ -103,14 +105,36 @@ def test_ablate_options_reach_app_ablate(tasks_ns: Any, monkeypatch: pytest.Monk
     with pytest.raises(Reached):
         run_task(tasks_ns, "ablate", "--target", "cpu", "--profile", "conservative", "--steps", "a,b", "--repeat",
                  "2", "--out", "/tmp/ablate-out", "--no-equiv", "--requests", "6", "--concurrency", "2",
-                 "--prompt-tokens", "64", "-O", "8", "--seed", "5", "--warmup", "0")
+                 "--prompt-tokens", "64", "--output-tokens", "8", "--seed", "5", "--warmup", "0")
     [(args, kwargs)] = calls
     assert args[1:] == ("cpu", "conservative", [])
-    workload = kwargs.pop("workload")
+    w = kwargs.pop("workload")
     assert kwargs == {"steps": "a,b", "repeat": 2, "out": "/tmp/ablate-out", "equiv": False}
-    w = app._workload(workload)  # the tuple is in workload_from_cli's order: check it lands on the right fields
     assert (w.requests, w.concurrency, w.prompt_tokens, w.output_tokens, w.seed, w.warmup, w.repeat) == \
         (6, 2, 64, 8, 5, 0, 1)
+    assert (w.shared_prefix, w.duration, w.model) == (Workload().shared_prefix, Workload().duration, None)
+
+
+def test_bench_answers_to_vllm_bench_serve_names(tasks_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: Calls = []
+    monkeypatch.setattr(app, "bench", recorder(calls))
+    with pytest.raises(Reached):
+        run_task(tasks_ns, "bench", "--url", "http://127.0.0.1:9", "--num-prompts", "5", "--max-concurrency", "3",
+                 "--random-input-len", "40", "--random-output-len", "7", "--shared-prefix", "0.25", "-m", "x.yaml")
+    [(args, kwargs)] = calls
+    w = kwargs["workload"]
+    assert (w.requests, w.concurrency, w.prompt_tokens, w.output_tokens, w.shared_prefix) == (5, 3, 40, 7, 0.25)
+    assert kwargs["url"] == "http://127.0.0.1:9" and args[0].manifest == Path("x.yaml")
+
+
+def test_sweep_zero_requests_means_from_the_swept_values(tasks_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: Calls = []
+    monkeypatch.setattr(app, "sweep", recorder(calls))
+    with pytest.raises(Reached):
+        run_task(tasks_ns, "sweep", "--param", "max-num-seqs=1,4", "--concurrency", "2")
+    [(_args, kwargs)] = calls
+    assert (kwargs["requests_given"], kwargs["concurrency_given"]) == (False, True)
+    assert kwargs["workload"].concurrency == 2
 
 
 def test_submission_options_reach_write_or_check(tasks_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,8 +146,8 @@ def test_submission_options_reach_write_or_check(tasks_ns: Any, monkeypatch: pyt
         run_task(tasks_ns, "submission", "--target", "bi100", "--profile", "replay", "--out", "sub/", "--git")
     with pytest.raises(Reached):
         run_task(tasks_ns, "submission", "--target", "bi100", "--out", "sub/", "--check", "--set", "max-num-seqs=2")
-    assert [(a[1:], k) for a, k in written] == [(("bi100", "replay", []), {"out": "sub/", "git": True,
-                                                                           "log": print})]
+    assert [(a[1:], {k: v for k, v in kw.items() if k != "log"}) for a, kw in written] == \
+        [(("bi100", "replay", []), {"out": "sub/", "git": True})]
     assert [(a[1:], k["out"]) for a, k in checked] == [(("bi100", None, ["max-num-seqs=2"]), "sub/")]
 
 

@@ -8,7 +8,8 @@ The `cpu` recipe (``images/cpu/base.yaml`` + ``requirements.lock``, ``install.sh
 
 - **OS image** ``imageforge/os:<key>`` (:mod:`.images`): ``mmdebstrap`` (minbase, the host's apt
   sources for the suite) writes a root tarball, ``docker import`` turns it into an image.  The key
-  hashes the recipe's ``os`` section (:mod:`.recipe`), so it is made once.
+  hashes the recipe's ``os`` section (:mod:`.recipe`: base.yaml and the lock, read once into a frozen
+  :class:`Recipe` that every function here is handed), so it is made once.
 - **Wheelhouse** ``${IMAGEFORGE_CACHE:-~/.cache/imageforge}/wheelhouse/`` (:mod:`.requirements`):
   the lock's wheels, fetched with ``pip download --no-deps --require-hashes`` when missing, checked
   against the lock.
@@ -53,7 +54,18 @@ from .images import (
     mmdebstrap_command,
 )
 from .model import default_model_dir, ensure_model, model_digest
-from .recipe import Recipe, image_ref, load_recipe, os_key, vllm_key, wheelhouse_dir
+from .recipe import (
+    Recipe,
+    RecipeRefs,
+    RecipeSource,
+    as_recipe,
+    image_ref,
+    load_recipe,
+    os_key,
+    recipe_refs,
+    vllm_key,
+    wheelhouse_dir,
+)
 from .requirements import (
     LockEntry,
     fill_wheelhouse,
@@ -78,6 +90,9 @@ __all__ = [
     "LockEntry",
     "PackageInfo",
     "Recipe",
+    "RecipeRefs",
+    "RecipeSource",
+    "as_recipe",
     "base_image_status",
     "base_reference",
     "build_os_image",
@@ -103,6 +118,7 @@ __all__ = [
     "parse_lock",
     "parse_wheel_filename",
     "recipe_image_id",
+    "recipe_refs",
     "render_lock",
     "vllm_key",
     "wheelhouse_dir",

@@ -26,6 +26,7 @@ from imageforge.settings import cache_dir
 
 from .images import base_image_status, ensure_cpu_base
 from .model import ensure_model
+from .recipe import Recipe, load_recipe
 
 if TYPE_CHECKING:
     from imageforge.docker_engine.containers import Containers
@@ -60,8 +61,9 @@ def base_reference(resolved: Resolved, environ: Mapping[str, str], log: Log, *, 
     target = resolved.target
     if target.base.recipe is not None:
         if make:
-            made = ensure_cpu_base(target.base.recipe, log=log)
-            ensure_target_model(resolved, log)
+            recipe = load_recipe(target.base.recipe)  # read once, handed to both
+            made = ensure_cpu_base(recipe, log=log)
+            ensure_target_model(resolved, log, recipe=recipe)
             return BaseIdentity(made.ref, made.image_id)
         recipe_ref = base_image_status(target.base.recipe).ref
         recipe_id = recipe_image_id(recipe_ref)
@@ -101,14 +103,17 @@ def recipe_image_id(ref: str) -> str | None:
         return None
 
 
-def ensure_target_model(resolved: Resolved, log: Log) -> None:
-    """Recipe targets may ship a model directory that run options mount (cpu: the tiny model)."""
-    recipe = resolved.target.base.recipe
-    if recipe is None:
+def ensure_target_model(resolved: Resolved, log: Log, *, recipe: Recipe | None = None) -> None:
+    """Recipe targets may ship a model directory that run options mount (cpu: the tiny model).
+
+    ``recipe``: the target's recipe when the caller has loaded it already (else it is read here, once)."""
+    recipe_dir = resolved.target.base.recipe
+    if recipe_dir is None:
         return
     for volume in resolved.run.volumes:
         source = volume.source
         if source.startswith(".imageforge/models/"):
+            recipe = recipe or load_recipe(recipe_dir)
             ensure_model(recipe, resolved.manifest.root / source, log=log)
 
 

@@ -18,8 +18,8 @@ from imageforge.runs import file_lock
 from imageforge.settings import cache_dir
 
 from .model import default_model_dir
-from .recipe import KEY_LEN, Recipe, image_ref, load_recipe, os_key, vllm_key, wheelhouse_dir
-from .requirements import fill_wheelhouse, lock_digest, missing_wheels, parse_lock
+from .recipe import KEY_LEN, Recipe, RecipeSource, as_recipe, image_ref, recipe_refs, wheelhouse_dir
+from .requirements import fill_wheelhouse, missing_wheels
 
 KIND_OS = "os-base"
 KIND_VLLM = "vllm-base"
@@ -296,15 +296,12 @@ def build_vllm_image(
     return image
 
 
-def ensure_cpu_base(recipe_dir: Path, *, log: Log = print) -> BaseImage:
+def ensure_cpu_base(source: RecipeSource, *, log: Log = print) -> BaseImage:
     """Make whatever is missing of the cpu base (OS image, wheelhouse, vLLM image); reuse the rest."""
-    recipe = load_recipe(recipe_dir)
-    entries = parse_lock(recipe.lock_path.read_text(), source=str(recipe.lock_path))
-    dig = lock_digest(entries)
-    okey = os_key(recipe)
-    vkey = vllm_key(recipe, entries, okey)
-    os_ref = image_ref(str(recipe.os["repository"]), okey)
-    ref = image_ref(str(recipe.vllm["repository"]), vkey)
+    recipe = as_recipe(source)
+    entries = recipe.lock
+    refs = recipe_refs(recipe)
+    dig, okey, vkey, os_ref, ref = refs.lock_digest, refs.os_key, refs.vllm_key, refs.os_ref, refs.ref
     de.ensure_daemon(log=log)
     reused: list[str] = []
     made: list[str] = []
@@ -399,22 +396,18 @@ class BaseStatus:
         ]
 
 
-def base_image_status(recipe_dir: Path) -> BaseStatus:
+def base_image_status(source: RecipeSource) -> BaseStatus:
     """Which parts of the cpu base exist (images, wheelhouse, model), without building anything."""
-    recipe = load_recipe(recipe_dir)
-    entries = parse_lock(recipe.lock_path.read_text(), source=str(recipe.lock_path))
-    okey = os_key(recipe)
-    vkey = vllm_key(recipe, entries, okey)
-    os_ref = image_ref(str(recipe.os["repository"]), okey)
-    ref = image_ref(str(recipe.vllm["repository"]), vkey)
+    recipe = as_recipe(source)
+    refs = recipe_refs(recipe)
     vllm_present: bool | None = None
     os_present: bool | None = None
     if de._ping() is None:
-        vllm_present = de.image_or_none(ref) is not None
-        os_present = de.image_or_none(os_ref) is not None
-    missing = missing_wheels(entries, wheelhouse_dir(), verify=False)
+        vllm_present = de.image_or_none(refs.ref) is not None
+        os_present = de.image_or_none(refs.os_ref) is not None
+    missing = missing_wheels(recipe.lock, wheelhouse_dir(), verify=False)
     return BaseStatus(
-        ref=ref, os_ref=os_ref, key=vkey, lock_digest=lock_digest(entries), wheels=len(entries),
+        ref=refs.ref, os_ref=refs.os_ref, key=refs.vllm_key, lock_digest=refs.lock_digest, wheels=len(recipe.lock),
         vllm_present=vllm_present, os_present=os_present, wheels_missing=len(missing),
-        wheelhouse=wheelhouse_dir(), model_dir=default_model_dir(recipe_dir),
+        wheelhouse=wheelhouse_dir(), model_dir=default_model_dir(recipe),
     )  # fmt: skip

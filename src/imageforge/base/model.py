@@ -15,7 +15,7 @@ from typing import Any
 from imageforge.errors import ConfigError
 from imageforge.settings import cache_dir
 
-from .recipe import load_recipe
+from .recipe import Recipe, RecipeSource, as_recipe
 
 Log = Callable[[str], None]
 
@@ -36,12 +36,11 @@ def _load_make_model(script: Path) -> Any:
     return module
 
 
-def model_digest(recipe_dir: Path) -> str:
+def model_digest(recipe: RecipeSource) -> str:
     """Digest of what decides the model's bytes: the script (tokenizer corpus, config, weight seed, generator
     and init scale) and the versions of the libraries that write them (`tokenizers`: tokenizer.json; numpy's
     Philox stream and `safetensors`: model.safetensors)."""
-    recipe = load_recipe(recipe_dir)
-    h = hashlib.sha256(recipe.model_script.read_bytes())
+    h = hashlib.sha256(as_recipe(recipe).model_script.read_bytes())
     for lib in ("tokenizers", "numpy", "safetensors"):
         try:
             version = importlib.metadata.version(lib)
@@ -51,25 +50,29 @@ def model_digest(recipe_dir: Path) -> str:
     return h.hexdigest()
 
 
-def default_model_dir(recipe_dir: Path) -> Path:
-    recipe = load_recipe(recipe_dir)
-    return cache_dir() / "models" / f"{recipe.model['name']}-{model_digest(recipe_dir)[:12]}"
+def default_model_dir(recipe: RecipeSource) -> Path:
+    """Where the tiny model goes in the cache: named by the recipe's model name and :func:`model_digest`."""
+    loaded = as_recipe(recipe)
+    return _model_dir(loaded, model_digest(loaded))
 
 
-def ensure_model(recipe_dir: Path, dest: Path | None = None, *, log: Log = print) -> Path:
+def _model_dir(recipe: Recipe, digest: str) -> Path:
+    return cache_dir() / "models" / f"{recipe.model['name']}-{digest[:12]}"
+
+
+def ensure_model(recipe: RecipeSource, dest: Path | None = None, *, log: Log = print) -> Path:
     """Write the tiny model into ``dest`` (default: the cache, named by the script's digest) unless
     it is already there for this script version; return the directory."""
-    recipe = load_recipe(recipe_dir)
-    digest = model_digest(recipe_dir)
-    # default_model_dir's name, from the digest just made (each digest asks importlib.metadata three times)
-    dest = Path(dest) if dest is not None else cache_dir() / "models" / f"{recipe.model['name']}-{digest[:12]}"
+    loaded = as_recipe(recipe)
+    digest = model_digest(loaded)
+    dest = Path(dest) if dest is not None else _model_dir(loaded, digest)
     stamp = dest / _MODEL_STAMP
     if stamp.is_file() and stamp.read_text().strip() == digest:
         log(f"reuse tiny model {dest}")
         return dest
     t0 = time.monotonic()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    module = _load_make_model(recipe.model_script)
+    module = _load_make_model(loaded.model_script)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     try:
         module.write_model(tmp)

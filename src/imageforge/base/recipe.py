@@ -1,7 +1,15 @@
-"""The cpu base's recipe (``images/cpu/base.yaml``), its content keys and the host cache it uses."""
+"""The cpu base's recipe (``images/cpu/base.yaml``), its content keys and the host cache it uses.
+
+The recipe is read once (:func:`load_recipe`: base.yaml checked, the lock parsed) into a frozen
+:class:`Recipe` that the rest of :mod:`imageforge.base` is handed; :func:`recipe_refs` computes its
+content keys and image references once.  The public entry points (``ensure_cpu_base``,
+``base_image_status``, ``ensure_model``, ...) take a :class:`Recipe` or a recipe directory
+(:data:`RecipeSource`, read with :func:`as_recipe`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +21,7 @@ from imageforge.errors import ConfigError
 from imageforge.plan import canonical, sha256_bytes, sha256_file
 from imageforge.settings import cache_dir
 
-from .requirements import LockEntry, lock_digest
+from .requirements import LockEntry, lock_digest, parse_lock
 
 #: Bump when the way images are made changes (commands, config) without the recipe changing.
 BUILDER_VERSION = "1"
@@ -36,10 +44,13 @@ def wheelhouse_dir() -> Path:
 
 @dataclass(frozen=True)
 class Recipe:
+    """``base.yaml``'s three sections, the directory they are relative to, and the parsed lock."""
+
     dir: Path
     os: Mapping[str, Any]
     vllm: Mapping[str, Any]
     model: Mapping[str, Any]
+    lock: tuple[LockEntry, ...] = ()
 
     @property
     def lock_path(self) -> Path:
@@ -84,7 +95,17 @@ def load_recipe(recipe_dir: Path) -> Recipe:
     for p in (recipe.lock_path, recipe.install_script):
         if not p.is_file():
             raise ConfigError(f"{path}: {p.name} is missing from {recipe_dir}")
-    return recipe
+    entries = parse_lock(recipe.lock_path.read_text(), source=str(recipe.lock_path))
+    return dataclasses.replace(recipe, lock=tuple(entries))
+
+
+#: What the public functions of :mod:`imageforge.base` accept: a loaded recipe, or its directory.
+RecipeSource = Recipe | Path
+
+
+def as_recipe(source: RecipeSource) -> Recipe:
+    """``source`` itself when it is loaded already, else :func:`load_recipe` of the directory."""
+    return source if isinstance(source, Recipe) else load_recipe(source)
 
 
 def os_key(recipe: Recipe) -> str:
@@ -107,3 +128,22 @@ def vllm_key(recipe: Recipe, entries: Sequence[LockEntry], os_image_key: str | N
 
 def image_ref(repository: str, key: str) -> str:
     return f"{repository}:{key[:KEY_LEN]}"
+
+
+@dataclass(frozen=True)
+class RecipeRefs:
+    """The recipe's content keys and the image references they give (the OS image, the vLLM base)."""
+
+    os_key: str
+    vllm_key: str
+    os_ref: str
+    ref: str
+    lock_digest: str
+
+
+def recipe_refs(recipe: Recipe) -> RecipeRefs:
+    """Keys and references of ``recipe``'s images (no daemon asked)."""
+    okey = os_key(recipe)
+    vkey = vllm_key(recipe, recipe.lock, okey)
+    return RecipeRefs(os_key=okey, vllm_key=vkey, os_ref=image_ref(str(recipe.os["repository"]), okey),
+                      ref=image_ref(str(recipe.vllm["repository"]), vkey), lock_digest=lock_digest(recipe.lock))

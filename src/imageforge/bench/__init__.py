@@ -19,7 +19,8 @@
   server per parameter combination (``--set`` values; only the serving-config layer is rebuilt),
   best score and Output-TPS plateau marked, ``sweep.json`` + ``sweep.md``.
 
-* The evaluator's replay (``replay``, ``evaluator``): a seeded agent-like workload (or a user's JSONL) sent
+* The evaluator's replay (``replay_workload``: the request model and the seeded generator; ``replay_loading``:
+  a user's JSONL and the token counters; ``replay``: the runner; ``evaluator``): an agent-like workload sent
   **one at a time** through the same request loop (:func:`.client.stream_request`), scored with the
   evaluator's definitions (per-request Output TPS including TTFT, p10, TTFT p90, error classes, PASS/FAIL
   targets, a labelled score estimate); :func:`replay_bench` / :func:`replay_target` (``invoke bench --replay``).
@@ -48,16 +49,9 @@ from .metrics import (
     plateau_index,
     score,
 )
-from .replay import (
-    ReplayBench,
-    ReplayOptions,
-    ReplaySpec,
-    generate,
-    load_jsonl,
-    replay_bench,
-    replay_options,
-    run_replay,
-)
+from .replay import ReplayBench, ReplayOptions, replay_bench, replay_options, run_replay
+from .replay_loading import load_jsonl
+from .replay_workload import ReplaySpec, generate
 from .report import bench_rows, print_bench, write_bench
 from .results import BenchResult, RequestResult
 from .runner import bench_target, median_run, replay_report, replay_target, run_bench, verdict
@@ -74,7 +68,7 @@ from .sweeps import (
     sweep_image,
     sweep_workload,
 )
-from .workload import APIS, Prompt, Workload, prompt_words, workload_from_cli
+from .workload import APIS, Prompt, Workload, prompt_words
 
 __all__ = [
     "APIS",
@@ -128,6 +122,5 @@ __all__ = [
     "sweep_image",
     "sweep_workload",
     "verdict",
-    "workload_from_cli",
     "write_bench",
 ]

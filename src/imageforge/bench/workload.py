@@ -95,17 +95,6 @@ class Workload:
         return dataclasses.asdict(self)
 
 
-def workload_from_cli(requests: int, concurrency: int, prompt_tokens: int, output_tokens: int, shared_prefix: float,
-                      seed: int, api: str, model: str, duration: float, timeout: float, warmup: int,
-                      max_error_rate: float, repeat: int = 1) -> Workload:
-    """A checked Workload from task options (0 requests/concurrency: the defaults; empty model: discover it)."""
-    defaults = Workload()
-    return Workload(requests=requests or defaults.requests, concurrency=concurrency or defaults.concurrency,
-                    prompt_tokens=prompt_tokens, output_tokens=output_tokens, shared_prefix=shared_prefix, seed=seed,
-                    api=api, model=model or None, duration=duration, timeout=timeout, warmup=warmup,
-                    max_error_rate=max_error_rate, repeat=repeat).validate()
-
-
 @dataclass(frozen=True)
 class Prompt:
     index: int

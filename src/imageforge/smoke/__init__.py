@@ -19,7 +19,8 @@ and for each failure the request, the response and the server's last log lines.
 
 The modules, lowest first: ``expr`` (the expression language and templates), ``operators`` (the
 ``expect.json`` comparisons), ``suite`` (the model and its loader), ``results`` (exchanges, check
-results, the report object), ``expectations`` (evaluating JSONPath/regex expectations), ``table``
+results, the report object), ``evaluate`` (whether a check's expectations hold for a response: pure,
+no I/O), ``table``
 (the live table), ``report`` (JSON/JUnit files, failure texts, the verdict), ``runner`` (one suite
 against one server), ``entry`` (a suite against a URL, or build + serve + smoke + remove a target;
 ``invoke smoke`` and ``invoke demo`` reach them through :mod:`imageforge.app`).
@@ -37,7 +38,7 @@ from .entry import (
     suite_for,
     target_vars,
 )
-from .expectations import describe_difference, evaluate_path, evaluate_regex
+from .evaluate import describe_difference, evaluate, evaluate_path, evaluate_regex, namespace
 from .expr import FUNCTIONS, Expr, ExprError, check_templates, parse_expr, render, template_parts
 from .operators import PATH_OPS, compare, schema_errors
 from .report import LOG_TAIL, failure_text, interesting_lines, print_failures, verdict, write_reports
@@ -95,12 +96,14 @@ __all__ = [
     "comparable_choices",
     "compare",
     "describe_difference",
+    "evaluate",
     "evaluate_path",
     "evaluate_regex",
     "failure_text",
     "interesting_lines",
     "load_suite",
     "metric_value",
+    "namespace",
     "parse_expr",
     "parse_metrics",
     "parse_sse",

@@ -1,7 +1,7 @@
 """The comparisons of ``expect.json`` items (``{path: $.x, equals: 1}``): one function per operator.
 
 :data:`PATH_OPS` is every operator's name, in the order messages list them; :func:`compare` applies one
-to a value.  ``exists`` and ``count`` look at the list of matches instead (see ``expectations``).
+to a value.  ``exists`` and ``count`` look at the list of matches instead (see ``evaluate.evaluate_path``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""Running a suite against a server: setup, each check's requests and expectations, liveness, /metrics."""
+"""Running a suite against a server: setup, each check's requests, liveness, /metrics snapshots.
+
+The I/O half: whether what came back meets the expectations is :mod:`.evaluate`'s (pure functions)."""
 
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
-from collections import ChainMap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,18 +16,15 @@ from ..serving_client import (
     SSE_CONTENT_TYPE,
     MetricRow,
     assemble_stream,
-    comparable_choices,
-    metric_value,
     parse_metrics,
     parse_sse,
     short,
 )
 from ..waits import probe_health, wait_until
-from .expectations import describe_difference, evaluate_path, evaluate_regex
+from .evaluate import evaluate, metric_deltas, metric_misses, namespace
 from .expr import ExprError, render
-from .operators import schema_errors
 from .results import FAIL, PASS, SKIP, CheckResult, Exchange
-from .suite import DEFAULT_TIMEOUT, Check, MetricExpectation, Request, Suite
+from .suite import DEFAULT_TIMEOUT, Check, Request, Suite
 from .table import LiveTable
 
 Log = Callable[[str], None]
@@ -291,7 +288,8 @@ class Runner:
         bodies = [e.body for e in exchanges]
         for i, ex in enumerate(exchanges):
             prefix = f"[{i + 1}/{len(exchanges)}] " if len(exchanges) > 1 else ""
-            for message in self.evaluate(check, ex, body, bodies, non_stream, reference):
+            names = namespace(body, ex, bodies, non_stream, reference, self.names)
+            for message in evaluate(expect, ex, names, stream=req.stream, non_stream=non_stream):
                 result.fail(prefix + message)
             if result.failures and len(exchanges) > 1:
                 break
@@ -308,84 +306,6 @@ class Runner:
             if not health.ok:
                 result.fail(f"the server is not healthy after the check: {health.error or health.short}")
 
-    def namespace(self, request_body: Any, ex: Exchange, bodies: Sequence[Any],
-                  non_stream: Exchange | None, reference: tuple[Any, Any] = (None, None)) -> Mapping[str, Any]:
-        special = {
-            "request": request_body,
-            "response": ex.body,
-            "responses": list(bodies),
-            "status": ex.status,
-            "headers": ex.headers,
-            "text": ex.text,
-            "chunks": ex.chunks or [],
-            "non_stream": non_stream.body if non_stream is not None else None,
-            "reference_request": reference[0],
-            "reference": reference[1],
-            "vars": self.names,
-        }
-        layers: list[dict[str, Any]] = [special, self.names]
-        if isinstance(ex.body, dict):
-            layers.append(ex.body)
-        return ChainMap(*layers)
-
-    def evaluate(self, check: Check, ex: Exchange, request_body: Any, bodies: Sequence[Any],
-                 non_stream: Exchange | None, reference: tuple[Any, Any] = (None, None)) -> list[str]:
-        """Every expectation that does not hold for ``ex`` (empty: all hold)."""
-        import jsonpath
-
-        expect = check.expect
-        out: list[str] = []
-        if ex.status not in expect.status:
-            want = " or ".join(map(str, expect.status))
-            detail = ""
-            if isinstance(ex.body, Mapping) and isinstance(ex.body.get("error"), Mapping):
-                detail = f": {short(ex.body['error'].get('message', ''), 200)}"
-            elif ex.text:
-                detail = f": {short(ex.text.strip(), 200)}"
-            out.append(f"status {ex.status}, expected {want}{detail}")
-            return out
-        if check.request.stream and ex.status == 200:
-            if ex.chunks is None:
-                out.append(f"expected a stream (text/event-stream), got {ex.headers.get('content-type')}")
-                return out
-            problems = ex.body.get("stream_problems") if isinstance(ex.body, Mapping) else None
-            if problems:
-                out.extend(f"stream: {p}" for p in problems)
-        elif ex.body is None and (expect.schema or expect.paths or expect.relations):
-            out.append(f"the body is not JSON: {short(ex.text.strip(), 200)}")
-            return out
-        if expect.schema is not None:
-            out.extend(f"schema: {m}" for m in schema_errors(ex.body, expect.schema))
-        if expect.chunk_schema is not None and ex.chunks is not None:
-            for i, chunk in enumerate(ex.chunks):
-                errors = schema_errors(chunk, expect.chunk_schema)
-                if errors:
-                    out.append(f"chunk {i}: {errors[0]}")
-                    break
-        names = self.namespace(request_body, ex, bodies, non_stream, reference)
-        for pe in expect.paths:
-            message = evaluate_path(pe, ex.body, names, jsonpath.findall)
-            if message:
-                out.append(message)
-        for rx in expect.regex:
-            message = evaluate_regex(rx, ex)
-            if message:
-                out.append(message)
-        for rel in expect.relations:
-            try:
-                value = rel.expr.evaluate(names)
-            except ExprError as exc:
-                out.append(f"relation `{rel.expr.text}` could not be evaluated: {exc}")
-                continue
-            if not value:
-                out.append(f"relation `{rel.expr.text}` does not hold: {rel.expr.explain(names)}")
-        if expect.stream_equals_non_stream and non_stream is not None:
-            streamed = comparable_choices(ex.body)
-            plain = comparable_choices(non_stream.body)
-            if streamed != plain:
-                out.append("stream != non-stream: " + describe_difference(streamed, plain))
-        return out
-
     # -- metrics ------------------------------------------------------------------
 
     def scrape_metrics(self, result: CheckResult) -> list[MetricRow] | None:
@@ -401,19 +321,10 @@ class Runner:
 
     def check_metrics(self, check: Check, result: CheckResult, before: list[MetricRow],
                       request_body: Any, bodies: Sequence[Any], exchanges: Sequence[Exchange]) -> None:
-        names = self.namespace(request_body, exchanges[-1], bodies, None)
-        wanted: list[tuple[MetricExpectation, float | None, float | None]] = []
-        for me in check.expect.metrics:
-            try:
-                exact = float(me.delta.evaluate(names)) if me.delta is not None else None
-                least = float(me.min_delta.evaluate(names)) if me.min_delta is not None else None
-            except (ExprError, TypeError, ValueError) as exc:
-                result.fail(f"metric {me.name}: the expected delta could not be computed: {exc}")
-                continue
-            if metric_value(before, me.name, me.labels) is None:
-                result.fail(f"metric {me.name}{_labels(me.labels)} is not in /metrics")
-                continue
-            wanted.append((me, exact, least))
+        names = namespace(request_body, exchanges[-1], bodies, None, vars=self.names)
+        wanted, problems = metric_deltas(check.expect.metrics, names, before)
+        for problem in problems:
+            result.fail(problem)
         if not wanted:
             return
         misses: list[str] = []
@@ -423,17 +334,7 @@ class Runner:
             after = self.scrape_metrics(result)
             if after is None:
                 return True
-            misses.clear()
-            for me, exact, least in wanted:
-                b = metric_value(before, me.name, me.labels) or 0.0
-                a = metric_value(after, me.name, me.labels) or 0.0
-                delta = a - b
-                if exact is not None and not math.isclose(delta, exact, abs_tol=1e-6):
-                    misses.append(f"metric {me.name}{_labels(me.labels)} grew by {delta:g}, expected exactly "
-                                  f"{exact:g} ({me.delta.text if me.delta else ''}) [{b:g} -> {a:g}]")
-                if least is not None and delta < least:
-                    misses.append(f"metric {me.name}{_labels(me.labels)} grew by {delta:g}, expected at least "
-                                  f"{least:g} [{b:g} -> {a:g}]")
+            misses[:] = metric_misses(wanted, before, after)
             return None if misses else True
 
         if wait_until(settled, timeout=METRICS_SETTLE, interval=0.25) is None:
@@ -476,8 +377,4 @@ def _as_completed(futures: Mapping[Future[CheckResult], Check]) -> Iterator[Futu
     from concurrent.futures import as_completed
 
     yield from as_completed(futures)
-
-
-def _labels(labels: Mapping[str, str]) -> str:
-    return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""
 

@@ -26,6 +26,7 @@ from ..errors import BuildError, ConfigError, ImageforgeError
 from ..manifest import Step, resolve_image_path
 from ..patching import NearMatch
 from ..plan import step_inputs
+from ..pycheck import check_python
 from .dockerfile import EmitContext, Emitted
 from .fs import ImageFS
 
@@ -34,7 +35,7 @@ Log = Callable[[str], None]
 #: The status of a check-patches row (and of a step's apply: the first three are what apply returns).
 RowStatus = Literal[
     "applies", "already applied", "ran", "anchor missing", "ambiguous", "destination missing", "conflict",
-    "not checked", "script failed",
+    "not checked", "script failed", "inside line", "crlf", "breaks the file",
 ]
 
 
@@ -109,6 +110,7 @@ class ApplyContext:
     check-patches face (diffs when ``with_diff``; the checks that only verification would catch later
     fail the row now). ``container``: the running container a process kind (script) runs in; ``echo``
     gets its output lines as they come; ``image``: the image it runs on (named in a failure's hint).
+    ``python_version``: the base's Python (``3.10.12``): a changed ``.py`` must parse as that version.
     """
 
     site: str
@@ -118,6 +120,7 @@ class ApplyContext:
     container: Any = None
     echo: Log | None = None
     image: str = ""
+    python_version: str = ""
 
 
 @dataclass(frozen=True)
@@ -234,3 +237,21 @@ def text_of(data: bytes) -> str | None:
 
 def norm(path: str) -> str:
     return posixpath.normpath(path)
+
+
+def python_problem(step: Step, path: str, text: str, python_version: str, lines: tuple[int, ...] | None,
+                   blame: str) -> None:
+    """StepProblem ("breaks the file", exit 3) when a changed ``.py`` no longer compiles or loads an unbound name.
+
+    The one check (:func:`imageforge.pycheck.check_python`) the submission's applier runs too.
+    """
+    if not path.endswith(".py"):
+        return
+    problem = check_python(text, path, python_version=python_version, lines=lines)
+    if problem is None:
+        return
+    raise StepProblem("breaks the file", path, f"line {problem.line}: {problem.error}", BuildError(
+        f"step {step.id!r} breaks {path}: line {problem.line}: {problem.error}",
+        location=step.where(blame), key_path=f"{step.key_path}.{blame}", found=problem.context,
+        hint="the file must compile and every name the step's lines use must be bound; "
+             "`invoke check-patches --diff` shows the change"), blame=blame)

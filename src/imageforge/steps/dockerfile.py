@@ -37,13 +37,16 @@ class BaseFacts:
     site: str  # the package's site directory (realpath), where relative step paths live
     python: str  # the interpreter of the package (verify compiles with it; the helpers run with it)
     entrypoint: tuple[str, ...] = ()
+    python_version: str = ""  # e.g. "3.10.12": a changed .py must parse as this version
 
     def to_json(self) -> dict[str, Any]:
-        return {"site": self.site, "python": self.python, "entrypoint": list(self.entrypoint)}
+        return {"site": self.site, "python": self.python, "entrypoint": list(self.entrypoint),
+                "python_version": self.python_version}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BaseFacts:
-        return cls(str(data["site"]), str(data["python"]), tuple(str(x) for x in data.get("entrypoint") or ()))
+        return cls(str(data["site"]), str(data["python"]), tuple(str(x) for x in data.get("entrypoint") or ()),
+                   str(data.get("python_version") or ""))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,18 @@ from collections.abc import Mapping
 from ..errors import BuildError
 from ..manifest import Step
 from ..patching import unified_diff
-from .core import ApplyContext, Changes, Facts, FileChange, OneFileKind, StepProblem, guard_links, register, text_of
+from .core import (
+    ApplyContext,
+    Changes,
+    Facts,
+    FileChange,
+    OneFileKind,
+    StepProblem,
+    guard_links,
+    python_problem,
+    register,
+    text_of,
+)
 from .dockerfile import EmitContext, Emitted, applier_group, header, host_file
 from .fs import ImageFS
 
@@ -58,6 +69,13 @@ class Overlay(OneFileKind):
             raise StepProblem("conflict", dest, "destination is a directory in the image", BuildError(
                 f"overlay destination {dest} is a directory in the image",
                 location=step.where("dest"), key_path=f"{step.key_path}.dest"), blame="dest")
+        if dest.endswith(".py"):
+            source_text = text_of(data)
+            if source_text is None:
+                raise StepProblem("breaks the file", dest, "the source is not UTF-8 text", BuildError(
+                    f"overlay step {step.id!r}: {step.source} is not UTF-8 text, but {dest} is a .py file",
+                    location=step.where("source"), key_path=f"{step.key_path}.source"), blame="source")
+            python_problem(step, dest, source_text, ctx.python_version, None, "source")
         mode = overlay_mode(step)
         uid, gid = overlay_owner(step)
         change = FileChange(dest, data, mode, uid, gid)
@@ -93,6 +111,6 @@ class Overlay(OneFileKind):
         uid, gid = overlay_owner(step)
         name = posixpath.basename(str(step.spec["source"]))
         spec = {"op": "overlay", "step": step.id, "path": dest, "site": ctx.base.site, "source": name,
-                "mode": mode, "uid": uid, "gid": gid}
+                "mode": mode, "uid": uid, "gid": gid, "python_version": ctx.base.python_version}
         instructions, files = applier_group(ctx, spec, {f"{ctx.step_dir}/{name}": host_file(step.source)})
         return Emitted((header(ctx, step.id, step.kind, step.why), *instructions), files)

@@ -7,7 +7,18 @@ from collections.abc import Mapping
 from ..errors import BuildError
 from ..manifest import Step
 from ..patching import apply_patch, describe, unified_diff
-from .core import ApplyContext, Changes, Facts, FileChange, OneFileKind, StepProblem, guard_links, register, text_of
+from .core import (
+    ApplyContext,
+    Changes,
+    Facts,
+    FileChange,
+    OneFileKind,
+    StepProblem,
+    guard_links,
+    python_problem,
+    register,
+    text_of,
+)
 from .dockerfile import EmitContext, Emitted, applier_group, header
 from .fs import ImageFS
 
@@ -49,12 +60,17 @@ class Patch(OneFileKind):
                 location=step.where("old"), key_path=f"{step.key_path}.old",
                 expected=f"the anchor exactly {outcome.expected} time(s)", found=f"{outcome.found} time(s)",
                 hint="`invoke check-patches --diff` shows every patch; `invoke patch-from` writes new anchors")
+            if outcome.status == "inside-line":
+                raise StepProblem("inside line", path, describe(outcome), error, blame="old", near=outcome.near)
+            if outcome.status == "crlf":
+                raise StepProblem("crlf", path, describe(outcome), error, blame="file")
             if outcome.status == "ambiguous":
                 raise StepProblem("ambiguous", path, f"anchor found {outcome.found} times (lines {lines}), "
                                   f"expected {outcome.expected}", error, blame="old")
             raise StepProblem("anchor missing", path,
                               "anchor not found" + ("" if outcome.near else "; no similar line"), error,
                               blame="old", near=outcome.near)
+        python_problem(step, path, outcome.result, ctx.python_version, outcome.new_lines, "new")
         # Keep the file's mode, owner and mtime: a same-size edit then looks unchanged to
         # timestamp-based .pyc files, which is exactly what verification must defeat.
         new = FileChange(path, outcome.result.encode("utf-8"), meta.mode, meta.uid, meta.gid, meta.mtime)
@@ -68,6 +84,7 @@ class Patch(OneFileKind):
     def emit(self, step: Step, ctx: EmitContext) -> Emitted:
         path = self.row_path(step, ctx.base.site)
         spec = {"op": "patch", "step": step.id, "path": path, "site": ctx.base.site, "old": step.spec["old"],
-                "new": step.spec["new"], "count": int(step.spec.get("count", 1))}
+                "new": step.spec["new"], "count": int(step.spec.get("count", 1)),
+                "python_version": ctx.base.python_version}
         instructions, files = applier_group(ctx, spec)
         return Emitted((header(ctx, step.id, step.kind, step.why), *instructions), files)

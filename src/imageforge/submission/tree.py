@@ -77,7 +77,7 @@ def discover_base(resolved: Resolved, environ: Mapping[str, str], log: Log) -> t
         config = client().images.get(image_id).attrs.get("Config") or {}
         with containers({L_TOOL: TOOL, L_KIND: "submission"}) as scope:
             info = discover_package(image_id, resolved.target, scope, log)
-    return ref, BaseFacts(info.site, info.python, tuple(config.get("Entrypoint") or ()))
+    return ref, BaseFacts(info.site, info.python, tuple(config.get("Entrypoint") or ()), info.python_version)
 
 
 def _folder_names(plan: Plan, environ: Mapping[str, str]) -> dict[str, str]:
