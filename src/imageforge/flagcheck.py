@@ -453,7 +453,7 @@ def check_resolved(resolved: Resolved, environ: Mapping[str, str], *, use_daemon
         table = cached_flags(target, environ)
         if table is None:
             return f"target {target.name}: {NOT_CHECKED}" + (f" ({note})" if note else "")
-    _raise(_target_problems(manifest, target.name, table))  # the whole target, as validate checks it
+    _raise(_target_problems(manifest, target.name, table, environ))  # the whole target, as validate checks it
     problems = check_serving_args(serving_args_of_resolved(resolved), table,
                                   run_port=run_port_of(manifest, target.name), suite=_suite(target, environ))
     _raise(problems)
