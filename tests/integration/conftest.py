@@ -62,7 +62,8 @@ def cpu_server(cpu_resolved: Any) -> Iterator[Any]:
 @dataclass(frozen=True)
 class Cli:
     code: int
-    output: str
+    output: str  # stdout then stderr
+    stdout: str = ""  # results only (tables, JSON, URL=...)
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +74,7 @@ def invoke_cli() -> Callable[..., Cli]:
                               env=full_env)
         output = proc.stdout + proc.stderr
         print(output[-6000:])
-        return Cli(proc.returncode, output)
+        return Cli(proc.returncode, output, proc.stdout)
 
     return run
 

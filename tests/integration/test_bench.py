@@ -52,7 +52,7 @@ def test_bench_cli_against_a_url_and_its_exit_codes(cpu_server: Any, invoke_cli:
     small = ["--requests", "4", "--concurrency", "2", "--prompt-tokens", "64", "--output-tokens", "8"]
     ok = invoke_cli("bench", "--url", cpu_server.url, *small, "--json")
     assert ok.code == 0, ok.output
-    summary = json.loads(ok.output[ok.output.rindex("\n{"):])
+    summary = json.loads(ok.stdout)  # --json: one document on stdout, the table and logs on stderr
     assert summary["completion_tokens"] == 32 and summary["errors"] == 0
     assert "Output TPS" in ok.output and "report: " in ok.output
     report = Path(ok.output.split("report: ")[1].split()[0])
