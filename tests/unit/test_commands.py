@@ -113,6 +113,13 @@ def test_init_writes_a_starter_project_that_validates(capsys: pytest.CaptureFixt
                 "smoke/dummy.yaml"):
         assert (project / rel).is_file() and f"wrote   {project / rel}" in out
     assert (project / "images/cpu/base.yaml").read_bytes() == (REPO / "images/cpu/base.yaml").read_bytes()
+    for name in ("build.schema.json", "smoke.schema.json"):  # what the YAML files' first lines name
+        assert (project / "schema" / name).read_bytes() == (REPO / "schema" / name).read_bytes()
+    for rel, schema in (("build.yaml", "build"), ("smoke/dummy.yaml", "smoke")):
+        first = (project / rel).read_text().splitlines()[0]
+        named = first.removeprefix("# yaml-language-server: $schema=")
+        assert named != first and (project / rel).parent.joinpath(named).resolve() == \
+            (project / "schema" / f"{schema}.schema.json").resolve(), first
     monkeypatch.chdir(project)
     code, out, err = run(capsys, "validate", "--json")
     assert code == 0, err

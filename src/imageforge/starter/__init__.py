@@ -1,7 +1,9 @@
-"""`imageforge init`: a starter project -- build.yaml (the cpu target), images/cpu (its base recipe), smoke/.
+"""`imageforge init`: a starter project -- build.yaml (the cpu target), images/cpu (its base recipe), smoke/,
+schema/ (the JSON Schemas the files' first ``yaml-language-server`` lines name, so editors check them).
 
 The files are package data: ``build.yaml`` here, and ``images/cpu`` and ``smoke/dummy.yaml`` as links to the
-repository's own (a wheel holds copies of them; the repository one copy).
+repository's own (a wheel holds copies of them; the repository one copy); the schemas are the ones
+:func:`imageforge.yamldoc.schema_text` reads (the wheel's, or the checkout's top-level ``schema/``).
 """
 
 from __future__ import annotations
@@ -11,11 +13,15 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..yamldoc import schema_text
+
 if TYPE_CHECKING:
     from importlib.abc import Traversable
 
 #: What a starter project holds, as paths inside it (folders are copied whole).
 FILES = ("build.yaml", "images/cpu", "smoke/dummy.yaml")
+#: ... and the schemas its YAML files name on their first line.
+SCHEMAS = ("build.schema.json", "smoke.schema.json")
 
 
 def _walk(node: Traversable, rel: str) -> Iterator[tuple[str, Traversable]]:
@@ -47,5 +53,13 @@ def write_starter(dest: Path, *, force: bool = False) -> list[str]:
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(node.read_bytes())
+        lines.append(f"wrote   {path}")
+    for name in SCHEMAS:
+        path = dest / "schema" / name
+        if path.exists() and not force:
+            lines.append(f"kept    {path}")
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(schema_text(name), encoding="utf-8")
         lines.append(f"wrote   {path}")
     return lines
