@@ -308,14 +308,16 @@ def test_same_size_patch_defeats_stale_bytecode(project: Path) -> None:
     assert run_in(result.tags[0], *read) == "b"
 
 
-def test_verify_catches_syntax_error_and_no_tag_moves(project: Path) -> None:
+def test_a_syntax_error_fails_its_step_and_no_tag_moves(project: Path) -> None:
+    """Issue 22: the overlay's step itself fails (compile after every .py step), before any verify layer."""
     good = do_build(project)
     (project / "overlays" / "extra.py").write_text("def broken(:\n")
     with pytest.raises(BuildError) as info:
         do_build(project)
     err = info.value
-    assert err.exit_code == 3 and "verification" in err.message
-    assert any("extra.py does not compile" in line for line in err.log_tail)
+    assert err.exit_code == 3
+    assert "step 'add-module' breaks /usr/lib/python3/dist-packages/probepkg/extra.py" in err.message
+    assert "SyntaxError" in err.message
     c = docker_client()
     assert c.images.get(good.tags[0]).id == good.image_id
     leaked = c.containers.list(all=True, filters={"label": f"{L_TOOL}=imageforge", "status": "exited"})
