@@ -341,3 +341,25 @@ def test_invoke_bench_replay_flags(tmp_path: Path) -> None:
     # bare --replay (followed by another flag) means "generate"; nothing listens on port 9: exit 4
     bare = invoke("--replay", "--url", "http://127.0.0.1:9")
     assert bare.returncode == 4 and "no server answers at http://127.0.0.1:9" in bare.stderr
+
+
+def test_replay_on_a_core_install_writes_its_json_and_says_there_is_no_png(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The card's box gets the core install (no `plots` extra): bench --replay still reports, without its PNG."""
+    import importlib.util
+
+    from imageforge.bench import plots
+    from imageforge.bench.runner import replay_report
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert not plots.available()
+    options = ReplayOptions(requests=3, seed=2, max_error_rate=1.0)
+    lines: list[str] = []
+    result = replay_bench("http://127.0.0.1:9", options, tmp_path / "run", echo=lines.append,
+                          transport=_tokenizing_server([]))
+    assert result.png_path is None and not (tmp_path / "run" / "bench.png").exists()
+    assert json.loads((tmp_path / "run" / "bench.json").read_text())["kind"] == "replay"
+    replay_report(result, options, lines.append)
+    assert f"plot: {plots.NO_PLOTS}" in lines

@@ -36,6 +36,7 @@ from ..errors import ConfigError, SmokeError
 from ..progress import progress
 from .client import stream_request
 from .evaluator import ErrorClass, EvalReport, RequestRecord, classify_error, evaluate
+from .plots import available as plots_available
 from .plots import plot_replay
 from .replay_loading import load_jsonl, server_counter
 from .replay_workload import ReplayRequest, ReplaySpec, generate, stats, write_jsonl
@@ -273,7 +274,8 @@ def write_replay(result: ReplayBench) -> None:
     result.json_path = result.run_dir / "bench.json"
     result.json_path.write_text(json.dumps(result.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     title = f"replay of {len(result.run.records)} requests on {result.run.model}, one at a time"
-    result.png_path = plot_replay(result.run.records, result.run_dir / "bench.png", title=title)
+    result.png_path = (plot_replay(result.run.records, result.run_dir / "bench.png", title=title)
+                       if plots_available() else None)
 
 
 def _sync(transport: Any) -> Any:

@@ -18,6 +18,7 @@ from ..serving_client import check_url
 from ..waits import await_until
 from .client import BenchClient
 from .metrics import CACHED_TOKEN_COUNTERS, GENERATION_TOKEN_COUNTERS, PROMPT_TOKEN_COUNTERS, counter_delta
+from .plots import NO_PLOTS
 from .report import write_bench
 from .results import BenchResult, RequestResult
 from .workload import Prompt, Workload
@@ -273,7 +274,7 @@ def replay_report(result: Any, options: Any, echo: Log, show: Callable[[Any], No
     for line in result.lines():
         echo(line)
     echo(f"report: {result.json_path}")
-    echo(f"plot: {result.png_path}")
+    echo(f"plot: {result.png_path if result.png_path is not None else NO_PLOTS}")
     if show is not None:
         show(result)
     replay_verdict(result, options)

@@ -25,7 +25,8 @@ from ..resolve import resolve
 from ..run import serving
 from ..runs import new_run_id
 from .metrics import PLATEAU_TOLERANCE, SCORE_CACHE_WEIGHT, SCORE_INPUT_WEIGHT, SCORE_OUTPUT_WEIGHT, plateau_index
-from .plots import plot_sweep
+from .plots import NO_PLOTS, plot_sweep
+from .plots import available as plots_available
 from .report import fmt, make_console, ms, write_bench
 from .results import rounded
 from .runner import bench_target, median_run, run_bench, verdict
@@ -223,7 +224,7 @@ class SweepResult:
 
     def plot(self) -> Path | None:
         points = self.plot_points()
-        if not points:
+        if not points or not plots_available():
             return None
         param = " x ".join(self.points[0].params) if self.points else "value"
         self.png_path = plot_sweep(points, self.run_dir / "sweep.png", param=param,
@@ -520,8 +521,8 @@ def report_sweep(result: SweepResult, echo: Log = print) -> SweepResult:
         echo(f"no Output TPS plateau within the swept values: the last point is more than {PLATEAU_TOLERANCE:.0%} "
              "above every earlier one (sweep further)")
     echo(f"report: {json_path}  {md_path}  ({result.seconds:.0f}s)")
-    if png is not None:
-        echo(f"plot: {png}")
+    if png is not None or not plots_available():
+        echo(f"plot: {png if png is not None else NO_PLOTS}")
     if best is None:
         raise SmokeError(f"no point of the sweep produced a result ({len(result.points)} tried)",
                          found="; ".join(f"{p.status}: {p.error}" for p in result.points)[:600],
