@@ -122,7 +122,7 @@ def test_ablate_in_place_over_two_steps(box: Box) -> None:
     assert _journal(box) == "none"
     code, out = box.invoke("ablate", "--target", "cpu", "--in-place", "--steps", "prefill-base-block,prefill-num-warps",
                            "--repeat", "1", "--requests", "4", "--concurrency", "2", "--prompt-tokens", "64",
-                           "-O", "8", "--warmup", "0", "--out", "/tmp/ablate", timeout=2300)
+                           "--output-tokens", "8", "--warmup", "0", "--out", "/tmp/ablate", timeout=2300)
     assert code == 0, out
     assert ("4 server starts, one at a time: full (before), without prefill-base-block, "
             "without prefill-num-warps, full (after)") in out, out
