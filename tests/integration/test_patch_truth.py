@@ -11,6 +11,9 @@ faces: ``check-patches`` (its row), ``build`` (exit 3) and the emitted submissio
 * **unbound**: the method's parameter renamed (``router_weights``): the patch still compiles, but loads
   ``topk_weights``, which nothing binds there (a NameError at the first prefill, caught here instead).
 
+A third case is a user's patch with a syntax error (an unclosed parenthesis) on the cpu target, through the
+same three faces.
+
 Every image a test makes is removed, the plain builds' intermediate layers included (they inherit the OS
 base's labels).
 """
@@ -21,6 +24,7 @@ import contextlib
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -134,3 +138,40 @@ def test_a_breaking_step_fails_check_patches_build_and_the_plain_docker_build_al
         assert "imageforge: step protocol-openai-fields" not in log, "the build stops at the failing step"
         assert message in log and "returned a non-zero code: 3" in log
         assert "step verify" not in log, "it fails at the step, not at verify"
+
+
+def test_a_syntax_breaking_patch_fails_its_step_in_all_three_faces(cpu_variant: Any, tmp_path: Path,
+                                                                   remove_images: list[str]) -> None:
+    """A user's patch with a typo (an unclosed parenthesis) on the cpu target: check-patches' row, build (exit 3)
+    and the emitted tree's plain docker build all fail at that step with the compiler's message."""
+    image = "imageforge-test/syntax-break"
+    remove_images.append(image)
+    manifest = cpu_variant(image, steps=[{
+        "id": "break-it", "kind": "patch", "file": "vllm/v1/attention/ops/prefix_prefill.py",
+        "old": "NUM_WARPS = 4  # imageforge: occupancy on a bandwidth-bound device",
+        "new": "NUM_WARPS = (4  # a typo: the parenthesis is never closed"}])
+    message = "'(' was never closed"
+    check = invoke("check-patches", "--manifest", str(manifest), "--target", "cpu")
+    assert_clean_failure(check, 3)
+    row = next(ln for ln in check.stdout.splitlines() if ln.split()[1:2] == ["break-it"])
+    assert "breaks the file" in row and message in row, check.stdout
+
+    build = invoke("build", "--manifest", str(manifest), "--target", "cpu")
+    assert_clean_failure(build, 3)
+    assert "break-it" in build.stderr and message in build.stderr, build.stderr
+
+    tree = tmp_path / "tree"
+    written = invoke("submission", "--manifest", str(manifest), "--target", "cpu", "--out", str(tree))
+    assert written.returncode == 0, written.stdout + written.stderr
+    layers: list[str] = []
+    try:
+        built, lines = plain_docker_build(tree)
+        layers.extend(build_layers(lines))
+        log = "\n".join(lines)
+        assert built is None, "the plain docker build must fail"
+        failed = [ln for ln in lines if "imageforge: step " in ln and " failed: " in ln]
+        assert failed and "imageforge: step break-it failed: " in failed[0], log[-3000:]
+        assert message in log and "returned a non-zero code: 3" in log
+        assert "step verify" not in log, "it fails at the step, not at verify"
+    finally:
+        remove_layers(layers)
