@@ -34,6 +34,7 @@ from typing import Any
 
 from imageforge import wheelhouse_join
 from imageforge.errors import ConfigError, InfraError
+from imageforge.progress import progress, watch_size
 
 Log = Callable[[str], None]
 
@@ -304,8 +305,9 @@ def make_wheelhouse(out: Path, *, python: str = "3.10", project: Path | None = N
     own = build_wheel(project, out, log=log)
     log(f"downloading its runtime dependencies for CPython {python} {ARCH} "
         f"(manylinux2014 .. manylinux_2_{MANYLINUX_TO}) into {out}")
-    _pip(["download", "--dest", str(out), *pip_target_args(python), str(own)],
-         what=f"pip download for CPython {python}", log=log)
+    with progress("wheelhouse download", unit="bytes") as bar, watch_size(out, bar):  # bytes so far, on stderr
+        _pip(["download", "--progress-bar", "off", "--dest", str(out), *pip_target_args(python), str(own)],
+             what=f"pip download for CPython {python}", log=log)
     wheels = sorted(out.glob("*.whl"))
     (out / REQUIREMENTS).write_text(requirements_text(wheels, python=python), encoding="utf-8")
     log(f"writing parts of <= {part_size} bytes into {out / PARTS}")
