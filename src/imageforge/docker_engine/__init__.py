@@ -202,12 +202,13 @@ def run_logged(
     return out
 
 
-def _terminate(proc: subprocess.Popen[bytes]) -> None:
+def _terminate(proc: subprocess.Popen[Any], grace: float = 20.0) -> None:
+    """End ``proc``: TERM, then KILL when it has not exited after ``grace`` seconds (nothing if it already has)."""
     if proc.poll() is not None:
         return
     proc.terminate()
     try:
-        proc.wait(timeout=20)
+        proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
 
+from imageforge.docker_engine import _terminate  # the package's one TERM-then-KILL
 from imageforge.errors import InfraError
 from imageforge.waits import wait_until
 
@@ -135,12 +136,7 @@ class SSHForward:
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _terminate(proc, grace=5)
         if proc.stderr is not None:
             proc.stderr.close()
 
