@@ -33,8 +33,10 @@ print("suite", load_suite(repo / "smoke" / "dummy.yaml").name)
 """
 
 
-def test_pip_install_into_a_fresh_venv_validates_build_yaml(tmp_path: Path) -> None:
-    source = tmp_path / "source"  # a copy: building a wheel writes build/ and *.egg-info next to the sources
+def _install_copy(tmp_path: Path, *pip_args: str) -> tuple[Path, Path, dict[str, str]]:
+    """A copy of the project (building writes build/ and *.egg-info next to the sources) `pip install`ed with
+    ``pip_args`` into a fresh venv outside the repository's environment: (the copy, the venv's python, its env)."""
+    source = tmp_path / "source"
     source.mkdir()
     for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE"):  # readme, license: metadata
         shutil.copy(REPO / name, source)
@@ -45,9 +47,14 @@ def test_pip_install_into_a_fresh_venv_validates_build_yaml(tmp_path: Path) -> N
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=env, timeout=120)
     python = venv / "bin" / "python"
-    install = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(source)],
-                             capture_output=True, text=True, env=env, timeout=900)
+    install = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *pip_args,
+                              str(source)], capture_output=True, text=True, env=env, timeout=900)
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    return source, python, env
+
+
+def test_pip_install_into_a_fresh_venv_validates_build_yaml(tmp_path: Path) -> None:
+    _, python, env = _install_copy(tmp_path)
     proc = subprocess.run([str(python), "-c", CHECK, str(REPO)], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -55,7 +62,7 @@ def test_pip_install_into_a_fresh_venv_validates_build_yaml(tmp_path: Path) -> N
     assert "suite dummy-ok" in proc.stdout
 
     # the console command, outside the repository: init a starter project, then validate and plan it
-    imageforge = venv / "bin" / "imageforge"
+    imageforge = python.parent / "imageforge"
     project = tmp_path / "project"
     init = subprocess.run([str(imageforge), "init", "--dir", str(project)], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=120)
@@ -89,19 +96,7 @@ print(sorted(load_schema("build.schema.json")["$defs"])[:1], sorted(load_schema(
 
 def test_editable_install_reads_the_top_level_schema_folder(tmp_path: Path) -> None:
     """`pip install -e .`: no copy of the schemas is made; the checkout's schema/ is what validates."""
-    source = tmp_path / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "setup.py", "MANIFEST.in"):
-        shutil.copy(REPO / name, source)
-    shutil.copytree(REPO / "schema", source / "schema")
-    shutil.copytree(REPO / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=env, timeout=120)
-    python = venv / "bin" / "python"
-    install = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-e",
-                              str(source)], capture_output=True, text=True, env=env, timeout=900)
-    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    source, python, env = _install_copy(tmp_path, "-e")
     assert not (source / "src" / "imageforge" / "schema").exists()
     proc = subprocess.run([str(python), "-c", SCHEMAS], capture_output=True, text=True, env=env, cwd=tmp_path,
                           timeout=120)
