@@ -6,7 +6,9 @@
   command runs vllm: `start_server`, `invoke run/smoke/bench/equiv/...` subprocesses, and the containers
   test_submission and test_export start themselves); in-place servers (a process, in a box container or on the host)
   from a poll of /proc for a process whose command line runs vllm's server and whose parent does not (the top process
-  of each server), leaving out the main process of a container already counted. It counts what the machine does while
+  of each server), leaving out the main process of a container already counted; a server that is the first process of
+its PID namespace (``NSpid`` ends in 1: a container's main process, e.g. one on test_export's second daemon, whose
+events this daemon never sees) counts as a Docker-mode start. It counts what the machine does while
   the session runs: on a shared machine other users' servers count too (CI has the machine alone). Each start is
   put down to the test running when it was seen (session fixtures: the first test that asked for them), and the
   summary lists the starts per test file.
@@ -40,7 +42,8 @@ class VllmStarts:
     def __init__(self, *, count_fakes: bool = False) -> None:
         self.count_fakes = count_fakes
         self.containers: dict[str, str] = {}  # container id -> the test running when it started
-        self.processes: dict[tuple[int, str], tuple[str, str]] = {}  # (pid, start time) -> (its cgroups, test)
+        # (pid, start time) -> (its cgroups, test, whether it is its PID namespace's first process: a container's)
+        self.processes: dict[tuple[int, str], tuple[str, str, bool]] = {}
         self.current = "(outside any test)"
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -91,8 +94,11 @@ class VllmStarts:
                 if not self.count_fakes and self.FAKE in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
                     continue
                 cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+                nspid = next((line.split()[1:] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                              if line.startswith("NSpid:")), [])
+                container_main = len(nspid) > 1 and nspid[-1] == "1"
                 with self._lock:
-                    self.processes.setdefault((pid, started), (cgroup, self.current))
+                    self.processes.setdefault((pid, started), (cgroup, self.current, container_main))
 
     def start(self) -> None:
         for target in (self._watch_docker, self._poll_processes):
@@ -109,10 +115,11 @@ class VllmStarts:
 
     def lines(self) -> list[str]:
         with self._lock:
-            docker_tests = list(self.containers.values())
             # the main process of a container counted from its start event is not a second start
-            process_tests = [test for cgroup, test in self.processes.values()
-                             if not any(cid in cgroup for cid in self.containers)]
+            unseen = [(test, main) for cgroup, test, main in self.processes.values()
+                      if not any(cid in cgroup for cid in self.containers)]
+            docker_tests = [*self.containers.values(), *(test for test, main in unseen if main)]
+            process_tests = [test for test, main in unseen if not main]
         per_file: dict[str, list[int]] = {}
         for tests, column in ((docker_tests, 0), (process_tests, 1)):
             for test in tests:

@@ -53,3 +53,28 @@ def test_a_server_process_counts_once_and_its_workers_not() -> None:
     assert "   1 in Docker,  0 in place  tests/integration/test_x.py" in lines
     assert lines[-1] == (f"{len(counter.processes) + 1} vLLM starts (1 in Docker containers, "
                          f"{len(counter.processes)} as processes in place)")
+
+
+def test_a_server_that_is_its_pid_namespaces_first_process_counts_as_docker_mode() -> None:
+    """A container's main process (e.g. on test_export's second daemon, whose events the session never sees) is a
+    Docker-mode start; a server started inside a running container (the box) is an in-place one."""
+    if os.geteuid() != 0 or subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True).returncode:
+        pytest.skip("needs root and unshare(1) to make a PID namespace")
+    counter = VllmStarts(count_fakes=True)
+    counter._scan_proc()
+    before = set(counter.processes)
+    counter.current = "tests/integration/test_x.py::test_y"
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "bash", "-c", 'exec -a "vllm serve /model" sleep 30'],
+                            start_new_session=True, env={**os.environ, "IMAGEFORGE_TEST_FAKE_VLLM": "1"})
+    try:
+        deadline = time.monotonic() + 10
+        new: dict[tuple[int, str], tuple[str, str, bool]] = {}
+        while time.monotonic() < deadline and not new:
+            time.sleep(0.1)
+            counter._scan_proc()
+            new = {k: v for k, v in counter.processes.items() if k not in before}
+        assert len(new) == 1 and next(iter(new.values()))[2] is True, new
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert "   1 in Docker,  0 in place  tests/integration/test_x.py" in counter.lines()
