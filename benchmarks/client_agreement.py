@@ -251,9 +251,9 @@ def start_server(profile: str, server_cpu: str) -> tuple[Any, str, str, str]:
     from imageforge.docker_engine import client
     from imageforge.manifest import load_manifest
     from imageforge.resolve import resolve
-    from imageforge.run import HOST, free_port
-    from imageforge.runs import new_run_id
-    from imageforge.server_spec import container_spec
+    from imageforge.rundirs import new_run_id
+    from imageforge.serve.container import HOST, free_port
+    from imageforge.serve.spec import container_spec
     from imageforge.waits import probe_health, wait_until
 
     # prefix caching off: every client of a round sends the same prompts, and each run must compute all of them

@@ -23,7 +23,7 @@ import httpx
 
 from imageforge.manifest import load_manifest
 from imageforge.resolve import resolve
-from imageforge.run import serving
+from imageforge.serve.container import serving
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [

@@ -4,7 +4,7 @@ Each function takes the command's :class:`~imageforge.settings.Settings` (the to
 once from the command line and the environment), loads the manifest once, resolves the target
 and hands frozen values to the stage functions, lowest stage first::
 
-    manifest -> resolve -> plan -> base -> build (verify inside) -> run -> smoke/bench -> equiv/forensics
+    manifest -> resolve -> plan -> base -> build (verify inside) -> serve -> smoke/bench -> equiv/forensics
         -> export/submission
 
 Nothing here reads ``os.environ`` directly: it comes in through ``Settings.environ``.  The
@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from .manifest import Manifest
     from .plan import PlanReport
     from .resolve import Resolved, ValidationSummary
-    from .run import Server
-    from .serve_process import InPlace, ProcessServer
+    from .serve.container import Server
+    from .serve.process import InPlace, ProcessServer
     from .smoke import SmokeReport
     from .submission import SubmissionResult
     from .wheelhouse import Wheelhouse
@@ -186,14 +186,14 @@ def run(s: Settings, target: str | None, profile: str | None, sets: Sequence[str
     resolved = _resolve(s, load(s), target, profile, sets)
     if in_place is not None:
         from .errors import ConfigError
-        from .serve_process import start_detached as start_process
+        from .serve.process import start_detached as start_process
 
         if base:
             raise ConfigError("--in-place serves the files under --root: --base does not apply",
                               hint="`invoke revert` puts the root back as installed; then run --in-place")
         return start_process(resolved, in_place, port=port, timeout=timeout, host_address=s.host_address,
                              environ=s.environ)
-    from .run import start_detached
+    from .serve.container import start_detached
 
     return start_detached(resolved, base=base, port=port, timeout=timeout, host_address=s.host_address)
 
@@ -201,7 +201,7 @@ def run(s: Settings, target: str | None, profile: str | None, sets: Sequence[str
 def in_place(s: Settings, *, enabled: bool, root: str = "", python: str = "") -> InPlace | None:
     """The in-place options (`--in-place [--root DIR] [--python PATH]`) as an InPlace, or None without --in-place."""
     from .errors import ConfigError
-    from .serve_process import InPlace
+    from .serve.process import InPlace
 
     if not enabled:
         if root or python:
@@ -230,11 +230,11 @@ def stop(target: str | None, *, every: bool, s: Settings | None = None, in_place
     the Docker engine).
     """
     if in_place:
-        from .serve_process import stop_processes
+        from .serve.process import stop_processes
 
         root = (s or settings()).manifest.resolve().parent
         return [str(pid) for pid in stop_processes(root, target)]
-    from .run import stop_servers
+    from .serve.container import stop_servers
 
     return stop_servers(target, every=every)
 
@@ -306,7 +306,7 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
     from .bench import bench_target, print_bench, replay_report, replay_target, run_bench, verdict, write_bench
     from .bench.replay import replay_bench
     from .errors import ConfigError
-    from .runs import new_run_id, run_dir
+    from .rundirs import new_run_id, run_dir
     from .serving_client import check_url
 
     if replay is None:

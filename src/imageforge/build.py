@@ -78,8 +78,8 @@ from .labels import (
 from .manifest import Step, Target
 from .plan import Plan, PlannedStep, canonical, make_plan
 from .resolve import Resolved
-from .runs import RunLog, image_lock
-from .runs import new_run_id as new_run_id  # smoke and bench still import it from here
+from .rundirs import RunLog, image_lock
+from .rundirs import new_run_id as new_run_id  # smoke and bench still import it from here
 from .scripts import IDLE_LOOP
 from .steps import SERVING_CONFIG, ApplyContext, Changes, ContainerFS, Entry, StepProblem, kind
 from .verify import verified_contents, verify_context, verify_image, verify_spec

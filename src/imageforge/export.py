@@ -38,7 +38,7 @@ from .errors import BuildError, ConfigError, InfraError
 from .plan import Plan, make_plan
 from .progress import Tracker, progress
 from .resolve import Resolved
-from .runs import image_lock
+from .rundirs import image_lock
 
 Log = Callable[[str], None]
 CHUNK = 1 << 20

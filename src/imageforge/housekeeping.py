@@ -47,7 +47,7 @@ from .labels import L_FINAL, L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL, TOOL
 from .manifest import Manifest, Target
 from .plan import step_inputs
 from .resolve import Resolved
-from .runs import free_image_locks, runs_dir
+from .rundirs import free_image_locks, runs_dir
 
 Log = Callable[[str], None]
 LOCK_FILE = "build.lock"

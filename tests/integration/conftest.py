@@ -52,8 +52,8 @@ def cpu_resolved(docker_ready: None) -> Any:
 
 @pytest.fixture(scope="session")
 def cpu_server(cpu_resolved: Any) -> Iterator[Any]:
-    """The session's one running cpu server (imageforge.run.Server); removed when the session ends."""
-    from imageforge.run import serving
+    """The session's one running cpu server (imageforge.serve.container.Server); removed when the session ends."""
+    from imageforge.serve.container import serving
 
     with serving(cpu_resolved, environ=os.environ, log=_log) as server:
         yield server

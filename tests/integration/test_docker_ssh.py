@@ -200,7 +200,7 @@ def health_image(cpu_resolved: object) -> Iterator[str]:
     import io
     import tarfile
 
-    from imageforge.server_spec import container_port
+    from imageforge.serve.spec import container_port
 
     os_ref = next((t for i in de.client().images.list(name="imageforge/os") for t in i.tags), None)
     if os_ref is None:
@@ -225,7 +225,7 @@ def health_image(cpu_resolved: object) -> Iterator[str]:
 
 def test_a_server_on_the_ssh_host_is_reached_through_a_forward_that_is_closed_after(
         over_ssh: Sshd, health_image: str, cpu_resolved: object, monkeypatch: pytest.MonkeyPatch) -> None:
-    from imageforge.run import serving
+    from imageforge.serve.container import serving
 
     monkeypatch.setenv("DOCKER_HOST", over_ssh.url)
     de._client_for.cache_clear()
@@ -247,12 +247,12 @@ def test_a_server_on_the_ssh_host_is_reached_through_a_forward_that_is_closed_af
 
 def test_run_leaves_its_forward_up_and_stop_closes_it(over_ssh: Sshd, health_image: str, cpu_resolved: object,
                                                       monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from imageforge.run import forward_record, start_detached, stop_servers
+    from imageforge.serve.container import forward_record, start_detached, stop_servers
 
     monkeypatch.setenv("DOCKER_HOST", over_ssh.url)
     monkeypatch.setenv("IMAGEFORGE_CACHE", str(tmp_path / "cache"))
     de._client_for.cache_clear()
-    monkeypatch.setattr("imageforge.run.image_for", lambda *a, **k: health_image)  # no build: the tiny image
+    monkeypatch.setattr("imageforge.serve.container.image_for", lambda *a, **k: health_image)  # no build: tiny image
     server = start_detached(cpu_resolved, base=False, port=None, timeout=120,  # type: ignore[arg-type]
                             host_address="127.0.0.1", log=print)
     try:

@@ -36,7 +36,7 @@ def taken_port() -> Iterator[int]:
 
 def test_run_base_prints_url_then_stop_removes_it(invoke_cli: Callable[..., Any],
                                                    containers_labelled: Callable[..., list[Any]]) -> None:
-    from imageforge.run import L_STARTED_BY, STARTED_BY_RUN
+    from imageforge.serve.container import L_STARTED_BY, STARTED_BY_RUN
 
     port = free_port()
     run_id: str | None = None
@@ -88,7 +88,7 @@ def test_stop_leaves_servers_it_did_not_start(cpu_server: Any, invoke_cli: Calla
 
 def test_serving_removes_the_container_on_interrupt(cpu_resolved: Any,
                                                     containers_labelled: Callable[..., list[Any]]) -> None:
-    from imageforge.run import serving
+    from imageforge.serve.container import serving
 
     lines: list[str] = []
     with pytest.raises(KeyboardInterrupt), serving(cpu_resolved, environ=os.environ, wait=False,
@@ -103,7 +103,7 @@ def test_serving_removes_the_container_on_interrupt(cpu_resolved: Any,
 
 def test_missing_image_is_an_infra_error(cpu_resolved: Any) -> None:
     from imageforge.errors import InfraError
-    from imageforge.run import start_server
+    from imageforge.serve.container import start_server
 
     with pytest.raises(InfraError) as info:
         start_server(cpu_resolved, environ=os.environ, image="imageforge-test/does-not-exist:1", log=lambda _l: None)

@@ -181,7 +181,7 @@ def test_bad_suite_file(invoke_cli: Callable[..., Any], tmp_path: Path, text: st
 
 def test_server_killed_mid_suite(cpu_resolved: Any, tmp_path: Path,
                                  containers_labelled: Callable[..., list[Any]]) -> None:
-    from imageforge.run import serving
+    from imageforge.serve.container import serving
 
     suite_path = tmp_path / "kill.yaml"
     suite_path.write_text(textwrap.dedent("""\

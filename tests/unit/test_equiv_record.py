@@ -17,7 +17,7 @@ from imageforge.equiv.run import check_fits, required_resolved
 from imageforge.errors import ConfigError
 from imageforge.manifest import load_manifest
 from imageforge.resolve import resolve
-from imageforge.serve_process import InPlace, running_records
+from imageforge.serve.process import InPlace, running_records
 from imageforge.tolerances import EquivSettings
 
 from .test_equiv import evidence, pos

@@ -17,12 +17,12 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = "imageforge"
 
 #: Lowest first. The pipeline reads upwards: manifest -> resolve -> plan -> build (its verify layer
-#: inside) -> run -> smoke/bench -> export, over the primitives at the bottom; app is the front door.
+#: inside) -> serve -> smoke/bench -> export, over the primitives at the bottom; app is the front door.
 STAGES: tuple[tuple[str, ...], ...] = (
     ("errors", "labels", "settings"),  # one error root, every label, the tool's own options
-    # pure helpers; runs and locks; HTTP wire formats and the health wait; equiv tolerances
-    ("yamldoc", "patching", "pycheck", "patchfrom", "runs", "cli", "serving_client", "waits", "tolerances", "starter",
-     "progress", "wheelhouse_join", "wheelhouse"),  # wheelhouse_join: the stdlib joiner shipped beside the parts
+    # pure helpers; run directories and locks; HTTP wire formats and the health wait; equiv tolerances
+    ("yamldoc", "patching", "pycheck", "patchfrom", "rundirs", "cli", "serving_client", "waits", "tolerances",
+     "starter", "progress", "wheelhouse_join", "wheelhouse"),  # wheelhouse_join: the stdlib joiner beside the parts
     ("docker_engine",),  # the daemon: engine setup, SDK client, the one error translator, container files
     ("manifest",),
     ("resolve",),
@@ -32,7 +32,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("verify", "housekeeping"),  # the verify layer's checks; build.lock and clean
     ("build", "checkpatches", "flagcheck"),  # the layers; dry runs of the steps; serving flags learnt, cached
     ("inplace",),  # the steps applied to the machine itself through a journal; revert, status
-    ("server_spec", "run", "serve_process"),  # the serving container; the server as a process (in place)
+    ("serve",),  # the server runtime: the container (spec, container), the server as a process (in place)
     ("smoke", "bench"),  # checks and load against a server (bench: the evaluator replay, its metrics, plots)
     ("equiv", "forensics"),  # teacher-forced comparison; bisect and ablate over the step chain
     ("export", "submission"),  # the deliverables: a saved image; the tree the platform builds

@@ -1,4 +1,4 @@
-"""run.py without a daemon: container options, ports, readiness failures."""
+"""serve/container.py and serve/spec.py without a daemon: container options, ports, readiness failures."""
 
 from __future__ import annotations
 
@@ -16,8 +16,17 @@ import pytest
 from imageforge.errors import InfraError, SmokeError
 from imageforge.manifest import Volume, frozen_map, load_manifest
 from imageforge.resolve import Resolved, resolve
-from imageforge.run import HOST, Progress, Server, exit_hint, free_port, port_in_use, port_taken_error, wait_ready
-from imageforge.server_spec import (
+from imageforge.serve.container import (
+    HOST,
+    Progress,
+    Server,
+    exit_hint,
+    free_port,
+    port_in_use,
+    port_taken_error,
+    wait_ready,
+)
+from imageforge.serve.spec import (
     base_command,
     cli_args,
     container_port,
@@ -272,7 +281,7 @@ def test_timeout_reports_state_and_hint(tmp_path: Path) -> None:
 
 
 def test_host_address_publishes_there_and_daemon_may_pick_the_port(cpu: Resolved, tmp_path: Path) -> None:
-    from imageforge.run import default_host_address
+    from imageforge.serve.container import default_host_address
 
     (tmp_path / ".imageforge" / "models" / "tiny-qwen3-moe").mkdir(parents=True)
     spec = container_spec(rooted(cpu, tmp_path), "img", host_port=None, run_id="r4", environ={},

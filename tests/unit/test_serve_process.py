@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from imageforge import serve_process as sp
 from imageforge.errors import InfraError, SmokeError
 from imageforge.manifest import load_manifest
 from imageforge.resolve import Resolved, resolve
-from imageforge.run import free_port
+from imageforge.serve import process as sp
+from imageforge.serve.container import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -289,7 +289,7 @@ def test_the_process_path_never_imports_docker(tmp_path: Path) -> None:
         from imageforge import app
         from imageforge.manifest import load_manifest
         from imageforge.resolve import resolve
-        from imageforge.serve_process import process_spec, InPlace
+        from imageforge.serve.process import process_spec, InPlace
         r = resolve(load_manifest(Path({str(REPO / "build.yaml")!r})), "cpu", None, environ={{}})
         r = replace(r, manifest=replace(r.manifest, root=Path({str(tmp_path)!r})))
         process_spec(r, host="127.0.0.1", port=1, run_directory=Path({str(tmp_path)!r}), python={str(python)!r},
@@ -322,7 +322,7 @@ def test_run_and_stop_in_place_never_import_docker(fake: Resolved) -> None:
     code = textwrap.dedent(f"""\
         import sys
         from imageforge import app
-        from imageforge.run import free_port
+        from imageforge.serve.container import free_port
         s = app.settings(manifest={str(fake.manifest.root / "build.yaml")!r})
         where = app.in_place(s, enabled=True, python=sys.executable)
         server = app.run(s, "p", None, [], base=False, port=free_port(), timeout=20, in_place=where)

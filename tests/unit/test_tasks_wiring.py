@@ -87,7 +87,7 @@ def test_equiv_options_reach_app_equiv(tasks_ns: Any, monkeypatch: pytest.Monkey
 
 
 def test_in_place_options_reach_equiv_run_smoke_bench(tasks_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from imageforge.serve_process import InPlace
+    from imageforge.serve.process import InPlace
 
     where = InPlace(Path("/box"), "/opt/venv/bin/python3")
     for name, argv in (("equiv", ["--record", "ref.json"]), ("run", []), ("smoke", []), ("bench", []),

@@ -15,7 +15,7 @@ from typing import Any
 from imageforge import docker_engine as de
 from imageforge.errors import BuildError
 from imageforge.progress import progress
-from imageforge.runs import file_lock
+from imageforge.rundirs import file_lock
 from imageforge.settings import cache_dir
 
 from .model import default_model_dir

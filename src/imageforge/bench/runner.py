@@ -28,7 +28,7 @@ Log = Callable[[str], None]
 METRICS_SETTLE = 5.0  # seconds to wait for /metrics counters to catch up with the last response
 
 async def _run(url: str, workload: Workload, echo: Log, transport: Any = None) -> BenchResult:
-    from ..runs import new_run_id
+    from ..rundirs import new_run_id
 
     client = BenchClient(url, workload, transport)
     try:
@@ -211,9 +211,9 @@ def bench_target(resolved: Any, workload: Workload, *, environ: Mapping[str, str
                  host_address: str | None = None, in_place: Any = None) -> BenchResult:
     """Build (or reuse) TARGET:PROFILE, serve it on ``host_address``, bench it, always remove the server.
 
-    ``in_place`` (a :class:`imageforge.serve_process.InPlace`): served as a process from its root instead."""
-    from ..run import serving
-    from ..runs import new_run_id
+    ``in_place`` (a :class:`imageforge.serve.process.InPlace`): served as a process from its root instead."""
+    from ..rundirs import new_run_id
+    from ..serve.container import serving
 
     if in_place is not None:
         serving = in_place.serving
@@ -239,13 +239,13 @@ def replay_target(resolved: Any, options: Any, *, environ: Mapping[str, str] | N
                   host_address: str | None = None, in_place: Any = None) -> Any:
     """Build (or reuse) TARGET:PROFILE, serve it, replay one at a time (:func:`.replay.replay_bench`), remove it.
 
-    ``in_place`` (a :class:`imageforge.serve_process.InPlace`): served as a process from its root instead.
+    ``in_place`` (a :class:`imageforge.serve.process.InPlace`): served as a process from its root instead.
 
     The generated workload is scaled to ``options.max_model_len``, else the server's max_model_len, else the
     target's resolved ``max-model-len``.
     """
-    from ..run import serving
-    from ..runs import new_run_id
+    from ..rundirs import new_run_id
+    from ..serve.container import serving
     from .replay import replay_bench
 
     if in_place is not None:

@@ -22,8 +22,8 @@ from typing import Any
 from ..build import build_target
 from ..errors import ConfigError, ImageforgeError, SmokeError
 from ..resolve import resolve
-from ..run import serving
-from ..runs import new_run_id
+from ..rundirs import new_run_id
+from ..serve.container import serving
 from .metrics import PLATEAU_TOLERANCE, SCORE_CACHE_WEIGHT, SCORE_INPUT_WEIGHT, SCORE_OUTPUT_WEIGHT, plateau_index
 from .plots import NO_PLOTS, plot_sweep
 from .plots import available as plots_available
@@ -325,7 +325,7 @@ def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequen
     (:func:`rotations`); each point reports the median of its runs, their spread, and the median paired ratio
     of its score to the first point's in the same round.  Otherwise the points run one after the other (each
     server started, benched ``repeat`` times, removed). Servers are published on and reached at
-    ``host_address`` (default: from ``environ``).  ``in_place`` (a :class:`imageforge.serve_process.InPlace`):
+    ``host_address`` (default: from ``environ``).  ``in_place`` (a :class:`imageforge.serve.process.InPlace`):
     one point after the other served as a process on this machine; points whose steps are the same (they differ
     in serving flags only) reuse the applied files; the root is as before at the end.
     """

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from imageforge.docker_engine.endpoint import DEFAULT_SOCKETS, Endpoint, client_kwargs, resolve_endpoint
 from imageforge.errors import BuildError, InfraError
 from imageforge.labels import L_KIND, L_RECIPE_KEY, L_TOOL, TOOL
-from imageforge.runs import file_lock
+from imageforge.rundirs import file_lock
 
 if TYPE_CHECKING:  # pragma: no cover
     import docker

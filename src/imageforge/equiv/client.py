@@ -16,7 +16,7 @@ continuation of the same prompt ids.
 
 How the lead wires ``invoke equiv`` (tasks/app): resolve the image under test and the reference
 (default: the target's base with only the serving config), apply ``settings.serving_overrides()``
-(``dtype``) to both, start both servers at once on distinct ports (``imageforge.run``), then
+(``dtype``) to both, start both servers at once on distinct ports (``imageforge.serve.container``), then
 ``ref = collect_reference(ref_url, settings.prompts, top_k=..., greedy_tokens=...)``,
 ``cand = collect_against(cand_url, ref)``, ``verdict = gate(compare(ref, cand), settings.tolerance(),
 settings.dtype)``; write ``verdict.to_json()`` and both evidences under the run directory, print

@@ -40,7 +40,7 @@ from .record import Record, load_record, make_record, write_record
 
 if TYPE_CHECKING:
     from ..resolve import Resolved
-    from ..run import Server
+    from ..serve.container import Server
 
 Log = Callable[[str], None]
 EQUIV_SOURCE = "cli:equiv"  # provenance of the dtype both servers get (a variant: never the profile's tags)
@@ -142,8 +142,8 @@ def serving_pair(candidate: Side, reference: Side, *, environ: Mapping[str, str]
                  candidate_image: str | None = None,
                  host_address: str | None = None) -> Iterator[tuple[Server, Server]]:
     """Start both servers at once (distinct free ports on ``host_address``), wait for both, always remove both."""
-    from ..run import remove_server, sigterm_as_interrupt, start_server, wait_ready
-    from ..runs import new_run_id
+    from ..rundirs import new_run_id
+    from ..serve.container import remove_server, sigterm_as_interrupt, start_server, wait_ready
 
     environ = os.environ if environ is None else environ
     run_id = run_id or new_run_id()
@@ -212,7 +212,7 @@ def equiv_target(resolved: Resolved, *, against: str = "base", dtype: str | None
                  startup_timeout: float | None = None, host_address: str | None = None) -> EquivRun:
     """Build what is needed, serve both sides at once, compare, write the reports; never raises on a gate."""
     from ..build import build_target
-    from ..runs import new_run_id
+    from ..rundirs import new_run_id
 
     environ = os.environ if environ is None else environ
     settings = settings or resolved.target.equiv
@@ -264,7 +264,7 @@ def serving_one(side: Side, *, image: str | None, environ: Mapping[str, str], lo
         cm = in_place.serving(side.resolved, environ=environ, run_id=run_id, log=log,
                               startup_timeout=startup_timeout, host_address=host_address)
     else:
-        from ..run import serving
+        from ..serve.container import serving
 
         cm = serving(side.resolved, environ=environ, base=side.base, image=image, run_id=run_id, log=log,
                      startup_timeout=startup_timeout, host_address=host_address)
@@ -299,7 +299,7 @@ def record_reference(resolved: Resolved, path: Path, *, against: str = "base", d
     Docker: the reference ``--against`` names (default the base image with the serving config). In place:
     ``reference`` (default: what the root serves now, e.g. the required steps applied).
     """
-    from ..runs import new_run_id
+    from ..rundirs import new_run_id
 
     environ = os.environ if environ is None else environ
     settings = settings or resolved.target.equiv
@@ -331,7 +331,7 @@ def against_record(resolved: Resolved, record: Record, *, dtype: str | None = No
                    environ: Mapping[str, str] | None = None, echo: Log = print, startup_timeout: float | None = None,
                    host_address: str | None = None, in_place: Any = None, where: str = "") -> EquivRun:
     """``equiv --against FILE``: serve the candidate alone, score the recorded sequences, gate in the record's dtype."""
-    from ..runs import new_run_id
+    from ..rundirs import new_run_id
 
     environ = os.environ if environ is None else environ
     if dtype and dtype != record.dtype:
@@ -372,7 +372,7 @@ def equiv_in_place(resolved: Resolved, in_place: Any, *, record: Path | None = N
     * ``against`` only: the candidate (TARGET:PROFILE applied) compared with that record;
     * neither: both, the record kept in the run directory (two server starts).
     """
-    from ..runs import new_run_id
+    from ..rundirs import new_run_id
 
     environ = os.environ if environ is None else environ
     settings = settings or resolved.target.equiv

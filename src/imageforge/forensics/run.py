@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from ..build import BuildResult
     from ..manifest import Step
     from ..resolve import Resolved
-    from ..run import Server
+    from ..serve.container import Server
     from ..smoke import Suite
 
 Log = Callable[[str], None]
@@ -208,7 +208,7 @@ def bisect_target(resolved: Resolved, *, checks: Sequence[str] = (), suite_path:
     each cut's steps applied under its root and served as a process, one at a time (equiv: the base's evidence is
     recorded first, then each cut is compared with it); the root is as before at the end.
     """
-    from ..runs import new_run_id
+    from ..rundirs import new_run_id
 
     environ = os.environ if environ is None else environ
     steps = resolved.steps
@@ -297,13 +297,13 @@ class _Probing:
     echo: Log
     startup_timeout: float | None
     host_address: str | None
-    in_place: Any = None  # an imageforge.serve_process.InPlace: apply the cut under its root, serve a process
+    in_place: Any = None  # an imageforge.serve.process.InPlace: apply the cut under its root, serve a process
 
 
 def _probe_cut(k: int, build_as: Resolved, serve_as: Resolved, p: _Probing, *, what: str, no_server: str,
                measure: Callable[[Server, Log], Outcome]) -> Outcome:
     """Build the image after step ``k``, serve it, ``measure`` it: a build or start failure is a failing cut."""
-    from ..run import serving
+    from ..serve.container import serving
 
     log = _quiet(p.run_dir / f"cut-{k}.log")
     p.echo(f"bisect: probing k={k}{what} (log {p.run_dir / f'cut-{k}.log'})")
@@ -359,7 +359,7 @@ def _equiv_reference(resolved: Resolved, *, environ: Mapping[str, str], echo: Lo
     """The base reference server, started once for a whole equiv bisect (in place: its evidence, recorded first)."""
     from ..equiv.client import collect_reference
     from ..equiv.run import check_dtype, renamed, with_serving_value
-    from ..run import serving
+    from ..serve.container import serving
 
     settings = resolved.target.equiv
     dtype = check_dtype(settings.dtype)
@@ -449,8 +449,8 @@ def ablate_target(resolved: Resolved, workload: Workload, *, steps: Sequence[str
     Every server is published on and reached at ``host_address`` (default: from ``environ``).
     """
     from ..bench import run_bench
-    from ..run import serving
-    from ..runs import new_run_id
+    from ..rundirs import new_run_id
+    from ..serve.container import serving
 
     workload.validate()
     environ = os.environ if environ is None else environ
@@ -542,7 +542,7 @@ def ablate_in_place(resolved: Resolved, workload: Workload, in_place: Any, *, st
     from ..equiv.client import collect_against, collect_reference
     from ..equiv.compare import compare, gate
     from ..equiv.run import served_dtype
-    from ..runs import new_run_id
+    from ..rundirs import new_run_id
 
     workload.validate()
     environ = os.environ if environ is None else environ

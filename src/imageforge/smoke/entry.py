@@ -45,7 +45,7 @@ def run_suite(
     Returns the report (``report.ok`` says whether everything passed); raises SmokeError only
     when no server answers at all.
     """
-    from ..runs import new_run_id
+    from ..rundirs import new_run_id
 
     run_id = run_id or new_run_id()
     t0 = time.monotonic()
@@ -123,7 +123,7 @@ def suite_for(resolved: Any, explicit: str | None) -> Path:
 def smoke_url(url: str, *, suite_path: Path, tags: Sequence[str], run_root: Path, echo: Log = print,
               vars: Mapping[str, Any] | None = None, wait: float = 0.0) -> SmokeReport:
     """``invoke smoke --url``: a server somebody else started."""
-    from ..runs import new_run_id
+    from ..rundirs import new_run_id
 
     check_url(url)
     suite = load_suite(suite_path)
@@ -147,11 +147,11 @@ def smoke_target(resolved: Any, *, environ: Mapping[str, str] | None = None, sui
     """``invoke smoke --target T --profile P``: build if needed, serve, run the suite, always remove.
 
     The server is published on and reached at ``host_address`` (default: from ``environ``, else 127.0.0.1).
-    ``in_place`` (a :class:`imageforge.serve_process.InPlace`): the target's serving command as a process on
+    ``in_place`` (a :class:`imageforge.serve.process.InPlace`): the target's serving command as a process on
     this machine, serving the files under its root, instead of a container.
     """
-    from ..run import serving
-    from ..runs import new_run_id
+    from ..rundirs import new_run_id
+    from ..serve.container import serving
 
     if in_place is not None:
         serving = in_place.serving

@@ -1,6 +1,6 @@
 """Start a target's serving container, wait until it is ready, stop it again.
 
-* :func:`start_server` creates the container :func:`imageforge.server_spec.container_spec`
+* :func:`start_server` creates the container :func:`imageforge.serve.spec.container_spec`
   describes (the built ``<image>:<profile>``, or the base image with ``base=True``) and starts it.
 * The container port is published on 127.0.0.1 only (or ``--host-address``), on ``port`` or on a
   free port.
@@ -30,10 +30,10 @@ from typing import Any, TypedDict
 
 from typing_extensions import Unpack
 
-from . import settings
-from .base import base_reference
-from .build import build_target
-from .docker_engine import (
+from .. import settings
+from ..base import base_reference
+from ..build import build_target
+from ..docker_engine import (
     client,
     daemon_errors,
     endpoint,
@@ -41,12 +41,12 @@ from .docker_engine import (
     explanation,
     image_or_none,
 )
-from .docker_engine.forward import SSHForward, end_recorded
-from .errors import ConfigError, InfraError, SmokeError
-from .labels import L_KIND, L_RUN, L_STARTED_BY, L_TARGET, L_TOOL, TOOL
-from .resolve import Resolved
-from .runs import new_run_id, run_dir
-from .server_spec import KIND_SERVER, container_port, container_spec
+from ..docker_engine.forward import SSHForward, end_recorded
+from ..errors import ConfigError, InfraError, SmokeError
+from ..labels import L_KIND, L_RUN, L_STARTED_BY, L_TARGET, L_TOOL, TOOL
+from ..resolve import Resolved
+from ..rundirs import new_run_id, run_dir
+from .spec import KIND_SERVER, container_port, container_spec
 
 Log = Callable[[str], None]
 
@@ -366,7 +366,7 @@ def wait_ready(
     """
     import httpx
 
-    from .waits import probe_health, wait_until
+    from ..waits import probe_health, wait_until
 
     progress = Progress(f"waiting for {server.url}/health", log, stream=progress_stream)
     t0 = server.started

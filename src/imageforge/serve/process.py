@@ -1,7 +1,7 @@
 """The server as a process: a target's serving command run on this machine, without Docker (in-place mode).
 
-The container runtime (:mod:`imageforge.server_spec` + :mod:`imageforge.run`) and this process runtime serve the
-same thing: :func:`process_spec` renders the command exactly as the container gets it (style ``argv``: the
+The container runtime (:mod:`imageforge.serve.spec` + :mod:`imageforge.serve.container`) and this process runtime
+serve the same thing: :func:`process_spec` renders the command exactly as the container gets it (style ``argv``: the
 command and every flag; style ``config``: ``command --config FILE`` with the file rendered by
 :func:`imageforge.plan.render_serving_config` into the run directory, never ``/etc``), then:
 
@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import settings
-from .errors import ConfigError, InfraError, SmokeError
-from .plan import flag_argv, render_serving_config
-from .resolve import Resolved, Value
-from .runs import new_run_id, run_dir, runs_dir
-from .server_spec import volume_binds
+from .. import settings
+from ..errors import ConfigError, InfraError, SmokeError
+from ..plan import flag_argv, render_serving_config
+from ..resolve import Resolved, Value
+from ..rundirs import new_run_id, run_dir, runs_dir
+from .spec import volume_binds
 
 Log = Callable[[str], None]
 
@@ -72,13 +72,13 @@ class InPlace:
     imports: bool = True  # verify's import check after an apply (off where the target cannot import)
 
     def serving(self, resolved: Resolved, **options: Any) -> contextlib.AbstractContextManager[ProcessServer]:
-        """:func:`serving` with this root and interpreter (the shape of :func:`imageforge.run.serving`)."""
+        """:func:`serving` with this root and interpreter (the shape of :func:`imageforge.serve.container.serving`)."""
         return serving(resolved, self, **options)
 
     def applied_state(self) -> tuple[str, str, tuple[str, ...]] | None:
         """(target, profile, step ids) the root's journal holds, or None (nothing applied)."""
-        from .inplace import Journal
-        from .inplace.apply import VERIFY_STEP
+        from ..inplace import Journal
+        from ..inplace.apply import VERIFY_STEP
 
         journal = Journal.load(self.root)
         if journal is None or not journal.data.get("applied"):
@@ -89,7 +89,7 @@ class InPlace:
 
     def apply(self, resolved: Resolved, *, environ: Mapping[str, str] | None = None, log: Log = print) -> str:
         """Exactly ``resolved.steps`` applied under the root (none: reverted); what the root serves now."""
-        from . import inplace
+        from .. import inplace
 
         ids = [s.id for s in resolved.steps]
         t0 = time.monotonic()
@@ -106,8 +106,8 @@ class InPlace:
     @contextlib.contextmanager
     def kept(self, manifest: Any, *, environ: Mapping[str, str] | None = None, log: Log = print) -> Iterator[None]:
         """Run the block, then put the root back as it was before it (also after an error)."""
-        from . import inplace
-        from .resolve import resolve
+        from .. import inplace
+        from ..resolve import resolve
 
         before = self.applied_state()
         try:
@@ -358,7 +358,7 @@ def port_holder(port: int, proc: Path = Path("/proc")) -> int | None:
 
 @dataclass
 class ProcessServer:
-    """A started serving process (the interface smoke/bench use of :class:`imageforge.run.Server`)."""
+    """A started serving process (the interface smoke/bench use of :class:`imageforge.serve.container.Server`)."""
 
     popen: subprocess.Popen[bytes] | None
     pid: int
@@ -481,7 +481,7 @@ def check_shm(resolved: Resolved, shm: Path = Path("/dev/shm")) -> None:
 
 def refuse_if_busy(root: Path, host: str, port: int | None) -> None:
     """Exit 5 when a recorded server is still up (one at a time) or ``port`` is taken, naming the pid."""
-    from .run import port_in_use
+    from .container import port_in_use
 
     for data in running_records(root):
         raise InfraError(
@@ -503,7 +503,7 @@ def start_process(resolved: Resolved, in_place: InPlace, *, environ: Mapping[str
                   port: int | None = None, run_id: str | None = None, host_address: str | None = None,
                   log: Log = print, record: Mapping[str, Any] | None = None) -> ProcessServer:
     """Render, check (shm, one server, port), start in a new session, record; no waiting."""
-    from .run import free_port, port_in_use
+    from .container import free_port, port_in_use
 
     environ = os.environ if environ is None else environ
     host = host_address or settings.host_address(None, environ)
@@ -541,8 +541,8 @@ def wait_process_ready(server: ProcessServer, *, timeout: float, log: Log = prin
     """Poll ``/health`` until 200 (the seconds it took); the process exiting or the timeout raises with its log."""
     import httpx
 
-    from .run import Progress, exit_hint
-    from .waits import probe_health, wait_until
+    from ..waits import probe_health, wait_until
+    from .container import Progress, exit_hint
 
     progress = Progress(f"waiting for {server.url}/health", log)
     last = "no answer yet"
@@ -648,7 +648,7 @@ def serving(resolved: Resolved, in_place: InPlace, *, startup_timeout: float | N
 
     Container-only options (``base``, ``image``, ``build_image``, ``labels``) are refused when set.
     """
-    from .run import sigterm_as_interrupt
+    from .container import sigterm_as_interrupt
 
     bad = sorted(k for k, v in unused.items() if v and k in ("base", "image"))
     if bad:

@@ -1,4 +1,4 @@
-"""Runs and locks: run ids, the run directory and its log, file locks (through ``filelock``).
+"""Run directories and locks: run ids, the run directory and its log, file locks (through ``filelock``).
 
 Every command that leaves a record writes it under ``<manifest dir>/.imageforge/runs/<run id>/``
 (:func:`run_dir`, the one place that path is spelled); builds of one image name are serialised by

@@ -14,11 +14,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import settings
-from .errors import InfraError
-from .labels import L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL, TOOL
-from .plan import fit_command, flag_argv, serving_argv
-from .resolve import Resolved
+from .. import settings
+from ..errors import InfraError
+from ..labels import L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL, TOOL
+from ..plan import fit_command, flag_argv, serving_argv
+from ..resolve import Resolved
 
 KIND_SERVER = "server"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")

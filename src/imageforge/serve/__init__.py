@@ -1,0 +1,9 @@
+"""Serving a target: the server runtime, in a container or as a process on this machine (in-place mode).
+
+* :mod:`.spec`: what a serving container is (the docker SDK's ``containers.create`` arguments), pure;
+* :mod:`.container`: the container runtime: ``start_server``, ``wait_ready``, ``serving``, ``start_detached``,
+  ``stop_servers``;
+* :mod:`.process`: the same serving command as a process, without Docker (``apply --in-place``'s server).
+
+Nothing is imported here: ``imageforge.serve.process`` must not pull in the container runtime's imports.
+"""
