@@ -6,7 +6,8 @@
 * ``cpu_variant`` -- writes a manifest into a tmp dir whose ``cpu`` target is the repository's
   plus extra steps (a broken overlay, a bad patch ...), under its own image name; the shared
   steps reuse the cached layers of the real target.
-* ``invoke_cli`` -- runs ``invoke`` in a subprocess and returns (exit code, output).
+* ``invoke_cli`` -- runs ``imageforge ARGS`` (in this process; ``process=True``: a child) and returns (exit
+  code, output, stdout).
 
 Other test modules may add fixtures here (each listed above). Helpers that are not fixtures (free port, the cpu
 base's references, the OS image by its computed tag, run in a directory, invoke) are in ``helpers.py``; the
@@ -18,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import subprocess
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +27,9 @@ from typing import Any
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-INVOKE = REPO / ".venv" / "bin" / "invoke"
+from tests.integration import helpers
+
+REPO = helpers.REPO
 
 
 def _log(line: str) -> None:
@@ -68,10 +69,11 @@ class Cli:
 
 @pytest.fixture(scope="session")
 def invoke_cli() -> Callable[..., Cli]:
-    def run(*args: str, timeout: float = 900, env: dict[str, str] | None = None, cwd: Path = REPO) -> Cli:
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        proc = subprocess.run([str(INVOKE), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                              env=full_env)
+    """``imageforge ARGS`` (:func:`helpers.invoke`: in this process; ``process=True`` for a child process)."""
+
+    def run(*args: str, timeout: float = 900, env: dict[str, str] | None = None, cwd: Path = REPO,
+            process: bool = False) -> Cli:
+        proc = helpers.invoke(*args, expect=None, timeout=timeout, env=env, cwd=cwd, process=process)
         output = proc.stdout + proc.stderr
         print(output[-6000:])
         return Cli(proc.returncode, output, proc.stdout)

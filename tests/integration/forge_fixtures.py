@@ -19,7 +19,6 @@ import contextlib
 import hashlib
 import io
 import json
-import os
 import re
 import secrets
 import shutil
@@ -221,16 +220,12 @@ targets:
     return path, target
 
 
-def invoke(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
-           check: bool = False) -> subprocess.CompletedProcess[str]:
-    """Run `invoke ARGS` as a user would (from the repo root), capturing output."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    full_env.pop("IMAGEFORGE_TRACEBACK", None)
-    proc = subprocess.run([str(INVOKE), *args], cwd=REPO, env=full_env, capture_output=True, text=True,
-                          timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"invoke {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
+def invoke(*args: str, env: dict[str, str] | None = None, timeout: float = 600, check: bool = False,
+           process: bool = False) -> subprocess.CompletedProcess[str]:
+    """``imageforge ARGS`` as a user runs it from the repo root (:func:`helpers.invoke`: in this process unless
+    ``process``), output captured, without IMAGEFORGE_TRACEBACK (the tests read what a user reads)."""
+    return helpers.invoke(*args, expect=0 if check else None, timeout=timeout, process=process,
+                          env={"IMAGEFORGE_TRACEBACK": None, **(env or {})})
 
 
 def assert_clean_failure(proc: subprocess.CompletedProcess[str], code: int) -> None:

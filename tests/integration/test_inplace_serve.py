@@ -1,8 +1,9 @@
 """In-place serving rehearsed in a box (issue 21 items 4-7): no Docker inside, the server as a process.
 
 One box for the module (:mod:`box_fixture`: the cpu base image, ``--shm-size 1g``, no network, no Docker
-socket, imageforge in its own venv).  vLLM starts: nine (run, bench --replay, equiv --record and --against,
-ablate over two steps: full, two variants, full; run again for the evaluator suite, last) -- each 30-110 s here.
+socket, imageforge in its own venv).  vLLM starts: eight (run, serving both the dummy suite and the evaluator
+suite's dummy-ok checks; bench --replay; equiv --record and --against; ablate over two steps: full, two variants,
+full) -- each 30-110 s here.
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ def test_apply_run_in_place_then_smoke_then_stop(box: Box) -> None:
         assert code == 0 and re.search(r"^\d+ passed, 0 failed$", smoke, re.M), smoke
         RESULTS["apply_to_smoke_verdict_s"] = time.monotonic() - t0
         Path("/tmp/imageforge-inplace-serve-results.json").write_text(json.dumps(RESULTS))
+        # the same server for the evaluator suite's dummy-ok checks (~55 checks: 4-9 min on 2 shared cores)
+        code, evaluator = box.invoke("smoke", "--url", url.group(1), "--target", "cpu", "--suite",
+                                     "smoke/evaluator.yaml", "--tags", "dummy-ok", timeout=1500)
+        assert code == 0 and re.search(r"^\d+ passed, 0 failed$", evaluator, re.M), evaluator
     finally:
         code, stopped = box.invoke("stop", "--in-place", timeout=120)
     assert code == 0 and f"stopped pid {pid.group(1)}" in stopped and "terminated" in stopped, stopped
@@ -134,18 +139,3 @@ def test_ablate_in_place_over_two_steps(box: Box) -> None:
         assert row["equiv"] == "pass", row  # the prefill tiles are inert on CPU: same logprobs
     assert table["workload"]["schedule"] == "in place: full, variants, full"
     assert _journal(box) == "none"  # the root as before the command: nothing applied
-
-
-@pytest.mark.timeout(2400)
-def test_evaluator_suite_dummy_ok_against_run_in_place(box: Box) -> None:
-    """Last (its ~55 checks take 4-9 min on 2 shared cores): the evaluator suite's dummy-ok checks in place."""
-    code, out = box.invoke("run", "--target", "cpu", "--in-place", timeout=600)
-    assert code == 0, out
-    try:
-        code, evaluator = box.invoke("smoke", "--url", "http://127.0.0.1:8000", "--target", "cpu", "--suite",
-                                     "smoke/evaluator.yaml", "--tags", "dummy-ok", timeout=1500)
-        assert code == 0 and re.search(r"^\d+ passed, 0 failed$", evaluator, re.M), evaluator
-    finally:
-        code, stopped = box.invoke("stop", "--in-place", timeout=120)
-    assert code == 0 and "terminated" in stopped, stopped
-
