@@ -25,7 +25,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
      "starter", "progress", "wheelhouse_join", "wheelhouse"),  # wheelhouse_join: the stdlib joiner beside the parts
     ("docker_engine",),  # the daemon: engine setup, SDK client, the one error translator, container files
     ("manifest",),
-    ("resolve",),
+    ("resolve", "serving"),  # the one precedence chain; the serving command made of it (argv, config file, CMD)
     ("plan", "flags"),  # content keys; serving flags learnt from the target's vLLM and checked
     ("base", "scripts"),  # which image a target builds on (identity, discovery, probe), the cpu recipe; script steps
     ("steps",),  # one class per step kind: fields, inputs, apply -> Changes, verify facts, Dockerfile emit

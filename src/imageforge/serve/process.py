@@ -3,7 +3,7 @@
 The container runtime (:mod:`imageforge.serve.spec` + :mod:`imageforge.serve.container`) and this process runtime
 serve the same thing: :func:`process_spec` renders the command exactly as the container gets it (style ``argv``: the
 command and every flag; style ``config``: ``command --config FILE`` with the file rendered by
-:func:`imageforge.plan.render_serving_config` into the run directory, never ``/etc``), then:
+:func:`imageforge.serving.render_serving_config` into the run directory, never ``/etc``), then:
 
 * every serving argument or env value equal to or under a run volume's target (``/model``) is rewritten to the
   volume's source (``${IMAGEFORGE_MODEL_DIR}`` for bi100, the tiny model's folder for cpu);
@@ -41,9 +41,9 @@ from typing import Any
 
 from .. import settings
 from ..errors import ConfigError, InfraError, SmokeError
-from ..plan import flag_argv, render_serving_config
 from ..resolve import Resolved, Value
 from ..rundirs import new_run_id, run_dir, runs_dir
+from ..serving import render_serving_config, serving_command
 from .spec import volume_binds
 
 Log = Callable[[str], None]
@@ -269,12 +269,11 @@ def process_spec(resolved: Resolved, *, host: str, port: int, run_directory: Pat
     config: bytes | None = None
     config_path: Path | None = None
     if serving.style == "argv":
-        argv = [*serving.command, *flag_argv(local.serving_args(), flag_names=serving.flag_names,
-                                             negatable=lambda key: key in serving.negatable)]
+        argv = serving_command(local)
     else:
         config_path = run_directory / CONFIG_NAME
         config = render_serving_config(local)
-        argv = [*serving.command, "--config", str(config_path)]
+        argv = serving_command(local, str(config_path))
     return ProcessSpec(tuple(program(argv, python, env)), env, run_directory, host, port, config, config_path,
                        where)
 
