@@ -98,6 +98,16 @@ def test_host_address_and_a_missing_volume_source(cpu: Resolved, tmp_path: Path)
                         environ={})
 
 
+def test_own_prefixes_hold_the_folder_imageforge_is_imported_from() -> None:
+    import imageforge
+
+    root = os.path.realpath(str(Path(imageforge.__file__).resolve().parent.parent))  # src/ in a checkout
+    assert root in sp.own_prefixes()
+    # a PYTHONPATH entry naming that folder is imageforge's own: the server's environment leaves it out
+    env = sp.child_environ({"PYTHONPATH": f"{root}:/opt/box"}, {}, sp.own_prefixes())
+    assert env["PYTHONPATH"] == "/opt/box"
+
+
 def test_rewrite_value_equal_or_under_only() -> None:
     where = {"/model": "/data/q", "/models/tiny": "/srv/t/"}
     assert sp.rewrite_value("/model", where) == "/data/q"

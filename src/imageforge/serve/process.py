@@ -165,7 +165,7 @@ def own_prefixes() -> list[str]:
     out: list[str] = []
     if sys.prefix != sys.base_prefix:
         out.append(os.path.realpath(sys.prefix))
-    package_root = os.path.realpath(str(Path(__file__).resolve().parent.parent))
+    package_root = os.path.realpath(str(Path(__file__).resolve().parents[2]))  # the folder holding imageforge/
     out.append(package_root)
     return out
 
