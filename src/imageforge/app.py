@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .bench import SweepResult, Workload
     from .build import BuildResult
     from .checkpatches import CheckReport, PatchFromResult
-    from .equiv.run import EquivRun
+    from .equiv.runner import EquivRun
     from .export import ExportResult
     from .forensics.run import AblationRun, BisectRun
     from .housekeeping import CleanResult
@@ -372,11 +372,11 @@ def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
 
     ``record`` FILE: serve only the reference and write its evidence there (nothing compared: None).
     ``in_place``: one server at a time on this machine (the reference is what the root serves, or with an
-    apply engine the required steps applied; see :func:`imageforge.equiv.run.record_reference`).
+    apply engine the required steps applied; see :func:`imageforge.equiv.runner.record_reference`).
     """
     from .equiv import raise_if_failed
     from .equiv.record import is_record_path
-    from .equiv.run import (
+    from .equiv.runner import (
         against_record,
         equiv_in_place,
         equiv_target,

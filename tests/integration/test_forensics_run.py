@@ -63,7 +63,7 @@ def test_equiv_the_shipped_cpu_image_matches_its_base(cpu_resolved: Any) -> None
     images a second time for it; its assertions are here)."""
     import dataclasses
 
-    from imageforge.equiv.run import equiv_target
+    from imageforge.equiv.runner import equiv_target
 
     settings = _prompts(cpu_resolved, 3, 4)
     settings = dataclasses.replace(settings, prompts=(*settings.prompts, *MOE_PROMPTS))
@@ -98,7 +98,7 @@ def test_equiv_the_shipped_cpu_image_matches_its_base(cpu_resolved: Any) -> None
 def test_equiv_catches_a_scaled_softmax_with_exit_4(cpu_variant: Callable[..., Path],
                                                      remove_images: list[str]) -> None:
     from imageforge.equiv.compare import raise_if_failed
-    from imageforge.equiv.run import equiv_target
+    from imageforge.equiv.runner import equiv_target
 
     remove_images += ["imageforge-test/equiv-math-equiv"]
     path = cpu_variant("imageforge-test/equiv-math", steps=[SCALED_SOFTMAX])

@@ -358,7 +358,7 @@ def _equiv_reference(resolved: Resolved, *, environ: Mapping[str, str], echo: Lo
                      in_place: Any = None) -> Iterator[tuple[Any, Resolved, Any, Any]]:
     """The base reference server, started once for a whole equiv bisect (in place: its evidence, recorded first)."""
     from ..equiv.client import collect_reference
-    from ..equiv.run import check_dtype, renamed, with_serving_value
+    from ..equiv.runner import check_dtype, renamed, with_serving_value
     from ..serve.container import serving
 
     settings = resolved.target.equiv
@@ -381,7 +381,7 @@ def _equiv_reference(resolved: Resolved, *, environ: Mapping[str, str], echo: Lo
 def _equiv_probe(k: int, subject: Resolved, ref_url: Any, settings: Any, dtype: Any, p: _Probing) -> Outcome:
     from ..equiv.client import collect_against
     from ..equiv.compare import compare, gate
-    from ..equiv.run import EquivRun, compare_urls
+    from ..equiv.runner import EquivRun, compare_urls
 
     def measure(server: Server, log: Log) -> Outcome:
         out = p.run_dir / f"equiv-cut-{k}-{len(p.reports.get(k, []))}"
@@ -541,7 +541,7 @@ def ablate_in_place(resolved: Resolved, workload: Workload, in_place: Any, *, st
     from ..bench import run_bench
     from ..equiv.client import collect_against, collect_reference
     from ..equiv.compare import compare, gate
-    from ..equiv.run import served_dtype
+    from ..equiv.runner import served_dtype
     from ..rundirs import new_run_id
 
     workload.validate()
@@ -626,7 +626,7 @@ def ablate_in_place(resolved: Resolved, workload: Workload, in_place: Any, *, st
 
 def _ablate_equiv(resolved: Resolved, full_url: str, variant_url: str, run_dir: Path, echo: Log) -> str:
     """equiv of the variant against the full image, in the dtype both serve in (report only if ungated)."""
-    from ..equiv.run import compare_urls, served_dtype
+    from ..equiv.runner import compare_urls, served_dtype
 
     dtype = served_dtype(resolved)
     try:
