@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from .checkpatches import CheckReport, PatchFromResult
     from .equiv.runner import EquivRun
     from .export import ExportResult
-    from .forensics.run import AblationRun, BisectRun
+    from .forensics.ablate_runner import AblationRun
+    from .forensics.bisect_runner import BisectRun
     from .housekeeping import CleanResult
     from .manifest import Manifest
     from .plan import PlanReport
@@ -431,7 +432,7 @@ def bisect(s: Settings, target: str | None, profile: str | None, sets: Sequence[
     """`bisect`: the first step whose image fails the selected checks; exit 4 when one did (or the base fails)."""
     from .errors import ConfigError
     from .forensics import raise_for
-    from .forensics.run import bisect_target
+    from .forensics.bisect_runner import bisect_target
     from .smoke import parse_tags
 
     if not check and not suite:
@@ -456,7 +457,7 @@ def ablate(s: Settings, target: str | None, profile: str | None, sets: Sequence[
 
     ``in_place``: one server at a time on this machine (full, each variant, full), the root as before at the end.
     """
-    from .forensics.run import ablate_in_place, ablate_target
+    from .forensics.ablate_runner import ablate_in_place, ablate_target
 
     resolved = _resolve(s, load(s), target, profile, sets)
     chosen = [name.strip() for name in steps.split(",") if name.strip()] or None

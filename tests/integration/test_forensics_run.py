@@ -124,7 +124,7 @@ def _with_step_at(path: Path, step_id: str, index: int) -> Path:
 
 def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[..., Path],
                                                         remove_images: list[str]) -> None:
-    from imageforge.forensics.run import bisect_target
+    from imageforge.forensics.bisect_runner import bisect_target
 
     remove_images += ["imageforge-test/bisect-bisect"]
     path = _with_step_at(cpu_variant("imageforge-test/bisect", steps=[BROKEN_MODELS]), "break-v1-models", 2)
@@ -164,7 +164,7 @@ def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[...
 def test_ablate_benches_abab_and_skips_required_steps(cpu_variant: Callable[..., Path], remove_images: list[str],
                                                       tmp_path: Path) -> None:
     from imageforge.bench import Workload
-    from imageforge.forensics.run import ablate_target
+    from imageforge.forensics.ablate_runner import ablate_target
 
     remove_images += ["imageforge-test/ablate-ablate"]
     path = cpu_variant("imageforge-test/ablate")
