@@ -37,7 +37,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("equiv", "forensics"),  # teacher-forced comparison; bisect and ablate over the step chain
     ("export", "submission"),  # the deliverables: a saved image; the tree the platform builds
     ("app",),  # the front door: the commands call only this
-    ("commands", "launch"),  # the `imageforge` command: the invoke task collection; launch: its console entry
+    ("commands", "command_options", "launch"),  # the `imageforge` command: its tasks, how a task is declared; launch
 )
 STAGE = {name: level for level, names in enumerate(STAGES) for name in names}
 
