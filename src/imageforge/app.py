@@ -24,13 +24,14 @@ from .settings import Settings
 if TYPE_CHECKING:
     from .bench import SweepResult, Workload
     from .build import BuildResult
-    from .checkpatches import CheckReport, PatchFromResult
+    from .checkpatches import CheckReport
     from .equiv.runner import EquivRun
     from .export import ExportResult
     from .forensics.ablate_runner import AblationRun
     from .forensics.bisect_runner import BisectRun
     from .housekeeping import CleanResult
     from .manifest import Manifest
+    from .patchfrom_image import PatchFromResult
     from .plan import PlanReport
     from .resolve import Resolved, ValidationSummary
     from .serve.container import Server
@@ -145,7 +146,7 @@ def check_patches(s: Settings, target: str | None, profile: str | None, *, diff:
 def patch_from(s: Settings, target: str | None, file: str, edited: str, *, against_base: bool,
                id_prefix: str) -> PatchFromResult:
     """`patch-from`: the anchored patch steps that turn an image file into EDITED."""
-    from .checkpatches import patch_from as derive
+    from .patchfrom_image import patch_from as derive
 
     manifest = load(s)
     _validated(s, manifest)

@@ -30,7 +30,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("base", "scripts"),  # which image a target builds on (identity, discovery, probe), the cpu recipe; script steps
     ("steps",),  # one class per step kind: fields, inputs, apply -> Changes, verify facts, Dockerfile emit
     ("verify", "housekeeping"),  # the verify layer's checks; build.lock and clean
-    ("build", "checkpatches", "flagcheck"),  # the layers; dry runs of the steps; serving flags learnt, cached
+    ("build", "checkpatches", "patchfrom_image", "flagcheck"),  # the layers; dry runs of the steps, patch-from; flags
     ("inplace",),  # the steps applied to the machine itself through a journal; revert, status
     ("serve",),  # the server runtime: the container (spec, container), the server as a process (in place)
     ("smoke", "bench"),  # checks and load against a server (bench: the evaluator replay, its metrics, plots)
