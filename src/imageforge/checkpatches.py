@@ -16,6 +16,7 @@ and :class:`ContainerFS`) need no daemon.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -264,8 +265,6 @@ def final_state(steps: Sequence[Step], state: Overlay, site: str, *, environ: Ma
                 python_version: str, script_changed: Sequence[str] = ()) -> FinalState:
     """Every changed ``.py`` (the steps' and what a script step changed) compiles as the base's Python, every
     overlay's file still has its source's sha256, every link a step made is there (verify's checks, no import)."""
-    import hashlib
-
     python: dict[str, None] = {}
     overlays: dict[str, str] = {}
     links: list[str] = []

@@ -25,7 +25,7 @@ from invoke.tasks import Task
 from . import __version__, app
 from .cli import EXIT_CLOSED_PIPE, Output, closed_pipe_quiet
 from .command_options import PROFILE_HELP, RESOLVE_HELP, SET_HELP, TARGET_HELP, command
-from .errors import ConfigError
+from .errors import BuildError, ConfigError
 
 if TYPE_CHECKING:
     from .bench import Workload
@@ -395,8 +395,6 @@ def apply(c: Context, cmd: Output, target: str = "", profile: str = "", in_place
           python: str = "python3", steps: str = "", skip: str = "", dry_run: bool = False, no_imports: bool = False,
           force: bool = False) -> None:
     """Apply TARGET:PROFILE's steps to this machine's files (--in-place), journaled; `revert` undoes them."""
-    from .errors import BuildError
-
     if not in_place:
         raise ConfigError("apply works in place only: give --in-place", hint="images are made by `build`")
     report = app.apply_in_place(cmd.settings, target or None, profile or None, root=root, python=python,
@@ -418,8 +416,6 @@ def revert(c: Context, cmd: Output, root: str = "/", force: bool = False) -> Non
 @command(json=True, manifest=False, help={"root": "The root an in-place apply changed (default /)"})
 def status(c: Context, cmd: Output, root: str = "/") -> None:
     """What is applied in place (journal), drift, and the package against its dist-info RECORD (exit 3: not ok)."""
-    from .errors import BuildError
-
     report = app.status(cmd.settings, root=root)
     cmd.result(report.text(), report.to_json())
     if not report.ok:

@@ -19,7 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..bench import run_bench
+from ..equiv.client import collect_against, collect_reference
+from ..equiv.compare import compare, gate
+from ..equiv.runner import compare_urls, served_dtype
 from ..errors import ImageforgeError, SmokeError
+from ..rundirs import new_run_id
+from ..serve.container import serving
 from .ablate import (
     FULL,
     AblationPlan,
@@ -87,10 +93,6 @@ def ablate_target(resolved: Resolved, workload: Workload, *, steps: Sequence[str
 
     Every server is published on and reached at ``host_address`` (default: from ``environ``).
     """
-    from ..bench import run_bench
-    from ..rundirs import new_run_id
-    from ..serve.container import serving
-
     workload.validate()
     environ = os.environ if environ is None else environ
     plan = plan_ablation(resolved.steps, steps, repeats)
@@ -177,12 +179,6 @@ def ablate_in_place(resolved: Resolved, workload: Workload, in_place: Any, *, st
     variant is against the evidence the first full server gave (in the served dtype). The root is as before at the
     end. The table is the ABAB one's, each variant paired with the full runs around it (:func:`bracketed_results`).
     """
-    from ..bench import run_bench
-    from ..equiv.client import collect_against, collect_reference
-    from ..equiv.compare import compare, gate
-    from ..equiv.runner import served_dtype
-    from ..rundirs import new_run_id
-
     workload.validate()
     environ = os.environ if environ is None else environ
     plan = plan_ablation(resolved.steps, steps, repeats)
@@ -265,8 +261,6 @@ def ablate_in_place(resolved: Resolved, workload: Workload, in_place: Any, *, st
 
 def _ablate_equiv(resolved: Resolved, full_url: str, variant_url: str, run_dir: Path, echo: Log) -> str:
     """equiv of the variant against the full image, in the dtype both serve in (report only if ungated)."""
-    from ..equiv.runner import compare_urls, served_dtype
-
     dtype = served_dtype(resolved)
     try:
         result = compare_urls(full_url, variant_url, resolved.target.equiv, dtype, run_dir=run_dir)

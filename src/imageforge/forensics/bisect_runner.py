@@ -16,10 +16,27 @@ import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from difflib import get_close_matches
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..equiv.client import collect_against, collect_reference
+from ..equiv.compare import compare, gate
+from ..equiv.runner import EquivRun, check_dtype, compare_urls, renamed, with_serving_value
 from ..errors import ConfigError, ImageforgeError, SmokeError
+from ..rundirs import new_run_id
+from ..serve.container import serving
+from ..smoke import (
+    DEFAULT_TAGS,
+    FAIL,
+    ServerHooks,
+    failure_text,
+    interesting_lines,
+    load_suite,
+    run_suite,
+    suite_for,
+    target_vars,
+)
 from .search import BisectResult, FlakyPolicy, Outcome, bisect, probe_bound
 from .subsets import build_subset, changed_files, file_log, first_line, step_label, subset_resolved
 
@@ -35,8 +52,6 @@ EQUIV_CHECK = "equiv"
 
 def select_checks(suite: Suite, checks: Sequence[str], tags: Sequence[str]) -> Suite:
     """``suite`` with only the named checks (``checks`` empty: those ``tags`` select)."""
-    from difflib import get_close_matches
-
     if not checks:
         selected = suite.select(tags)
     else:
@@ -103,8 +118,6 @@ def bisect_target(resolved: Resolved, *, checks: Sequence[str] = (), suite_path:
     each cut's steps applied under its root and served as a process, one at a time (equiv: the base's evidence is
     recorded first, then each cut is compared with it); the root is as before at the end.
     """
-    from ..rundirs import new_run_id
-
     environ = os.environ if environ is None else environ
     steps = resolved.steps
     if flaky not in ("fail", "unknown"):
@@ -141,8 +154,6 @@ def bisect_target(resolved: Resolved, *, checks: Sequence[str] = (), suite_path:
 def _bisect_search(resolved: Resolved, steps: Sequence[Step], checks: Sequence[str], suite_path: str | None,
                    tags: Sequence[str] | None, repeat: int, flaky: FlakyPolicy, use_equiv: bool, probing: _Probing,
                    run_id: str) -> tuple[BisectResult, str]:
-    from ..smoke import DEFAULT_TAGS, load_suite, suite_for
-
     environ, echo, startup_timeout, host_address = (probing.environ, probing.echo, probing.startup_timeout,
                                                     probing.host_address)
     if use_equiv:
@@ -188,8 +199,6 @@ class _Probing:
 def _probe_cut(k: int, build_as: Resolved, serve_as: Resolved, p: _Probing, *, what: str, no_server: str,
                measure: Callable[[Server, Log], Outcome]) -> Outcome:
     """Build the image after step ``k``, serve it, ``measure`` it: a build or start failure is a failing cut."""
-    from ..serve.container import serving
-
     log = file_log(p.run_dir / f"cut-{k}.log")
     p.echo(f"bisect: probing k={k}{what} (log {p.run_dir / f'cut-{k}.log'})")
     if p.in_place is not None:
@@ -217,8 +226,6 @@ def _probe_cut(k: int, build_as: Resolved, serve_as: Resolved, p: _Probing, *, w
 
 
 def _smoke_probe(k: int, resolved: Resolved, suite: Suite, p: _Probing) -> Outcome:
-    from ..smoke import FAIL, ServerHooks, failure_text, interesting_lines, run_suite, target_vars
-
     def measure(server: Server, log: Log) -> Outcome:
         hooks = ServerHooks(alive=lambda: None if server.running() else server.describe_state(),
                             log_tail=lambda n: interesting_lines(server.logs(n * 20), n))
@@ -242,10 +249,6 @@ def _equiv_reference(resolved: Resolved, *, environ: Mapping[str, str], echo: Lo
                      startup_timeout: float | None, host_address: str | None = None,
                      in_place: Any = None) -> Iterator[tuple[Any, Resolved, Any, Any]]:
     """The base reference server, started once for a whole equiv bisect (in place: its evidence, recorded first)."""
-    from ..equiv.client import collect_reference
-    from ..equiv.runner import check_dtype, renamed, with_serving_value
-    from ..serve.container import serving
-
     settings = resolved.target.equiv
     dtype = check_dtype(settings.dtype)
     subject = renamed(with_serving_value(resolved, "dtype", dtype), "equiv")
@@ -264,10 +267,6 @@ def _equiv_reference(resolved: Resolved, *, environ: Mapping[str, str], echo: Lo
 
 
 def _equiv_probe(k: int, subject: Resolved, ref_url: Any, settings: Any, dtype: Any, p: _Probing) -> Outcome:
-    from ..equiv.client import collect_against
-    from ..equiv.compare import compare, gate
-    from ..equiv.runner import EquivRun, compare_urls
-
     def measure(server: Server, log: Log) -> Outcome:
         out = p.run_dir / f"equiv-cut-{k}-{len(p.reports.get(k, []))}"
         if isinstance(ref_url, str):

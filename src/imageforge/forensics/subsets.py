@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..build import build_target
 from ..errors import ConfigError, ImageforgeError
 
 if TYPE_CHECKING:
@@ -66,8 +67,6 @@ def subset_resolved(resolved: Resolved, keep: Sequence[str], *, suffix: str) -> 
 
 def build_subset(resolved: Resolved, keep: Sequence[str], *, suffix: str, environ: Mapping[str, str],
                  log: Log) -> BuildResult:
-    from ..build import build_target
-
     return build_target(subset_resolved(resolved, keep, suffix=suffix), environ=environ, echo=log)
 
 

@@ -31,10 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import settings
+from .. import inplace, settings
 from ..errors import ConfigError, InfraError, SmokeError
-from ..resolve import Resolved
+from ..inplace import Journal
+from ..inplace.apply import VERIFY_STEP
+from ..resolve import Resolved, resolve
 from ..rundirs import new_run_id, run_dir, runs_dir
+from ..waits import probe_health, wait_until
+from .container import Progress, exit_hint, free_port, port_in_use, sigterm_as_interrupt
 from .process_spec import ProcessSpec, parse_size, process_spec
 from .procfs import alive, group_members, port_holder, proc_stat
 
@@ -67,9 +71,6 @@ class InPlace:
 
     def applied_state(self) -> tuple[str, str, tuple[str, ...]] | None:
         """(target, profile, step ids) the root's journal holds, or None (nothing applied)."""
-        from ..inplace import Journal
-        from ..inplace.apply import VERIFY_STEP
-
         journal = Journal.load(self.root)
         if journal is None or not journal.data.get("applied"):
             return None
@@ -79,8 +80,6 @@ class InPlace:
 
     def apply(self, resolved: Resolved, *, environ: Mapping[str, str] | None = None, log: Log = print) -> str:
         """Exactly ``resolved.steps`` applied under the root (none: reverted); what the root serves now."""
-        from .. import inplace
-
         ids = [s.id for s in resolved.steps]
         t0 = time.monotonic()
         if ids:
@@ -96,9 +95,6 @@ class InPlace:
     @contextlib.contextmanager
     def kept(self, manifest: Any, *, environ: Mapping[str, str] | None = None, log: Log = print) -> Iterator[None]:
         """Run the block, then put the root back as it was before it (also after an error)."""
-        from .. import inplace
-        from ..resolve import resolve
-
         before = self.applied_state()
         try:
             yield
@@ -247,8 +243,6 @@ def check_shm(resolved: Resolved, shm: Path = Path("/dev/shm")) -> None:
 
 def refuse_if_busy(root: Path, host: str, port: int | None) -> None:
     """Exit 5 when a recorded server is still up (one at a time) or ``port`` is taken, naming the pid."""
-    from .container import port_in_use
-
     for data in running_records(root):
         raise InfraError(
             f"an in-place server is still up: pid {data['pid']} ({data['target']}:{data['profile']} on "
@@ -269,8 +263,6 @@ def start_process(resolved: Resolved, in_place: InPlace, *, environ: Mapping[str
                   port: int | None = None, run_id: str | None = None, host_address: str | None = None,
                   log: Log = print, record: Mapping[str, Any] | None = None) -> ProcessServer:
     """Render, check (shm, one server, port), start in a new session, record; no waiting."""
-    from .container import free_port, port_in_use
-
     environ = os.environ if environ is None else environ
     host = host_address or settings.host_address(None, environ)
     root = resolved.manifest.root
@@ -306,9 +298,6 @@ def wait_process_ready(server: ProcessServer, *, timeout: float, log: Log = prin
                        resolved: Resolved | None = None) -> float:
     """Poll ``/health`` until 200 (the seconds it took); the process exiting or the timeout raises with its log."""
     import httpx
-
-    from ..waits import probe_health, wait_until
-    from .container import Progress, exit_hint
 
     progress = Progress(f"waiting for {server.url}/health", log)
     last = "no answer yet"
@@ -414,8 +403,6 @@ def serving(resolved: Resolved, in_place: InPlace, *, startup_timeout: float | N
 
     Container-only options (``base``, ``image``, ``build_image``, ``labels``) are refused when set.
     """
-    from .container import sigterm_as_interrupt
-
     bad = sorted(k for k, v in unused.items() if v and k in ("base", "image"))
     if bad:
         raise ConfigError(f"--in-place serves the files under the root: {', '.join(bad)} does not apply")
