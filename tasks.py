@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from imageforge import app, commands  # noqa: E402
 from imageforge.cli import user_errors  # noqa: E402
-from imageforge.commands import task  # noqa: E402
+from imageforge.command_options import task  # noqa: E402
 
 
 @task(help={"unit": "Only the fast tests (no Docker daemon)", "k": "pytest -k expression",

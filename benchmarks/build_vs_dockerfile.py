@@ -123,8 +123,8 @@ class Imageforge:
 
     def serving_config(self) -> bytes:
         from imageforge.manifest import load_manifest
-        from imageforge.plan import render_serving_config
         from imageforge.resolve import resolve
+        from imageforge.serving import render_serving_config
 
         return render_serving_config(resolve(load_manifest(self.manifest), "cpu", self.profile, environ={}))
 

@@ -24,12 +24,14 @@ from .settings import Settings
 if TYPE_CHECKING:
     from .bench import SweepResult, Workload
     from .build import BuildResult
-    from .checkpatches import CheckReport, PatchFromResult
-    from .equiv.run import EquivRun
+    from .checkpatches import CheckReport
+    from .equiv.runner import EquivRun
     from .export import ExportResult
-    from .forensics.run import AblationRun, BisectRun
+    from .forensics.ablate_runner import AblationRun
+    from .forensics.bisect_runner import BisectRun
     from .housekeeping import CleanResult
     from .manifest import Manifest
+    from .patchfrom_image import PatchFromResult
     from .plan import PlanReport
     from .resolve import Resolved, ValidationSummary
     from .serve.container import Server
@@ -144,7 +146,7 @@ def check_patches(s: Settings, target: str | None, profile: str | None, *, diff:
 def patch_from(s: Settings, target: str | None, file: str, edited: str, *, against_base: bool,
                id_prefix: str) -> PatchFromResult:
     """`patch-from`: the anchored patch steps that turn an image file into EDITED."""
-    from .checkpatches import patch_from as derive
+    from .patchfrom_image import patch_from as derive
 
     manifest = load(s)
     _validated(s, manifest)
@@ -372,11 +374,11 @@ def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
 
     ``record`` FILE: serve only the reference and write its evidence there (nothing compared: None).
     ``in_place``: one server at a time on this machine (the reference is what the root serves, or with an
-    apply engine the required steps applied; see :func:`imageforge.equiv.run.record_reference`).
+    apply engine the required steps applied; see :func:`imageforge.equiv.runner.record_reference`).
     """
     from .equiv import raise_if_failed
     from .equiv.record import is_record_path
-    from .equiv.run import (
+    from .equiv.runner import (
         against_record,
         equiv_in_place,
         equiv_target,
@@ -431,7 +433,7 @@ def bisect(s: Settings, target: str | None, profile: str | None, sets: Sequence[
     """`bisect`: the first step whose image fails the selected checks; exit 4 when one did (or the base fails)."""
     from .errors import ConfigError
     from .forensics import raise_for
-    from .forensics.run import bisect_target
+    from .forensics.bisect_runner import bisect_target
     from .smoke import parse_tags
 
     if not check and not suite:
@@ -456,7 +458,7 @@ def ablate(s: Settings, target: str | None, profile: str | None, sets: Sequence[
 
     ``in_place``: one server at a time on this machine (full, each variant, full), the root as before at the end.
     """
-    from .forensics.run import ablate_in_place, ablate_target
+    from .forensics.ablate_runner import ablate_in_place, ablate_target
 
     resolved = _resolve(s, load(s), target, profile, sets)
     chosen = [name.strip() for name in steps.split(",") if name.strip()] or None

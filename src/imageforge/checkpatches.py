@@ -1,4 +1,4 @@
-"""`check-patches` and `patch-from`: patches that cannot rot.
+"""`check-patches`: patches that cannot rot.
 
 * :func:`check_steps` dry-runs a target's steps against an :class:`ImageFS` -- the real base
   image through a created, never started container, or a dict in unit tests -- with each kind's
@@ -6,30 +6,28 @@
   recorded on an in-memory :class:`Overlay`, so steps that touch the same file see each other's
   result, in manifest order; nothing is written, nothing is built.  Script steps run for real in a
   throwaway :class:`ScriptSandbox` (the same ``apply`` again) when one is given.
-* :func:`patch_from` reads a file of the base image (after the target's steps) and derives the
-  anchored steps that turn it into an edited copy (:func:`imageforge.patching.derive_patch_steps`).
+* :func:`image_session` opens the target's base image for reading (what `patch-from`,
+  :mod:`imageforge.patchfrom_image`, reads too).
 
-The pure parts (everything but :func:`check_patches`, :func:`patch_from`, :func:`image_session`
+The pure parts (everything but :func:`check_patches`, :func:`image_session`, :class:`ScriptSandbox`
 and :class:`ContainerFS`) need no daemon.
 """
 
 from __future__ import annotations
 
 import contextlib
-import posixpath
+import hashlib
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from . import labels as lb
 from .base import base_reference, discover_package, missing_variable_error
 from .docker_engine import client, daemon_errors, ensure_daemon
 from .docker_engine import containers as dc
-from .errors import BuildError, ConfigError, Location
-from .manifest import Manifest, Step, Target, resolve_image_path
-from .patchfrom import apply_steps, derive_patch_steps, render_steps_yaml
+from .errors import BuildError, Location
+from .manifest import Manifest, Step, Target
 from .patching import NearMatch
 from .progress import progress
 from .pycheck import check_python
@@ -40,7 +38,7 @@ from .steps.core import RowStatus, text_of
 
 __all__ = ["AFTER_FAILED_SCRIPT", "OK_STATUSES", "CheckReport", "CheckRow", "ContainerFS", "DictFS", "Entry",
            "FinalState", "ImageFS", "Overlay", "ScriptOutcome", "ScriptSandbox", "check_patches", "check_steps",
-           "final_state", "patch_from"]
+           "final_state", "image_session", "script_sandbox", "to_stderr"]
 
 Log = Callable[[str], None]
 
@@ -267,8 +265,6 @@ def final_state(steps: Sequence[Step], state: Overlay, site: str, *, environ: Ma
                 python_version: str, script_changed: Sequence[str] = ()) -> FinalState:
     """Every changed ``.py`` (the steps' and what a script step changed) compiles as the base's Python, every
     overlay's file still has its source's sha256, every link a step made is there (verify's checks, no import)."""
-    import hashlib
-
     python: dict[str, None] = {}
     overlays: dict[str, str] = {}
     links: list[str] = []
@@ -508,12 +504,13 @@ def image_session(manifest: Manifest, target_name: str | None, profile: str | No
                            resolved.shared_steps, profiles)
 
 
-def _stderr(line: str) -> None:
+def to_stderr(line: str) -> None:
+    """The commands' default log: each line on stderr (stdout is for results)."""
     print(line, file=sys.stderr)
 
 
 def check_patches(manifest: Manifest, target: str | None, profile: str | None, *, environ: Mapping[str, str],
-                  diff: bool, log: Log = _stderr) -> CheckReport:
+                  diff: bool, log: Log = to_stderr) -> CheckReport:
     """`invoke check-patches`: the report (the caller prints it, then fails when it is not ok)."""
     with image_session(manifest, target, profile, environ=environ, log=log) as s, \
             daemon_errors("reading files of the base image"), script_sandbox(s.base_id, s.target, environ) as sandbox:
@@ -555,76 +552,3 @@ def fail_if_broken(report: CheckReport) -> None:
     raise BuildError(message,
                      found="; ".join(parts),
                      hint="`invoke check-patches --diff` shows each change; `invoke patch-from` writes new anchors")
-
-
-@dataclass(frozen=True)
-class PatchFromResult:
-    file: str
-    path: str
-    steps: tuple[dict[str, Any], ...]
-    yaml: str
-    against: str
-
-
-def package_file(path: str, site: str) -> str:
-    """The manifest's spelling of an image path: relative to the site directory when inside it."""
-    if path.startswith("/"):
-        norm = posixpath.normpath(path)
-        site = site.rstrip("/")
-        return norm[len(site) + 1:] if norm.startswith(site + "/") else norm
-    return posixpath.normpath(path)
-
-
-def patch_from(manifest: Manifest, target: str | None, file: str, edited: str, *, environ: Mapping[str, str],
-               against_base: bool = False, id_prefix: str = "", log: Log = _stderr) -> PatchFromResult:
-    """`invoke patch-from`: steps that turn the image's file into ``edited``.
-
-    The original is the file as the target's existing steps leave it (they are applied in
-    memory first), so the printed steps go at the end of ``targets.<T>.steps``; with
-    ``against_base`` it is the file in the base image as is.
-    """
-    edited_path = Path(edited)
-    try:
-        edited_text = edited_path.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read the edited file {edited}", found=str(exc)) from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{edited} is not UTF-8 text; patch steps hold text") from None
-    with image_session(manifest, target, None, environ=environ, log=log) as s, \
-            daemon_errors("reading files of the base image"), script_sandbox(s.base_id, s.target, environ) as sandbox:
-        rel = package_file(file, s.site)
-        path = resolve_image_path(rel, s.site)
-        state = Overlay(s.fs)
-        against = "the base image"
-        if not against_base:
-            rows, state = check_steps(s.shared, {}, s.fs, s.site, run_script=sandbox)
-            touching = [r for r in rows if r.path == path]
-            for r in touching:
-                if not r.ok:
-                    log(f"warning: existing step {r.step} does not apply ({r.status}); ignored")
-            before = [r.step for r in rows if r in touching or r.status in ("ran", "script failed")]
-            if before:
-                against = "the base image after step(s) " + ", ".join(before)
-        try:
-            data = state.read(path)
-        except BuildError as exc:
-            raise BuildError(f"cannot read {path} from the base image: {exc.message}") from None
-        if data is None:
-            raise BuildError(f"{path} is not in the base image of target {s.target.name!r}",
-                             hint="give a path relative to the site directory (vllm/...) or an absolute one")
-        original = _text(data)
-        if original is None:
-            raise BuildError(f"{path} is not UTF-8 text in the image; use an overlay step instead")
-        taken = [st.id for st in s.shared] + [st.id for p in s.target.profiles.values() for st in p.steps]
-        prefix = id_prefix or posixpath.splitext(posixpath.basename(path))[0].replace("_", "-")
-        steps = derive_patch_steps(original, edited_text, file=rel, id_prefix=prefix, taken=taken)
-        check = apply_steps(original, steps)
-        if check != edited_text:  # pragma: no cover - derive_patch_steps guarantees this
-            raise BuildError("internal error: the derived steps do not reproduce the edited file")
-        if steps:
-            header = [f"patch-from: {len(steps)} step(s) turning {path}", f"({against}) into {edited}.",
-                      f"Paste at the end of targets.{s.target.name}.steps."]
-            text = render_steps_yaml(steps, header=header)
-        else:
-            text = f"# patch-from: {edited} equals {path} ({against}): nothing to patch\n"
-        return PatchFromResult(rel, path, tuple(steps), text, against)

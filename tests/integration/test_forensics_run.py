@@ -63,7 +63,7 @@ def test_equiv_the_shipped_cpu_image_matches_its_base(cpu_resolved: Any) -> None
     images a second time for it; its assertions are here)."""
     import dataclasses
 
-    from imageforge.equiv.run import equiv_target
+    from imageforge.equiv.runner import equiv_target
 
     settings = _prompts(cpu_resolved, 3, 4)
     settings = dataclasses.replace(settings, prompts=(*settings.prompts, *MOE_PROMPTS))
@@ -98,7 +98,7 @@ def test_equiv_the_shipped_cpu_image_matches_its_base(cpu_resolved: Any) -> None
 def test_equiv_catches_a_scaled_softmax_with_exit_4(cpu_variant: Callable[..., Path],
                                                      remove_images: list[str]) -> None:
     from imageforge.equiv.compare import raise_if_failed
-    from imageforge.equiv.run import equiv_target
+    from imageforge.equiv.runner import equiv_target
 
     remove_images += ["imageforge-test/equiv-math-equiv"]
     path = cpu_variant("imageforge-test/equiv-math", steps=[SCALED_SOFTMAX])
@@ -124,7 +124,7 @@ def _with_step_at(path: Path, step_id: str, index: int) -> Path:
 
 def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[..., Path],
                                                         remove_images: list[str]) -> None:
-    from imageforge.forensics.run import bisect_target
+    from imageforge.forensics.bisect_runner import bisect_target
 
     remove_images += ["imageforge-test/bisect-bisect"]
     path = _with_step_at(cpu_variant("imageforge-test/bisect", steps=[BROKEN_MODELS]), "break-v1-models", 2)
@@ -164,7 +164,7 @@ def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[...
 def test_ablate_benches_abab_and_skips_required_steps(cpu_variant: Callable[..., Path], remove_images: list[str],
                                                       tmp_path: Path) -> None:
     from imageforge.bench import Workload
-    from imageforge.forensics.run import ablate_target
+    from imageforge.forensics.ablate_runner import ablate_target
 
     remove_images += ["imageforge-test/ablate-ablate"]
     path = cpu_variant("imageforge-test/ablate")

@@ -12,8 +12,9 @@ import yaml
 from imageforge.errors import InfraError
 from imageforge.manifest import load_manifest
 from imageforge.patchfrom import apply_steps
-from imageforge.plan import make_plan, render_serving_config, serving_argv
+from imageforge.plan import make_plan
 from imageforge.resolve import resolve
+from imageforge.serving import render_serving_config, serving_argv
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"

@@ -11,9 +11,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imageforge.checkpatches import DictFS, check_steps, package_file
+from imageforge.checkpatches import DictFS, check_steps
 from imageforge.manifest import load_manifest
 from imageforge.patchfrom import apply_steps, derive_patch_steps, occurrences, render_steps_yaml
+from imageforge.patchfrom_image import package_file
 from imageforge.patching import apply_patch
 from imageforge.resolve import resolve
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import commands
+from imageforge import command_options, commands
 from imageforge.cli import EXIT_CLOSED_PIPE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +49,8 @@ def all_task_names() -> list[str]:
 
 def test_one_meaning_per_short_flag_and_h_is_always_help(capsys: pytest.CaptureFixture[str]) -> None:
     meaning: dict[str, str] = {}
-    table = {f"-{short}": "--" + name.rstrip("_").replace("_", "-") for name, short in commands.SHORT_FLAGS.items()}
+    table = {f"-{short}": "--" + name.rstrip("_").replace("_", "-")
+             for name, short in command_options.SHORT_FLAGS.items()}
     for name in all_task_names():
         flags, text = task_help(capsys, name)
         assert flags, name

@@ -13,7 +13,7 @@ import pytest
 from imageforge import app
 from imageforge.equiv.compare import EquivError
 from imageforge.equiv.record import FORMAT, Record, is_record_path, load_record, make_record, write_record
-from imageforge.equiv.run import check_fits, required_resolved
+from imageforge.equiv.runner import check_fits, required_resolved
 from imageforge.errors import ConfigError
 from imageforge.manifest import load_manifest
 from imageforge.resolve import resolve

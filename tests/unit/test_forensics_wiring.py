@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
-from imageforge.equiv.run import check_dtype, served_dtype, sides, with_serving_value
+from imageforge.equiv.runner import check_dtype, served_dtype, sides, with_serving_value
 from imageforge.errors import ConfigError
-from imageforge.forensics.run import changed_files, kept_imports, metrics_of, select_checks, subset_resolved
+from imageforge.forensics.ablate_runner import metrics_of
+from imageforge.forensics.bisect_runner import select_checks
+from imageforge.forensics.subsets import changed_files, kept_imports, subset_resolved
 from imageforge.manifest import load_manifest
 from imageforge.plan import make_plan
 from imageforge.resolve import resolve

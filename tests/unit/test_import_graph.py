@@ -25,19 +25,19 @@ STAGES: tuple[tuple[str, ...], ...] = (
      "starter", "progress", "wheelhouse_join", "wheelhouse"),  # wheelhouse_join: the stdlib joiner beside the parts
     ("docker_engine",),  # the daemon: engine setup, SDK client, the one error translator, container files
     ("manifest",),
-    ("resolve",),
+    ("resolve", "serving"),  # the one precedence chain; the serving command made of it (argv, config file, CMD)
     ("plan", "flags"),  # content keys; serving flags learnt from the target's vLLM and checked
     ("base", "scripts"),  # which image a target builds on (identity, discovery, probe), the cpu recipe; script steps
     ("steps",),  # one class per step kind: fields, inputs, apply -> Changes, verify facts, Dockerfile emit
     ("verify", "housekeeping"),  # the verify layer's checks; build.lock and clean
-    ("build", "checkpatches", "flagcheck"),  # the layers; dry runs of the steps; serving flags learnt, cached
+    ("build", "checkpatches", "patchfrom_image", "flagcheck"),  # the layers; dry runs of the steps, patch-from; flags
     ("inplace",),  # the steps applied to the machine itself through a journal; revert, status
     ("serve",),  # the server runtime: the container (spec, container), the server as a process (in place)
     ("smoke", "bench"),  # checks and load against a server (bench: the evaluator replay, its metrics, plots)
     ("equiv", "forensics"),  # teacher-forced comparison; bisect and ablate over the step chain
     ("export", "submission"),  # the deliverables: a saved image; the tree the platform builds
     ("app",),  # the front door: the commands call only this
-    ("commands", "launch"),  # the `imageforge` command: the invoke task collection; launch: its console entry
+    ("commands", "command_options", "launch"),  # the `imageforge` command: its tasks, how a task is declared; launch
 )
 STAGE = {name: level for level, names in enumerate(STAGES) for name in names}
 

@@ -1,4 +1,4 @@
-"""Plan: chained cache keys, rendering, CMD fitting; a fake probe stands in for the daemon."""
+"""Plan: chained cache keys, rendering; a fake probe stands in for the daemon."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from imageforge.manifest import load_manifest
-from imageforge.plan import chain_key, fit_command, format_plan, make_plan
+from imageforge.plan import chain_key, format_plan, make_plan
 from imageforge.resolve import resolve
 
 
@@ -87,12 +87,3 @@ def test_a_false_boolean_reaches_vllm_serve_as_no_flag(write_manifest: Callable[
 def test_chain_key_is_canonical() -> None:
     assert chain_key("p", {"a": 1, "b": 2}, {}) == chain_key("p", {"b": 2, "a": 1}, {})
     assert chain_key("p", {"a": 1}, {}) != chain_key("q", {"a": 1}, {})
-
-
-def test_fit_command() -> None:
-    cmd = ["vllm", "serve"]
-    assert fit_command(None, cmd, "/c.yaml") == ["vllm", "serve", "--config", "/c.yaml"]
-    assert fit_command(["vllm"], cmd, "/c.yaml") == ["serve", "--config", "/c.yaml"]
-    assert fit_command(["/usr/local/bin/vllm"], cmd, "/c.yaml") == ["serve", "--config", "/c.yaml"]
-    assert fit_command(["/bin/bash", "-c"], cmd, "/c.yaml") == ["vllm serve --config /c.yaml"]
-    assert fit_command(["/entrypoint.sh"], cmd, "/c.yaml") == ["vllm", "serve", "--config", "/c.yaml"]

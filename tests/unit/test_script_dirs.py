@@ -11,8 +11,9 @@ import pytest
 from imageforge.checkpatches import AFTER_FAILED_SCRIPT, DictFS, Overlay, ScriptOutcome, check_steps
 from imageforge.errors import ConfigError
 from imageforge.manifest import Step, load_manifest
-from imageforge.plan import make_plan, serving_argv, step_inputs
+from imageforge.plan import make_plan, step_inputs
 from imageforge.resolve import resolve
+from imageforge.serving import serving_argv
 from tests.unit.conftest import MINIMAL
 
 SCRIPT_STEP = """\

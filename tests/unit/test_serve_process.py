@@ -1,4 +1,5 @@
-"""The server as a process (in-place mode): command rendering, rewrites, /proc checks, start/wait/stop."""
+"""The server as a process (in-place mode): command rendering, rewrites (serve/process_spec.py), /proc checks
+(serve/procfs.py), start/wait/stop (serve/process.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from imageforge.errors import InfraError, SmokeError
 from imageforge.manifest import load_manifest
 from imageforge.resolve import Resolved, resolve
 from imageforge.serve import process as sp
+from imageforge.serve import process_spec as ps
+from imageforge.serve import procfs
 from imageforge.serve.container import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,7 +51,7 @@ def fake_venv(tmp_path: Path) -> Path:
 def test_cpu_config_style_renders_into_the_run_directory(cpu: Resolved, tmp_path: Path) -> None:
     python = fake_venv(tmp_path)
     run = tmp_path / "run"
-    spec = sp.process_spec(cpu, host="127.0.0.1", port=18555, run_directory=run, python=str(python), environ={},
+    spec = ps.process_spec(cpu, host="127.0.0.1", port=18555, run_directory=run, python=str(python), environ={},
                            prefixes=[])
     # the built image's CMD is `vllm serve --config /etc/imageforge/serving.yaml`: here the file is the run's
     assert spec.argv == (str(python.parent / "vllm"), "serve", "--config", str(run / "serving.yaml"))
@@ -73,7 +76,7 @@ def test_bi100_argv_style_flags_by_name_model_from_its_variable(tmp_path: Path) 
                "PYTHONPATH": f"{own}/lib/python3.10/site-packages:{box_pythonpath}",
                "PATH": f"{own}/bin:/usr/local/bin:/usr/bin", "VIRTUAL_ENV": str(own)}
     resolved = resolve(load_manifest(REPO / "build.yaml"), "bi100", "replay", environ=environ)
-    spec = sp.process_spec(resolved, host="127.0.0.1", port=8000, run_directory=tmp_path / "run",
+    spec = ps.process_spec(resolved, host="127.0.0.1", port=8000, run_directory=tmp_path / "run",
                            python="/usr/bin/python3", environ=environ, prefixes=[str(own)])
     argv = list(spec.argv)
     assert argv[:3] == ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]
@@ -90,39 +93,49 @@ def test_bi100_argv_style_flags_by_name_model_from_its_variable(tmp_path: Path) 
 
 
 def test_host_address_and_a_missing_volume_source(cpu: Resolved, tmp_path: Path) -> None:
-    spec = sp.process_spec(cpu, host="10.0.0.7", port=9000, run_directory=tmp_path, python=str(fake_venv(tmp_path)),
+    spec = ps.process_spec(cpu, host="10.0.0.7", port=9000, run_directory=tmp_path, python=str(fake_venv(tmp_path)),
                            environ={}, prefixes=[])
     assert yaml.safe_load(spec.config or b"")["host"] == "10.0.0.7"
     with pytest.raises(InfraError, match="does not exist"):
-        sp.process_spec(rooted(cpu, tmp_path / "elsewhere"), host="127.0.0.1", port=1, run_directory=tmp_path,
+        ps.process_spec(rooted(cpu, tmp_path / "elsewhere"), host="127.0.0.1", port=1, run_directory=tmp_path,
                         environ={})
+
+
+def test_own_prefixes_hold_the_folder_imageforge_is_imported_from() -> None:
+    import imageforge
+
+    root = os.path.realpath(str(Path(imageforge.__file__).resolve().parent.parent))  # src/ in a checkout
+    assert root in ps.own_prefixes()
+    # a PYTHONPATH entry naming that folder is imageforge's own: the server's environment leaves it out
+    env = ps.child_environ({"PYTHONPATH": f"{root}:/opt/box"}, {}, ps.own_prefixes())
+    assert env["PYTHONPATH"] == "/opt/box"
 
 
 def test_rewrite_value_equal_or_under_only() -> None:
     where = {"/model": "/data/q", "/models/tiny": "/srv/t/"}
-    assert sp.rewrite_value("/model", where) == "/data/q"
-    assert sp.rewrite_value("/model/", where) == "/data/q"
-    assert sp.rewrite_value("/model/tokenizer.json", where) == "/data/q/tokenizer.json"
-    assert sp.rewrite_value("/models/tiny/x", where) == "/srv/t/x"
-    assert sp.rewrite_value("/modelx", where) == "/modelx"  # not under /model
-    assert sp.rewrite_value("llm", where) == "llm"
-    assert sp.rewrite_value(["/model", 3, "a"], where) == ["/data/q", 3, "a"]
-    assert sp.rewrite_value(8000, where) == 8000
+    assert ps.rewrite_value("/model", where) == "/data/q"
+    assert ps.rewrite_value("/model/", where) == "/data/q"
+    assert ps.rewrite_value("/model/tokenizer.json", where) == "/data/q/tokenizer.json"
+    assert ps.rewrite_value("/models/tiny/x", where) == "/srv/t/x"
+    assert ps.rewrite_value("/modelx", where) == "/modelx"  # not under /model
+    assert ps.rewrite_value("llm", where) == "llm"
+    assert ps.rewrite_value(["/model", 3, "a"], where) == ["/data/q", 3, "a"]
+    assert ps.rewrite_value(8000, where) == 8000
 
 
 def test_program_needs_a_known_interpreter_or_path(tmp_path: Path) -> None:
     with pytest.raises(InfraError, match="not on this machine"):
-        sp.program(["no-such-server-xyz"], "/usr/bin/python3", {"PATH": str(tmp_path)})
-    assert sp.program(["sh", "-c", "x"], "/nowhere/python3", {"PATH": "/usr/bin:/bin"})[0].endswith("/sh")
+        ps.program(["no-such-server-xyz"], "/usr/bin/python3", {"PATH": str(tmp_path)})
+    assert ps.program(["sh", "-c", "x"], "/nowhere/python3", {"PATH": "/usr/bin:/bin"})[0].endswith("/sh")
 
 
 def test_parse_size_and_the_shm_check(cpu: Resolved, tmp_path: Path) -> None:
-    assert sp.parse_size("1g") == 1024**3
-    assert sp.parse_size("512m") == 512 * 1024**2
-    assert sp.parse_size("16G") == 16 * 1024**3
-    assert sp.parse_size("65536") == 65536
+    assert ps.parse_size("1g") == 1024**3
+    assert ps.parse_size("512m") == 512 * 1024**2
+    assert ps.parse_size("16G") == 16 * 1024**3
+    assert ps.parse_size("65536") == 65536
     with pytest.raises(Exception, match="not a size"):
-        sp.parse_size("lots")
+        ps.parse_size("lots")
     sp.check_shm(replace(cpu, run=replace(cpu.run, shm_size="1k")), tmp_path)
     with pytest.raises(InfraError, match=r"less than run\.shm_size 900t") as info:
         sp.check_shm(replace(cpu, run=replace(cpu.run, shm_size="900t")), tmp_path)
@@ -132,24 +145,24 @@ def test_parse_size_and_the_shm_check(cpu: Resolved, tmp_path: Path) -> None:
 
 def test_parse_stat_survives_odd_command_names() -> None:
     fields = " ".join(["S", "1", "4242", "4242"] + ["0"] * 15 + ["987654", "0"])
-    stat = sp.parse_stat(f"4243 (a) (b c) {fields}")
+    stat = procfs.parse_stat(f"4243 (a) (b c) {fields}")
     assert (stat.pid, stat.state, stat.pgrp, stat.starttime) == (4243, "S", 4242, 987654)
-    own = sp.proc_stat(os.getpid())
+    own = procfs.proc_stat(os.getpid())
     assert own is not None and own.pid == os.getpid()
-    assert sp.alive(os.getpid(), own.starttime)
-    assert not sp.alive(os.getpid(), own.starttime + 1)  # a recycled pid: another start time
+    assert procfs.alive(os.getpid(), own.starttime)
+    assert not procfs.alive(os.getpid(), own.starttime + 1)  # a recycled pid: another start time
 
 
 def test_end_group_checks_the_start_time_then_terms_the_whole_group() -> None:
     group = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & wait"], start_new_session=True)
     try:
         time.sleep(0.3)
-        stat = sp.proc_stat(group.pid)
-        assert stat is not None and len(sp.group_members(group.pid)) == 3
+        stat = procfs.proc_stat(group.pid)
+        assert stat is not None and len(procfs.group_members(group.pid)) == 3
         assert sp.end_group(group.pid, stat.starttime + 5, popen=group) == "gone"  # another process: untouched
-        assert group.poll() is None and len(sp.group_members(group.pid)) == 3
+        assert group.poll() is None and len(procfs.group_members(group.pid)) == 3
         assert sp.end_group(group.pid, stat.starttime, grace=5, popen=group) == "terminated"
-        assert group.poll() is not None and sp.group_members(group.pid) == []
+        assert group.poll() is not None and procfs.group_members(group.pid) == []
     finally:
         if group.poll() is None:
             os.killpg(group.pid, 9)
@@ -158,7 +171,7 @@ def test_end_group_checks_the_start_time_then_terms_the_whole_group() -> None:
 def test_end_group_kills_after_the_grace() -> None:
     group = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60"], start_new_session=True)
     time.sleep(0.3)
-    stat = sp.proc_stat(group.pid)
+    stat = procfs.proc_stat(group.pid)
     assert stat is not None
     assert sp.end_group(group.pid, stat.starttime, grace=0.5, popen=group) == "killed"
     assert group.wait(timeout=5) == -9
@@ -217,14 +230,14 @@ def test_serving_starts_records_waits_and_stops_the_process(fake: Resolved, tmp_
     with in_place.serving(fake, port=port, environ=environ, log=lambda _line: None) as server:
         assert server.running() and server.startup_seconds is not None
         record = json.loads((server.run_dir / "server.json").read_text())
-        assert record["pid"] == server.pid and record["starttime"] == sp.proc_stat(server.pid).starttime  # type: ignore[union-attr]
+        assert record["pid"] == server.pid and record["starttime"] == procfs.proc_stat(server.pid).starttime  # type: ignore[union-attr]
         assert record["url"] == f"http://127.0.0.1:{port}" and record["served"].startswith("in place:")
         assert [r["pid"] for r in sp.running_records(fake.manifest.root)] == [server.pid]
         with pytest.raises(InfraError, match=f"still up: pid {server.pid}") as busy:
             sp.start_process(fake, in_place, port=free_port(), environ=environ, log=lambda _line: None)
         assert busy.value.exit_code == 5
         pid = server.pid
-    assert not sp.alive(pid, record["starttime"])
+    assert not procfs.alive(pid, record["starttime"])
     assert json.loads((server.run_dir / "server.json").read_text())["stopped"] == "terminated"
     assert sp.running_records(fake.manifest.root) == []
     log = (server.run_dir / "server.log").read_text()
@@ -245,7 +258,7 @@ def test_a_busy_port_names_its_pid(fake: Resolved) -> None:
         sock.bind(("127.0.0.1", 0))
         sock.listen(1)
         port = sock.getsockname()[1]
-        assert sp.port_holder(port) == os.getpid()
+        assert procfs.port_holder(port) == os.getpid()
         with pytest.raises(InfraError, match=f"port {port} on 127.0.0.1 is already in use by pid {os.getpid()}"):
             sp.start_process(fake, sp.InPlace(python=sys.executable), port=port, log=lambda _line: None)
 
@@ -265,7 +278,7 @@ def test_run_detached_then_stop_in_place(fake: Resolved) -> None:
 def test_a_stale_record_is_never_signalled(fake: Resolved, tmp_path: Path) -> None:
     sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
-        stat = sp.proc_stat(sleeper.pid)
+        stat = procfs.proc_stat(sleeper.pid)
         assert stat is not None
         run = tmp_path / ".imageforge" / "runs" / "r-stale"
         run.mkdir(parents=True)
@@ -289,7 +302,8 @@ def test_the_process_path_never_imports_docker(tmp_path: Path) -> None:
         from imageforge import app
         from imageforge.manifest import load_manifest
         from imageforge.resolve import resolve
-        from imageforge.serve.process import process_spec, InPlace
+        from imageforge.serve.process import InPlace
+        from imageforge.serve.process_spec import process_spec
         r = resolve(load_manifest(Path({str(REPO / "build.yaml")!r})), "cpu", None, environ={{}})
         r = replace(r, manifest=replace(r.manifest, root=Path({str(tmp_path)!r})))
         process_spec(r, host="127.0.0.1", port=1, run_directory=Path({str(tmp_path)!r}), python={str(python)!r},

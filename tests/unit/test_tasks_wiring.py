@@ -218,9 +218,9 @@ def test_bench_sweep_equiv_bisect_ablate_pass_the_host_address_down(settings_10:
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     stages = {"bench": _reached(monkeypatch, "imageforge.bench", "bench_target"),
               "sweep": _reached(monkeypatch, "imageforge.bench", "sweep"),
-              "equiv": _reached(monkeypatch, "imageforge.equiv.run", "equiv_target"),
-              "bisect": _reached(monkeypatch, "imageforge.forensics.run", "bisect_target"),
-              "ablate": _reached(monkeypatch, "imageforge.forensics.run", "ablate_target")}
+              "equiv": _reached(monkeypatch, "imageforge.equiv.runner", "equiv_target"),
+              "bisect": _reached(monkeypatch, "imageforge.forensics.bisect_runner", "bisect_target"),
+              "ablate": _reached(monkeypatch, "imageforge.forensics.ablate_runner", "ablate_target")}
     w = Workload(requests=4, concurrency=2)
     with pytest.raises(Reached):
         app.bench(settings_10, "t", None, [], url=None, port=None, workload=w)

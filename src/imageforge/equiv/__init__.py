@@ -5,6 +5,8 @@
 * :mod:`.compare` -- the pure comparison (max/mean/p95 |delta logprob|, top-1 agreement, a KL
   estimate, first greedy divergence), the gate and its text/JSON reports;
 * :mod:`.evidence` -- the frozen data between them.
+* :mod:`.runner` -- ``invoke equiv`` itself: the two sides served (or one at a time, in place, against a
+  recorded reference), compared and gated, the reports written.
 
 Tolerances come from the target's ``equiv:`` block (:mod:`imageforge.tolerances`).
 """

@@ -6,7 +6,9 @@
   schedule against the full image, the result table (text/JSON/CSV);
 * :mod:`.graph` -- the ``requires:`` graph both use.
 
-Nothing here builds, serves or benches: the callers pass callbacks and results in.
+Those three build, serve and bench nothing: the callers pass callbacks and results in.  The commands
+themselves, with real builds and servers: :mod:`.bisect_runner` (``invoke bisect``), :mod:`.ablate_runner`
+(``invoke ablate``, also in place), over :mod:`.subsets` (the images of step subsets both build).
 """
 
 from __future__ import annotations

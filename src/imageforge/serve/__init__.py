@@ -3,7 +3,9 @@
 * :mod:`.spec`: what a serving container is (the docker SDK's ``containers.create`` arguments), pure;
 * :mod:`.container`: the container runtime: ``start_server``, ``wait_ready``, ``serving``, ``start_detached``,
   ``stop_servers``;
-* :mod:`.process`: the same serving command as a process, without Docker (``apply --in-place``'s server).
+* :mod:`.process`: the same serving command as a process, without Docker (``apply --in-place``'s server):
+  start, record, wait, stop; :mod:`.process_spec` renders what it runs, :mod:`.procfs` reads ``/proc``.
 
-Nothing is imported here: ``imageforge.serve.process`` must not pull in the container runtime's imports.
+Nothing is imported here: import the module you need. Neither imports the docker SDK at import time (in-place
+mode runs where it is not installed; ``tests/unit/test_serve_process.py`` checks it).
 """

@@ -46,6 +46,7 @@ from ..errors import ConfigError, InfraError, SmokeError
 from ..labels import L_KIND, L_RUN, L_STARTED_BY, L_TARGET, L_TOOL, TOOL
 from ..resolve import Resolved
 from ..rundirs import new_run_id, run_dir
+from ..waits import probe_health, wait_until
 from .spec import KIND_SERVER, container_port, container_spec
 
 Log = Callable[[str], None]
@@ -365,8 +366,6 @@ def wait_ready(
     a timeout raises SmokeError. Both carry the state, the last 50 log lines and a hint.
     """
     import httpx
-
-    from ..waits import probe_health, wait_until
 
     progress = Progress(f"waiting for {server.url}/health", log, stream=progress_stream)
     t0 = server.started

@@ -1,59 +1,53 @@
 """The server as a process: a target's serving command run on this machine, without Docker (in-place mode).
 
 The container runtime (:mod:`imageforge.serve.spec` + :mod:`imageforge.serve.container`) and this process runtime
-serve the same thing: :func:`process_spec` renders the command exactly as the container gets it (style ``argv``: the
-command and every flag; style ``config``: ``command --config FILE`` with the file rendered by
-:func:`imageforge.plan.render_serving_config` into the run directory, never ``/etc``), then:
+serve the same thing: :mod:`imageforge.serve.process_spec` renders the command exactly as the container gets it
+(the config file into the run directory, volume targets rewritten to their sources, host and port by the target's
+flag names, the caller's environment less imageforge's own venv). Here:
 
-* every serving argument or env value equal to or under a run volume's target (``/model``) is rewritten to the
-  volume's source (``${IMAGEFORGE_MODEL_DIR}`` for bi100, the tiny model's folder for cpu);
-* host and port are set by the target's flag names (``serving.flag_names``), binding 127.0.0.1 unless
-  ``--host-address``;
 * ``/dev/shm`` must be at least ``run.shm_size`` (the container would get that much);
-* the child's environment is the caller's (``CUDA_VISIBLE_DEVICES`` and the box's own ``PYTHONPATH`` included)
-  less imageforge's own venv (its ``PYTHONPATH``/``PATH`` entries), plus the serving and run env of the target.
+* :func:`start_process` starts it in a new session (its own process group), logs to
+  ``.imageforge/runs/<id>/server.log`` and records pid, process group and ``/proc/<pid>/stat`` start time in
+  ``server.json`` beside it (:mod:`imageforge.serve.procfs` reads ``/proc``);
+* :func:`wait_process_ready` waits for ``/health`` through :mod:`imageforge.waits`;
+* :func:`stop_server` ends the group (TERM, KILL after a grace) only after the pid's start time matches the
+  record, so a recycled pid is never signalled.
 
-:func:`start_process` starts it in a new session (its own process group), logs to
-``.imageforge/runs/<id>/server.log`` and records pid, process group and ``/proc/<pid>/stat`` start time in
-``server.json`` beside it; :func:`wait_process_ready` waits for ``/health`` through :mod:`imageforge.waits`;
-:func:`stop_process` ends the group (TERM, KILL after a grace) only after the pid's start time matches the record,
-so a recycled pid is never signalled.  One server at a time: a recorded server still up, or a busy port, is
-exit 5 naming the pid.  Nothing here imports the docker SDK (``tests/unit/test_serve_process.py`` checks it).
+One server at a time: a recorded server still up, or a busy port, is exit 5 naming the pid.  Nothing here imports
+the docker SDK (``tests/unit/test_serve_process.py`` checks it).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
-import re
-import shutil
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import settings
+from .. import inplace, settings
 from ..errors import ConfigError, InfraError, SmokeError
-from ..plan import flag_argv, render_serving_config
-from ..resolve import Resolved, Value
+from ..inplace import Journal
+from ..inplace.apply import VERIFY_STEP
+from ..resolve import Resolved, resolve
 from ..rundirs import new_run_id, run_dir, runs_dir
-from .spec import volume_binds
+from ..waits import probe_health, wait_until
+from .container import Progress, exit_hint, free_port, port_in_use, sigterm_as_interrupt
+from .process_spec import ProcessSpec, parse_size, process_spec
+from .procfs import alive, group_members, port_holder, proc_stat
 
 Log = Callable[[str], None]
 
 RECORD = "server.json"
 LOG_NAME = "server.log"
-CONFIG_NAME = "serving.yaml"
 STOP_GRACE = 15.0  # seconds of SIGTERM before SIGKILL (vLLM with an engine process needs a few)
 LOG_TAIL = 50
-_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
 # --------------------------------------------------------------------------- where and with what
@@ -77,9 +71,6 @@ class InPlace:
 
     def applied_state(self) -> tuple[str, str, tuple[str, ...]] | None:
         """(target, profile, step ids) the root's journal holds, or None (nothing applied)."""
-        from ..inplace import Journal
-        from ..inplace.apply import VERIFY_STEP
-
         journal = Journal.load(self.root)
         if journal is None or not journal.data.get("applied"):
             return None
@@ -89,8 +80,6 @@ class InPlace:
 
     def apply(self, resolved: Resolved, *, environ: Mapping[str, str] | None = None, log: Log = print) -> str:
         """Exactly ``resolved.steps`` applied under the root (none: reverted); what the root serves now."""
-        from .. import inplace
-
         ids = [s.id for s in resolved.steps]
         t0 = time.monotonic()
         if ids:
@@ -106,9 +95,6 @@ class InPlace:
     @contextlib.contextmanager
     def kept(self, manifest: Any, *, environ: Mapping[str, str] | None = None, log: Log = print) -> Iterator[None]:
         """Run the block, then put the root back as it was before it (also after an error)."""
-        from .. import inplace
-        from ..resolve import resolve
-
         before = self.applied_state()
         try:
             yield
@@ -126,230 +112,6 @@ class InPlace:
 
 
 def _quiet(_line: str) -> None:
-    return None
-
-
-# --------------------------------------------------------------------------- rendering (pure but for volume checks)
-
-
-def parse_size(text: str) -> int:
-    """Docker's ``--shm-size`` units (binary): ``1g`` -> 1073741824; ``512m``, ``64k``, plain bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)i?b?\s*", text.lower())
-    if not match:
-        raise ConfigError(f"run.shm_size {text!r} is not a size", expected="e.g. 1g, 512m, 16g")
-    return int(float(match.group(1)) * _UNITS[match.group(2)])
-
-
-def rewrite_value(value: Any, mounts: Mapping[str, str]) -> Any:
-    """``value`` with each string equal to or under a mount target (``{target: source}``) rewritten to its source."""
-    if isinstance(value, str):
-        for target, source in sorted(mounts.items(), key=lambda item: -len(item[0])):
-            bare = target.rstrip("/")
-            if value in (bare, bare + "/"):
-                return source
-            if value.startswith(bare + "/"):
-                return source.rstrip("/") + value[len(bare):]
-        return value
-    if isinstance(value, list | tuple):
-        return type(value)(rewrite_value(v, mounts) for v in value)
-    return value
-
-
-def mounts(resolved: Resolved, environ: Mapping[str, str]) -> dict[str, str]:
-    """``{volume target: host source}`` of the target's run volumes (sources checked to exist, made absolute)."""
-    return {spec["bind"]: source for source, spec in volume_binds(resolved, environ).items()}
-
-
-def own_prefixes() -> list[str]:
-    """Where imageforge itself is installed: its venv (when it runs in one) and its package's import root."""
-    out: list[str] = []
-    if sys.prefix != sys.base_prefix:
-        out.append(os.path.realpath(sys.prefix))
-    package_root = os.path.realpath(str(Path(__file__).resolve().parent.parent))
-    out.append(package_root)
-    return out
-
-
-def _is_own(entry: str, prefixes: Sequence[str]) -> bool:
-    real = os.path.realpath(entry) if entry else ""
-    return bool(real) and any(real == p or real.startswith(p.rstrip("/") + "/") for p in prefixes)
-
-
-def child_environ(environ: Mapping[str, str], extra: Mapping[str, str],
-                  prefixes: Sequence[str] | None = None) -> dict[str, str]:
-    """The server's environment: the caller's, less imageforge's own venv, plus ``extra`` (the target's env).
-
-    ``PYTHONPATH`` and ``PATH`` entries inside imageforge's venv or source tree are dropped (the box's own
-    ``PYTHONPATH``, e.g. corex's, stays); ``VIRTUAL_ENV`` naming imageforge's venv is dropped too.
-    """
-    prefixes = own_prefixes() if prefixes is None else list(prefixes)
-    env = dict(environ)
-    for name in ("PYTHONPATH", "PATH"):
-        if name in env:
-            kept = [e for e in env[name].split(os.pathsep) if not _is_own(e, prefixes)]
-            if kept:
-                env[name] = os.pathsep.join(kept)
-            else:
-                del env[name]
-    if env.get("VIRTUAL_ENV") and _is_own(env["VIRTUAL_ENV"], prefixes):
-        del env["VIRTUAL_ENV"]
-    env.update(extra)
-    return env
-
-
-def program(command: Sequence[str], python: str, environ: Mapping[str, str]) -> list[str]:
-    """``command`` with its program found for the target interpreter.
-
-    ``python``/``python3`` -> the target interpreter; another program (``vllm``) -> the one beside the
-    interpreter (its venv's ``bin/``) when there, else on the caller's PATH.
-    """
-    if not command:
-        raise ConfigError("serving.command is empty")
-    first, rest = command[0], list(command[1:])
-    interpreter = python if os.sep in python else (shutil.which(python, path=environ.get("PATH")) or python)
-    if first in ("python", "python3") or re.fullmatch(r"python3(\.\d+)?", first):
-        return [interpreter, *rest]
-    beside = Path(interpreter).parent / first
-    if os.sep not in first and beside.is_file() and os.access(beside, os.X_OK):
-        return [str(beside), *rest]
-    found = first if os.sep in first else shutil.which(first, path=environ.get("PATH"))
-    if not found:
-        raise InfraError(f"the serving command's program {first!r} is not on this machine",
-                         found=f"not beside {interpreter} nor on PATH",
-                         hint="pass --python with the interpreter of the target's venv (its bin/ holds it)")
-    return [found, *rest]
-
-
-@dataclass(frozen=True)
-class ProcessSpec:
-    """What :func:`start_process` runs: argv, environment, working directory, where it listens."""
-
-    argv: tuple[str, ...]
-    env: Mapping[str, str]
-    cwd: Path
-    host: str
-    port: int
-    config: bytes | None = None  # the rendered config file (style config), written to ``config_path``
-    config_path: Path | None = None
-    rewritten: Mapping[str, str] = field(default_factory=dict)  # volume target -> source
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def changed_env(self, environ: Mapping[str, str]) -> dict[str, str]:
-        """The child's variables that differ from ``environ`` (what server.json records)."""
-        return {k: v for k, v in self.env.items() if environ.get(k) != v}
-
-
-def process_resolved(resolved: Resolved, *, host: str, port: int, environ: Mapping[str, str]) -> tuple[
-        Resolved, dict[str, str]]:
-    """``resolved`` with host, port and the mount rewrites in its serving args and env (provenance ``in-place``)."""
-    where = mounts(resolved, environ)
-    values = [dataclasses.replace(v, value=rewrite_value(v.value, where)) for v in resolved.serving]
-    for key, value in (("host", host), ("port", port)):
-        for i, v in enumerate(values):
-            if v.key == key:
-                values[i] = dataclasses.replace(v, value=value, source="in-place")
-                break
-        else:
-            values.append(Value(key, value, "in-place", None, "in-place: where the process listens"))
-    env = [dataclasses.replace(v, value=rewrite_value(str(v.value), where)) for v in resolved.env]
-    return dataclasses.replace(resolved, serving=tuple(values), env=tuple(env)), where
-
-
-def process_spec(resolved: Resolved, *, host: str, port: int, run_directory: Path, python: str = "python3",
-                 environ: Mapping[str, str] | None = None, prefixes: Sequence[str] | None = None) -> ProcessSpec:
-    """The serving command of ``resolved`` as a process (see the module docstring); writes nothing."""
-    environ = os.environ if environ is None else environ
-    local, where = process_resolved(resolved, host=host, port=port, environ=environ)
-    serving = local.target.serving
-    extra = {**local.serving_env(), **{k: rewrite_value(str(v), where) for k, v in local.run.env.items()}}
-    env = child_environ(environ, extra, prefixes)
-    config: bytes | None = None
-    config_path: Path | None = None
-    if serving.style == "argv":
-        argv = [*serving.command, *flag_argv(local.serving_args(), flag_names=serving.flag_names,
-                                             negatable=lambda key: key in serving.negatable)]
-    else:
-        config_path = run_directory / CONFIG_NAME
-        config = render_serving_config(local)
-        argv = [*serving.command, "--config", str(config_path)]
-    return ProcessSpec(tuple(program(argv, python, env)), env, run_directory, host, port, config, config_path,
-                       where)
-
-
-# --------------------------------------------------------------------------- /proc: pids, start times, ports
-
-
-@dataclass(frozen=True)
-class ProcStat:
-    pid: int
-    state: str
-    pgrp: int
-    starttime: int  # clock ticks after boot (field 22 of /proc/<pid>/stat)
-
-
-def parse_stat(text: str) -> ProcStat:
-    """Parse ``/proc/<pid>/stat`` (the command name may hold spaces and parentheses: split after the last ``)``)."""
-    head, _, rest = text.rpartition(")")
-    pid = int(head.split("(", 1)[0])
-    fields = rest.split()
-    return ProcStat(pid, fields[0], int(fields[2]), int(fields[19]))
-
-
-def proc_stat(pid: int, proc: Path = Path("/proc")) -> ProcStat | None:
-    try:
-        return parse_stat((proc / str(pid) / "stat").read_text())
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def alive(pid: int, starttime: int, proc: Path = Path("/proc")) -> bool:
-    """The recorded process still runs: same pid, same start time, not a zombie."""
-    stat = proc_stat(pid, proc)
-    return stat is not None and stat.starttime == starttime and stat.state not in ("Z", "X")
-
-
-def group_members(pgrp: int, proc: Path = Path("/proc")) -> list[int]:
-    """Live processes of process group ``pgrp``."""
-    out = []
-    for entry in proc.iterdir() if proc.is_dir() else ():
-        if entry.name.isdigit():
-            stat = proc_stat(int(entry.name), proc)
-            if stat is not None and stat.pgrp == pgrp and stat.state not in ("Z", "X"):
-                out.append(stat.pid)
-    return out
-
-
-def listening_inodes(port: int, proc: Path = Path("/proc")) -> set[str]:
-    """Socket inodes listening on ``port`` (any address, IPv4 and IPv6) from ``/proc/net/tcp*``."""
-    inodes: set[str] = set()
-    for name in ("tcp", "tcp6"):
-        try:
-            lines = (proc / "net" / name).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            cols = line.split()
-            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(cols[9])
-    return inodes
-
-
-def port_holder(port: int, proc: Path = Path("/proc")) -> int | None:
-    """The pid of a process listening on ``port`` (None when not found or not visible)."""
-    inodes = {f"socket:[{i}]" for i in listening_inodes(port, proc)}
-    if not inodes:
-        return None
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            for fd in (entry / "fd").iterdir():
-                with contextlib.suppress(OSError):
-                    if os.readlink(fd) in inodes:
-                        return int(entry.name)
     return None
 
 
@@ -481,8 +243,6 @@ def check_shm(resolved: Resolved, shm: Path = Path("/dev/shm")) -> None:
 
 def refuse_if_busy(root: Path, host: str, port: int | None) -> None:
     """Exit 5 when a recorded server is still up (one at a time) or ``port`` is taken, naming the pid."""
-    from .container import port_in_use
-
     for data in running_records(root):
         raise InfraError(
             f"an in-place server is still up: pid {data['pid']} ({data['target']}:{data['profile']} on "
@@ -503,8 +263,6 @@ def start_process(resolved: Resolved, in_place: InPlace, *, environ: Mapping[str
                   port: int | None = None, run_id: str | None = None, host_address: str | None = None,
                   log: Log = print, record: Mapping[str, Any] | None = None) -> ProcessServer:
     """Render, check (shm, one server, port), start in a new session, record; no waiting."""
-    from .container import free_port, port_in_use
-
     environ = os.environ if environ is None else environ
     host = host_address or settings.host_address(None, environ)
     root = resolved.manifest.root
@@ -540,9 +298,6 @@ def wait_process_ready(server: ProcessServer, *, timeout: float, log: Log = prin
                        resolved: Resolved | None = None) -> float:
     """Poll ``/health`` until 200 (the seconds it took); the process exiting or the timeout raises with its log."""
     import httpx
-
-    from ..waits import probe_health, wait_until
-    from .container import Progress, exit_hint
 
     progress = Progress(f"waiting for {server.url}/health", log)
     last = "no answer yet"
@@ -648,8 +403,6 @@ def serving(resolved: Resolved, in_place: InPlace, *, startup_timeout: float | N
 
     Container-only options (``base``, ``image``, ``build_image``, ``labels``) are refused when set.
     """
-    from .container import sigterm_as_interrupt
-
     bad = sorted(k for k, v in unused.items() if v and k in ("base", "image"))
     if bad:
         raise ConfigError(f"--in-place serves the files under the root: {', '.join(bad)} does not apply")
@@ -682,17 +435,9 @@ def start_detached(resolved: Resolved, in_place: InPlace, *, port: int | None, t
 __all__ = [
     "InPlace",
     "ProcessServer",
-    "ProcessSpec",
-    "alive",
     "check_shm",
-    "child_environ",
     "end_group",
-    "parse_size",
-    "parse_stat",
-    "port_holder",
-    "process_spec",
     "records",
-    "rewrite_value",
     "serving",
     "start_detached",
     "start_process",

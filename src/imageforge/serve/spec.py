@@ -3,7 +3,7 @@
 :func:`container_spec` is pure (unit-tested without a daemon) apart from checking that volume
 sources exist.  The image is the built ``<image>:<profile>`` (its CMD already serves the rendered
 config), or with ``base=True`` the base image with the serving arguments as
-``vllm serve MODEL --flag value`` (fitted to its ENTRYPOINT by :func:`imageforge.plan.fit_command`,
+``vllm serve MODEL --flag value`` (:func:`imageforge.serving.base_command`: fitted to its ENTRYPOINT
 exactly as a build fits its CMD).  The container port is published on ``host_address`` only.
 """
 
@@ -17,19 +17,11 @@ from typing import Any
 from .. import settings
 from ..errors import InfraError
 from ..labels import L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL, TOOL
-from ..plan import fit_command, flag_argv, serving_argv
 from ..resolve import Resolved
+from ..serving import base_command
 
 KIND_SERVER = "server"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def cli_args(args: Mapping[str, Any]) -> list[str]:
-    """Serving arguments as ``vllm serve`` flags: ``model`` positional first, then :func:`plan.flag_argv`
-    (``False`` -> ``--no-key``)."""
-    model = args.get("model")
-    rest = {k: v for k, v in args.items() if k != "model"}
-    return [*([str(model)] if model is not None else []), *flag_argv(rest)]
 
 
 def expand_vars(text: str, environ: Mapping[str, str], *, what: str) -> str:
@@ -113,16 +105,6 @@ def server_labels(resolved: Resolved, run_id: str, *, base: bool) -> dict[str, s
         L_TARGET: resolved.target.name,
         L_PROFILE: "base" if base else resolved.profile_name,
     }
-
-
-def base_command(resolved: Resolved, entrypoint: Sequence[str] | None) -> list[str]:
-    """``vllm serve MODEL --flag value ...`` for a base image (fitted to its ENTRYPOINT, as a build's CMD is).
-
-    Serving style ``argv``: the image's own CMD list (``command`` + every flag, see plan.serving_argv).
-    """
-    if resolved.target.serving.style == "argv":
-        return fit_command(entrypoint, serving_argv(resolved))
-    return fit_command(entrypoint, [*resolved.target.serving.command, *cli_args(resolved.serving_args())])
 
 
 def container_spec(

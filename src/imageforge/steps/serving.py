@@ -12,17 +12,10 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
-from ..plan import Plan, fit_argv, fit_command, serving_argv
+from ..plan import Plan
+from ..serving import image_command
 from .core import Changes, FileChange
 from .dockerfile import ContextFile, EmitContext, Emitted, comment, copy, env_value, run
-
-
-def image_cmd(plan: Plan, entrypoint: tuple[str, ...]) -> list[str]:
-    """The CMD imageforge's config layer sets (fitted to the base's ENTRYPOINT)."""
-    serving = plan.resolved.target.serving
-    if serving.style == "argv":
-        return fit_argv(list(entrypoint) or None, serving_argv(plan.resolved))
-    return fit_command(list(entrypoint) or None, serving.command, serving.config_path)
 
 
 class ServingConfig:
@@ -36,7 +29,7 @@ class ServingConfig:
 
     def image_config(self, plan: Plan, parent_config: Mapping[str, Any]) -> dict[str, Any]:
         """``Cmd`` and ``Env`` of the final layer: the serving ENV replaces the parent's values of the same names."""
-        cmd = image_cmd(plan, tuple(parent_config.get("Entrypoint") or ()))
+        cmd = image_command(plan.resolved, tuple(parent_config.get("Entrypoint") or ()))
         serving_env = plan.resolved.serving_env()
         env = [e for e in (parent_config.get("Env") or []) if e.split("=", 1)[0] not in serving_env]
         env += [f"{k}={v}" for k, v in serving_env.items()]
@@ -55,7 +48,7 @@ class ServingConfig:
         env = plan.resolved.serving_env()
         if env:
             instructions.append("ENV " + " ".join(f"{k}={env_value(str(v))}" for k, v in env.items()))
-        instructions.append("CMD " + json.dumps(image_cmd(plan, ctx.base.entrypoint)))
+        instructions.append("CMD " + json.dumps(image_command(plan.resolved, ctx.base.entrypoint)))
         return Emitted(tuple(instructions), {name: ContextFile(plan.serving_config)})
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from ..plan import Plan
-from ..steps.serving import image_cmd
+from ..serving import image_command
 
 RUN_YAML = "computility-run.yaml"
 
@@ -20,7 +20,7 @@ def run_yaml_doc(plan: Plan, entrypoint: Sequence[str] = ()) -> dict[str, Any]:
     """The evaluator's document: the image's CMD as the command (each flag and value its own string)."""
     return {
         "concurrency": 1,
-        "command": [str(item) for item in image_cmd(plan, tuple(entrypoint))],
+        "command": [str(item) for item in image_command(plan.resolved, entrypoint)],
         "env": [{"name": str(k), "value": str(v)} for k, v in plan.resolved.serving_env().items()],
     }
 

@@ -33,6 +33,7 @@ from .. import __version__
 from ..errors import BuildError, ConfigError, InfraError, Problem
 from ..plan import Plan, make_plan
 from ..resolve import Resolved
+from ..serving import flag_pairs
 from ..steps import kind
 from ..steps.dockerfile import APPLIER, HELPER_DIR, BaseFacts, ContextFile, EmitContext, Emitted, env_value
 from .applier import applier_source
@@ -242,15 +243,6 @@ def git_commit(out_dir: Path, resolved: Resolved, log: Log) -> str:
 # --------------------------------------------------------------------------- --check
 
 
-def _flag_pairs(argv: list[str]) -> list[tuple[str, str | None]]:
-    out: list[tuple[str, str | None]] = []
-    for i, item in enumerate(argv):
-        if item.startswith("-"):
-            value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else None
-            out.append((item, value))
-    return out
-
-
 def _yaml_differences(expected: bytes, found: bytes) -> list[str]:
     try:
         got = read_run_yaml(found)
@@ -265,7 +257,7 @@ def _yaml_differences(expected: bytes, found: bytes) -> list[str]:
     if not isinstance(got_cmd, list) or not all(isinstance(x, str) for x in got_cmd):
         out.append(f"{RUN_YAML} command: expected a list of strings, found {got_cmd!r}")
     elif got_cmd != want_cmd:
-        w, g = dict(_flag_pairs(want_cmd)), dict(_flag_pairs(got_cmd))
+        w, g = dict(flag_pairs(want_cmd)), dict(flag_pairs(got_cmd))
         for flag in sorted(set(w) | set(g)):
             if flag not in g:
                 out.append(f"{RUN_YAML} command: {flag} missing (expected {w[flag]!r})")

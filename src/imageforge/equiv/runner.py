@@ -31,8 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..build import build_target
+from ..docker_engine import image_or_none
 from ..errors import ConfigError
-from ..tolerances import DTYPES, Dtype, EquivSettings
+from ..resolve import Value, resolve
+from ..rundirs import new_run_id
+from ..serve.container import remove_server, serving, sigterm_as_interrupt, start_server, wait_ready
+from ..tolerances import DTYPES, Dtype, EquivSettings, Tolerance
 from .client import collect_against, collect_reference
 from .compare import Verdict, compare, gate
 from .evidence import Evidence
@@ -51,8 +56,6 @@ EQUIV_SOURCE = "cli:equiv"  # provenance of the dtype both servers get (a varian
 
 def with_serving_value(resolved: Resolved, key: str, value: Any, *, source: str = EQUIV_SOURCE) -> Resolved:
     """``resolved`` with one serving argument replaced or added (any target, even one without ``key``)."""
-    from ..resolve import Value
-
     values = list(resolved.serving)
     for i, v in enumerate(values):
         if v.key == key:
@@ -111,8 +114,6 @@ class Side:
 def sides(resolved: Resolved, against: str, *, dtype: Dtype, sets: Sequence[str] = (),
           environ: Mapping[str, str] | None = None) -> tuple[Side, Side]:
     """(candidate, reference) for ``against`` = ``base`` | a profile of the target | an image."""
-    from ..resolve import resolve
-
     environ = os.environ if environ is None else environ
     cand = Side(f"{resolved.target.name}:{resolved.profile_name}",
                 renamed(with_serving_value(resolved, "dtype", dtype), "equiv"))
@@ -125,8 +126,6 @@ def sides(resolved: Resolved, against: str, *, dtype: Dtype, sets: Sequence[str]
             raise ConfigError(f"equiv: --against {against} is the profile under test",
                               hint="compare against base, another profile or an image")
         return cand, Side(f"profile {against}", renamed(with_serving_value(other, "dtype", dtype), "equiv"))
-    from ..docker_engine import image_or_none
-
     if image_or_none(against) is None:
         raise ConfigError(
             f"equiv: --against {against!r} is neither 'base', a profile of {resolved.target.name!r} nor an image",
@@ -142,9 +141,6 @@ def serving_pair(candidate: Side, reference: Side, *, environ: Mapping[str, str]
                  candidate_image: str | None = None,
                  host_address: str | None = None) -> Iterator[tuple[Server, Server]]:
     """Start both servers at once (distinct free ports on ``host_address``), wait for both, always remove both."""
-    from ..rundirs import new_run_id
-    from ..serve.container import remove_server, sigterm_as_interrupt, start_server, wait_ready
-
     environ = os.environ if environ is None else environ
     run_id = run_id or new_run_id()
     started: list[Server] = []
@@ -193,8 +189,6 @@ class EquivRun:
 def compare_urls(reference_url: str, candidate_url: str, settings: EquivSettings, dtype: Dtype | None, *,
                  labels: tuple[str, str] = ("candidate", "reference"), run_dir: Path | None = None) -> EquivRun:
     """Collect both evidences (reference first), compare and gate (``dtype`` None: report only)."""
-    from ..tolerances import Tolerance
-
     ref = collect_reference(reference_url, settings.prompts, top_k=settings.top_k,
                             greedy_tokens=settings.greedy_tokens)
     cand = collect_against(candidate_url, ref)
@@ -211,9 +205,6 @@ def equiv_target(resolved: Resolved, *, against: str = "base", dtype: str | None
                  environ: Mapping[str, str] | None = None, echo: Log = print,
                  startup_timeout: float | None = None, host_address: str | None = None) -> EquivRun:
     """Build what is needed, serve both sides at once, compare, write the reports; never raises on a gate."""
-    from ..build import build_target
-    from ..rundirs import new_run_id
-
     environ = os.environ if environ is None else environ
     settings = settings or resolved.target.equiv
     chosen = check_dtype(dtype or settings.dtype)
@@ -264,8 +255,6 @@ def serving_one(side: Side, *, image: str | None, environ: Mapping[str, str], lo
         cm = in_place.serving(side.resolved, environ=environ, run_id=run_id, log=log,
                               startup_timeout=startup_timeout, host_address=host_address)
     else:
-        from ..serve.container import serving
-
         cm = serving(side.resolved, environ=environ, base=side.base, image=image, run_id=run_id, log=log,
                      startup_timeout=startup_timeout, host_address=host_address)
     with cm as server:
@@ -275,8 +264,6 @@ def serving_one(side: Side, *, image: str | None, environ: Mapping[str, str], lo
 def _served_id(server: Any, image: str | None, in_place: Any) -> str:
     if in_place is not None:
         return str(server.image)
-    from ..docker_engine import image_or_none
-
     found = image_or_none(image or server.image)
     return str(getattr(found, "id", None) or image or server.image)
 
@@ -285,8 +272,6 @@ def _image_of(side: Side, environ: Mapping[str, str], echo: Log) -> str | None:
     """The image a Docker side runs: given, the base (None: found by ``serving``), or built (or reused)."""
     if side.image is not None or side.base:
         return side.image
-    from ..build import build_target
-
     return build_target(side.resolved, environ=environ, echo=echo).image_id
 
 
@@ -299,8 +284,6 @@ def record_reference(resolved: Resolved, path: Path, *, against: str = "base", d
     Docker: the reference ``--against`` names (default the base image with the serving config). In place:
     ``reference`` (default: what the root serves now, e.g. the required steps applied).
     """
-    from ..rundirs import new_run_id
-
     environ = os.environ if environ is None else environ
     settings = settings or resolved.target.equiv
     chosen = check_dtype(dtype or settings.dtype)
@@ -331,8 +314,6 @@ def against_record(resolved: Resolved, record: Record, *, dtype: str | None = No
                    environ: Mapping[str, str] | None = None, echo: Log = print, startup_timeout: float | None = None,
                    host_address: str | None = None, in_place: Any = None, where: str = "") -> EquivRun:
     """``equiv --against FILE``: serve the candidate alone, score the recorded sequences, gate in the record's dtype."""
-    from ..rundirs import new_run_id
-
     environ = os.environ if environ is None else environ
     if dtype and dtype != record.dtype:
         raise ConfigError(f"equiv: the record was served in {record.dtype}, --dtype says {dtype}",
@@ -372,8 +353,6 @@ def equiv_in_place(resolved: Resolved, in_place: Any, *, record: Path | None = N
     * ``against`` only: the candidate (TARGET:PROFILE applied) compared with that record;
     * neither: both, the record kept in the run directory (two server starts).
     """
-    from ..rundirs import new_run_id
-
     environ = os.environ if environ is None else environ
     settings = settings or resolved.target.equiv
     chosen = check_dtype(dtype or settings.dtype)

@@ -27,8 +27,6 @@ from imageforge.serve.container import (
     wait_ready,
 )
 from imageforge.serve.spec import (
-    base_command,
-    cli_args,
     container_port,
     container_spec,
     device_requests,
@@ -50,32 +48,6 @@ def bi100() -> Resolved:
 
 def rooted(resolved: Resolved, root: Path) -> Resolved:
     return replace(resolved, manifest=replace(resolved.manifest, root=root))
-
-
-def test_cli_args_model_first_then_flags() -> None:
-    args = {"max-num-seqs": 8, "model": "/models/m", "enforce-eager": True, "enable-log": False,
-            "structured-outputs-config": {"backend": "xgrammar"}, "served-model-name": ["a", "b"], "skip": None}
-    assert cli_args(args) == ["/models/m", "--max-num-seqs", "8", "--enforce-eager", "--no-enable-log",
-                              "--structured-outputs-config", '{"backend":"xgrammar"}',
-                              "--served-model-name", "a", "b"]
-
-
-def test_base_command_fits_the_entrypoint(cpu: Resolved) -> None:
-    argv = base_command(cpu, None)
-    assert argv[:3] == ["vllm", "serve", "/models/tiny-qwen3-moe"]
-    assert "--max-num-seqs" in argv and argv[argv.index("--max-num-seqs") + 1] == "8"
-    assert base_command(cpu, ["/opt/venv/bin/vllm"])[:2] == ["serve", "/models/tiny-qwen3-moe"]
-
-
-def test_base_command_under_a_shell_entrypoint_is_one_string(write_manifest: Any) -> None:
-    """A base whose ENTRYPOINT is ``sh -c`` runs its CMD as one command line (as a build's CMD does)."""
-    resolved = resolve(load_manifest(write_manifest()), "t", "big", environ={})
-    assert base_command(resolved, ["/bin/sh", "-c"]) == [
-        "vllm serve /m --max-num-seqs 64 --gpu-memory-utilization 0.95 --enforce-eager"]
-    assert base_command(resolved, ["bash", "-c"]) == [
-        "vllm serve /m --max-num-seqs 64 --gpu-memory-utilization 0.95 --enforce-eager"]
-    assert base_command(resolved, ["/entrypoint.sh"]) == [
-        "vllm", "serve", "/m", "--max-num-seqs", "64", "--gpu-memory-utilization", "0.95", "--enforce-eager"]
 
 
 def test_spec_for_built_image_publishes_on_localhost_only(cpu: Resolved, tmp_path: Path) -> None:

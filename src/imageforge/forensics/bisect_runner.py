@@ -1,0 +1,282 @@
+"""``invoke bisect``: the search over the images after step k (:mod:`.search`), with real builds and servers.
+
+``probe(k)`` builds the image after step k (:mod:`.subsets`), serves it, runs only the selected checks
+(``--check NAME``, repeatable, or every check of ``--suite FILE`` under the tags), removes the server; a server
+that does not start or an image that does not build counts as failing, with the reason as the report.
+``--check equiv`` probes with the accuracy gate instead: the reference (the base with the serving config) is
+started once for the whole search and each cut is compared with it in the ``equiv:`` dtype.  In place: each cut's
+steps applied under the root and served as a process, one at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from difflib import get_close_matches
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..equiv.client import collect_against, collect_reference
+from ..equiv.compare import compare, gate
+from ..equiv.runner import EquivRun, check_dtype, compare_urls, renamed, with_serving_value
+from ..errors import ConfigError, ImageforgeError, SmokeError
+from ..rundirs import new_run_id
+from ..serve.container import serving
+from ..smoke import (
+    DEFAULT_TAGS,
+    FAIL,
+    ServerHooks,
+    failure_text,
+    interesting_lines,
+    load_suite,
+    run_suite,
+    suite_for,
+    target_vars,
+)
+from .search import BisectResult, FlakyPolicy, Outcome, bisect, probe_bound
+from .subsets import build_subset, changed_files, file_log, first_line, step_label, subset_resolved
+
+if TYPE_CHECKING:
+    from ..manifest import Step
+    from ..resolve import Resolved
+    from ..serve.container import Server
+    from ..smoke import Suite
+
+Log = Callable[[str], None]
+EQUIV_CHECK = "equiv"
+
+
+def select_checks(suite: Suite, checks: Sequence[str], tags: Sequence[str]) -> Suite:
+    """``suite`` with only the named checks (``checks`` empty: those ``tags`` select)."""
+    if not checks:
+        selected = suite.select(tags)
+    else:
+        by_id = {c.id: c for c in suite.checks}
+        missing = [c for c in checks if c not in by_id]
+        if missing:
+            hint = get_close_matches(missing[0], list(by_id), n=1)
+            raise ConfigError(f"bisect: no check {missing[0]!r} in {suite.path}",
+                              expected="a check id of the suite (or 'equiv')", found=", ".join(missing),
+                              hint=f"did you mean {hint[0]!r}?" if hint else None)
+        selected = tuple(by_id[c] for c in dict.fromkeys(checks))
+    if not selected:
+        raise ConfigError(f"bisect: no check of {suite.path} is selected", found=f"tags {', '.join(tags)}")
+    return dataclasses.replace(suite, checks=selected)
+
+
+@dataclass
+class BisectRun:
+    result: BisectResult
+    steps: tuple[Step, ...]
+    labels: tuple[str, ...]
+    run_dir: Path
+    selection: str
+    reports: dict[int, list[str]] = field(default_factory=dict)  # k -> report paths
+
+    @property
+    def culprit(self) -> Step | None:
+        k = self.result.first_failing
+        return self.steps[k - 1] if self.result.status == "found" and k else None
+
+    def text(self) -> str:
+        lines = [f"bisect {self.selection}", self.result.text(self.labels)]
+        step = self.culprit
+        if step is not None:
+            k = self.result.first_failing or 0
+            lines += ["", f"first failing step: {step.id} ({step.kind}) at {step.location}  [{step.key_path}]"]
+            if step.why:
+                lines.append(f"  why: {step.why}")
+            lines.append("  changes:")
+            lines += [f"    {line}" for line in changed_files(step)]
+            point = self.result.point(k)
+            if point is not None and point.report():
+                lines += ["  failing check's report:", *(f"    {line}" for line in point.report().splitlines())]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        step = self.culprit
+        return {
+            **self.result.to_json(), "selection": self.selection, "labels": list(self.labels),
+            "culprit": None if step is None else {"id": step.id, "kind": step.kind, "location": str(step.location),
+                                                   "key_path": step.key_path, "changes": changed_files(step)},
+            "reports": {str(k): v for k, v in self.reports.items()},
+        }
+
+
+def bisect_target(resolved: Resolved, *, checks: Sequence[str] = (), suite_path: str | None = None,
+                  tags: Sequence[str] | None = None, repeat: int = 1, flaky: FlakyPolicy = "fail",
+                  environ: Mapping[str, str] | None = None, echo: Log = print,
+                  startup_timeout: float | None = None, host_address: str | None = None,
+                  in_place: Any = None) -> BisectRun:
+    """Binary search over the images after step k for the first one failing the selected checks.
+
+    Every server is published on and reached at ``host_address`` (default: from ``environ``).  ``in_place``:
+    each cut's steps applied under its root and served as a process, one at a time (equiv: the base's evidence is
+    recorded first, then each cut is compared with it); the root is as before at the end.
+    """
+    environ = os.environ if environ is None else environ
+    steps = resolved.steps
+    if flaky not in ("fail", "unknown"):
+        raise ConfigError("bisect --flaky must be 'fail' or 'unknown'", found=repr(flaky))
+    run_id = new_run_id()
+    run_dir = resolved.manifest.root / ".imageforge" / "runs" / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    labels = tuple(["base (serving config only)", *(step_label(s, i) for i, s in enumerate(steps, 1))])
+    use_equiv = EQUIV_CHECK in checks
+    if use_equiv and len(checks) > 1:
+        raise ConfigError("bisect: --check equiv cannot be combined with smoke checks", found=", ".join(checks))
+    reports: dict[int, list[str]] = {}
+
+    def build_cut(k: int, log: Log, subject: Resolved) -> str:
+        return build_subset(subject, [s.id for s in steps[:k]], suffix="bisect", environ=environ, log=log).image_id
+
+    probing = _Probing(build_cut, run_dir, reports, environ, echo, startup_timeout, host_address, in_place)
+    if in_place is not None:
+        bound = probe_bound(len(steps)) * repeat + (1 if use_equiv else 0)
+        echo(f"bisect --in-place on {in_place.root}: at most {bound} server starts, one at a time")
+    with contextlib.ExitStack() as stack:
+        if in_place is not None:
+            stack.enter_context(in_place.kept(resolved.manifest, environ=environ, log=echo))
+        result, selection = _bisect_search(resolved, steps, checks, suite_path, tags, repeat, flaky, use_equiv,
+                                           probing, run_id)
+    run = BisectRun(result, steps, labels, run_dir, selection, reports)
+    (run_dir / "bisect.json").write_text(json.dumps(run.to_json(), indent=2) + "\n")
+    (run_dir / "bisect.txt").write_text(run.text() + "\n")
+    echo(run.text())
+    echo(f"reports: {run_dir / 'bisect.txt'}, {run_dir / 'bisect.json'}")
+    return run
+
+
+def _bisect_search(resolved: Resolved, steps: Sequence[Step], checks: Sequence[str], suite_path: str | None,
+                   tags: Sequence[str] | None, repeat: int, flaky: FlakyPolicy, use_equiv: bool, probing: _Probing,
+                   run_id: str) -> tuple[BisectResult, str]:
+    environ, echo, startup_timeout, host_address = (probing.environ, probing.echo, probing.startup_timeout,
+                                                    probing.host_address)
+    if use_equiv:
+        selection = "--check equiv (accuracy gate against the base)"
+        with _equiv_reference(resolved, environ=environ, echo=echo, run_id=run_id, startup_timeout=startup_timeout,
+                              host_address=host_address, in_place=probing.in_place) as (ref_url, subject, settings,
+                                                                                        dtype):
+
+            def probe(k: int) -> Outcome:
+                return _equiv_probe(k, subject, ref_url, settings, dtype, probing)
+
+            result = bisect(len(steps), probe, repeat=repeat, flaky=flaky, log=echo)
+    else:
+        suite = load_suite(suite_for(resolved, suite_path))
+        chosen_tags = tuple(tags) if tags else (tuple(resolved.target.smoke.tags) or DEFAULT_TAGS)
+        selected = select_checks(suite, checks, chosen_tags)
+        selection = (f"{len(selected.checks)} check(s) of {suite.path}: "
+                     + ", ".join(c.id for c in selected.checks[:8]) + (" ..." if len(selected.checks) > 8 else ""))
+        echo(f"bisect {resolved.target.name}:{resolved.profile_name} over {len(steps)} steps; {selection}  "
+             f"run {run_id}")
+
+        def probe(k: int) -> Outcome:
+            return _smoke_probe(k, resolved, selected, probing)
+
+        result = bisect(len(steps), probe, repeat=repeat, flaky=flaky, log=echo)
+    return result, selection
+
+
+@dataclass(frozen=True)
+class _Probing:
+    """What every bisect probe shares: how a cut is built, where its logs and reports go, how it is served."""
+
+    build_cut: Callable[[int, Log, Resolved], str]
+    run_dir: Path
+    reports: dict[int, list[str]]
+    environ: Mapping[str, str]
+    echo: Log
+    startup_timeout: float | None
+    host_address: str | None
+    in_place: Any = None  # an imageforge.serve.process.InPlace: apply the cut under its root, serve a process
+
+
+def _probe_cut(k: int, build_as: Resolved, serve_as: Resolved, p: _Probing, *, what: str, no_server: str,
+               measure: Callable[[Server, Log], Outcome]) -> Outcome:
+    """Build the image after step ``k``, serve it, ``measure`` it: a build or start failure is a failing cut."""
+    log = file_log(p.run_dir / f"cut-{k}.log")
+    p.echo(f"bisect: probing k={k}{what} (log {p.run_dir / f'cut-{k}.log'})")
+    if p.in_place is not None:
+        cut = subset_resolved(build_as, [s.id for s in build_as.steps[:k]], suffix="bisect")
+        try:
+            p.in_place.apply(cut, environ=p.environ, log=log)
+        except ImageforgeError as exc:
+            return Outcome(False, f"the steps up to {k} did not apply in place: {first_line(exc)}")
+        try:
+            with p.in_place.serving(cut, environ=p.environ, startup_timeout=p.startup_timeout, log=log,
+                                    host_address=p.host_address) as process:
+                return measure(process, log)
+        except SmokeError as exc:
+            return Outcome(False, f"{no_server.format(k=k)}: {first_line(exc)}")
+    try:
+        image = p.build_cut(k, log, build_as)
+    except ImageforgeError as exc:
+        return Outcome(False, f"the image after step {k} did not build: {first_line(exc)}")
+    try:
+        with serving(serve_as, environ=p.environ, image=image, startup_timeout=p.startup_timeout, log=log,
+                     host_address=p.host_address) as server:
+            return measure(server, log)
+    except SmokeError as exc:
+        return Outcome(False, f"{no_server.format(k=k)}: {first_line(exc)}")
+
+
+def _smoke_probe(k: int, resolved: Resolved, suite: Suite, p: _Probing) -> Outcome:
+    def measure(server: Server, log: Log) -> Outcome:
+        hooks = ServerHooks(alive=lambda: None if server.running() else server.describe_state(),
+                            log_tail=lambda n: interesting_lines(server.logs(n * 20), n))
+        report = run_suite(suite, server.url, tags=(), run_id=server.run_id, run_dir=server.run_dir,
+                           vars=target_vars(resolved), hooks=hooks, echo=log, live=False,
+                           target=resolved.target.name, profile=resolved.profile_name)
+        if report.json_path is not None:
+            p.reports.setdefault(k, []).append(str(report.json_path))
+        if report.ok:
+            return Outcome(True)
+        text = "\n\n".join(failure_text(r, report.log_tail[-10:]) for r in report.results if r.status == FAIL)
+        return Outcome(False, f"{report.summary_line()}\n{text}")
+
+    serve_as = subset_resolved(resolved, [s.id for s in resolved.steps[:k]], suffix="bisect")
+    return _probe_cut(k, resolved, serve_as, p, what="", measure=measure,
+                      no_server="the server of the image after step {k} did not start")
+
+
+@contextlib.contextmanager
+def _equiv_reference(resolved: Resolved, *, environ: Mapping[str, str], echo: Log, run_id: str,
+                     startup_timeout: float | None, host_address: str | None = None,
+                     in_place: Any = None) -> Iterator[tuple[Any, Resolved, Any, Any]]:
+    """The base reference server, started once for a whole equiv bisect (in place: its evidence, recorded first)."""
+    settings = resolved.target.equiv
+    dtype = check_dtype(settings.dtype)
+    subject = renamed(with_serving_value(resolved, "dtype", dtype), "equiv")
+    if in_place is not None:
+        base = subset_resolved(subject, [], suffix="bisect")
+        in_place.apply(base, environ=environ, log=echo)
+        with in_place.serving(base, environ=environ, run_id=f"{run_id}-ref", startup_timeout=startup_timeout,
+                              log=echo, host_address=host_address) as ref:
+            evidence = collect_reference(ref.url, settings.prompts, top_k=settings.top_k,
+                                         greedy_tokens=settings.greedy_tokens)
+        yield evidence, subject, settings, dtype
+        return
+    with serving(subject, environ=environ, base=True, run_id=f"{run_id}-ref", startup_timeout=startup_timeout,
+                 log=echo, host_address=host_address) as ref:
+        yield ref.url, subject, settings, dtype
+
+
+def _equiv_probe(k: int, subject: Resolved, ref_url: Any, settings: Any, dtype: Any, p: _Probing) -> Outcome:
+    def measure(server: Server, log: Log) -> Outcome:
+        out = p.run_dir / f"equiv-cut-{k}-{len(p.reports.get(k, []))}"
+        if isinstance(ref_url, str):
+            result = compare_urls(ref_url, server.url, settings, dtype, run_dir=out)
+        else:  # in place: the base's evidence, recorded before the first cut
+            cand = collect_against(server.url, ref_url)
+            result = EquivRun(gate(compare(ref_url, cand), settings.tolerance(dtype), dtype), ref_url, cand, out)
+            result.write(out)
+        p.reports.setdefault(k, []).append(str(out / "equiv.json"))
+        return Outcome(result.verdict.passed, "" if result.verdict.passed else result.verdict.text())
+
+    return _probe_cut(k, subject, subject, p, what=" with equiv", measure=measure,
+                      no_server="the image after step {k}")

@@ -1,0 +1,107 @@
+"""Images of step subsets: what bisect's cuts and ablate's variants build and serve.
+
+:func:`subset_resolved` is the resolved target with only some of its steps (a prefix for bisect, "all but a step
+and its dependents" for ablate), the same verify and serving config on top, tagged in ``<image>-bisect`` /
+``<image>-ablate`` so the target's own tags never move.  Cache keys chain from the base and ignore the image name,
+so a prefix is all cache hits up to its last step and only its verify + config layers are new (once).
+Verification imports only the listed modules the kept steps still provide: a listed module whose file is the
+``dest`` of a dropped overlay step is left out (it is not in that image, by design).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..build import build_target
+from ..errors import ConfigError, ImageforgeError
+
+if TYPE_CHECKING:
+    from ..build import BuildResult
+    from ..manifest import Step
+    from ..resolve import Resolved
+
+Log = Callable[[str], None]
+
+
+def module_paths(module: str) -> tuple[str, str]:
+    """Package-relative files that provide ``module`` (``a.b.c`` -> ``a/b/c.py``, ``a/b/c/__init__.py``)."""
+    rel = module.replace(".", "/")
+    return f"{rel}.py", f"{rel}/__init__.py"
+
+
+def provided_by(step: Step) -> str | None:
+    """The package-relative file an overlay step puts into the image (None for other kinds)."""
+    if step.kind != "overlay":
+        return None
+    dest = str(step.spec.get("dest", ""))
+    return None if dest.startswith("/") else dest.lstrip("./")
+
+
+def kept_imports(imports: Sequence[str], dropped: Sequence[Step]) -> tuple[str, ...]:
+    """``imports`` without the modules only a dropped overlay step provides."""
+    gone = {p for p in (provided_by(s) for s in dropped) if p}
+    return tuple(m for m in imports if not gone.intersection(module_paths(m)))
+
+
+def subset_resolved(resolved: Resolved, keep: Sequence[str], *, suffix: str) -> Resolved:
+    """``resolved`` with only the steps in ``keep`` (manifest order kept), tagged in ``<image>-<suffix>``."""
+    known = {s.id for s in resolved.steps}
+    unknown = [k for k in keep if k not in known]
+    if unknown:
+        raise ConfigError(f"unknown step id(s) {', '.join(unknown)}", expected="one of " + ", ".join(known))
+    wanted = set(keep)
+    dropped = [s for s in resolved.steps if s.id not in wanted]
+    target = resolved.target
+    verify = dataclasses.replace(target.verify, imports=kept_imports(target.verify.imports, dropped))
+    target = dataclasses.replace(target, image=f"{target.image}-{suffix}", verify=verify)
+    return dataclasses.replace(
+        resolved, target=target,
+        shared_steps=tuple(s for s in resolved.shared_steps if s.id in wanted),
+        profile_steps=tuple(s for s in resolved.profile_steps if s.id in wanted),
+    )
+
+
+def build_subset(resolved: Resolved, keep: Sequence[str], *, suffix: str, environ: Mapping[str, str],
+                 log: Log) -> BuildResult:
+    return build_target(subset_resolved(resolved, keep, suffix=suffix), environ=environ, echo=log)
+
+
+def step_label(step: Step, k: int) -> str:
+    return f"after step {k} {step.id} ({step.location})"
+
+
+def changed_files(step: Step) -> list[str]:
+    """What the step changes, from its definition (package-relative paths are under the site directory)."""
+    spec = step.spec
+    if step.kind == "patch":
+        old, new = str(spec.get("old", "")), str(spec.get("new", ""))
+        diff = difflib.unified_diff(old.splitlines(), new.splitlines(), f"a/{spec['file']}", f"b/{spec['file']}",
+                                    lineterm="", n=0)
+        return [f"{spec['file']} (patched x{spec.get('count', 1)})", *(f"    {line}" for line in diff)]
+    if step.kind == "overlay":
+        return [f"{spec['dest']} (overlaid from {spec.get('source')})"]
+    if step.kind == "symlink":
+        return [f"links {spec.get('glob')} into {spec.get('into')}"]
+    what = spec.get("source") or spec.get("command") or spec.get("directory")
+    return [f"script {what} {' '.join(str(a) for a in spec.get('args', ()))}".rstrip()
+            + ": its files are whatever it writes (not declared)"]
+
+
+def first_line(exc: ImageforgeError) -> str:
+    """An error's message and what was found, on one line (a failing cut's or run's reason)."""
+    return exc.message + (f" ({exc.found})" if exc.found else "")
+
+
+def file_log(path: Path) -> Log:
+    """A log that appends each line to ``path`` (a cut's, a build's, the servers' log): quiet on the terminal."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def log(line: str) -> None:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+
+    return log
