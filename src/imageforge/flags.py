@@ -42,6 +42,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import ConfigError, Location, Problem
+from .inimage import program
 from .yamldoc import YamlDocument, did_you_mean, format_key_path, type_name
 
 if TYPE_CHECKING:
@@ -276,98 +277,12 @@ def read_static(sources: Mapping[str, str], *, label: str | None = None) -> Flag
 
 # --------------------------------------------------------------------------- introspection (0.32 style)
 
-_INTROSPECT = r'''
-import argparse, importlib, json, sys
-def _first(*names):
-    for mod, attr in names:
-        try:
-            return getattr(importlib.import_module(mod), attr), mod
-        except (ImportError, AttributeError):
-            continue
-    raise SystemExit("imageforge: no vLLM parser found in " + ", ".join(m for m, _ in names))
-Parser, _ = _first(("vllm.utils.argparse_utils", "FlexibleArgumentParser"), ("vllm.utils", "FlexibleArgumentParser"))
-make, cli_module = _first(("vllm.entrypoints.launchers.cli_args", "make_arg_parser"),
-                          ("vllm.entrypoints.openai.cli_args", "make_arg_parser"))
-parser = make(Parser())
-import vllm
-try:
-    import vllm.config as config_module
-except ImportError:
-    config_module = None
-homes = [m for m in (config_module, sys.modules.get(cli_module), sys.modules.get("vllm.engine.arg_utils")) if m]
-def unwrap(t, depth=0):
-    if t is None:
-        return None
-    if t in (int, float, str):
-        return t.__name__
-    if t is json.loads:
-        return "json"
-    name = getattr(t, "__qualname__", "") or getattr(t, "__name__", "")
-    if "parse_dataclass" in name or "union_dict_and_str" in name or name.endswith("loads"):
-        return "json"
-    if "human_readable_int" in name:
-        return "int"
-    for cell in getattr(t, "__closure__", None) or ():
-        try:
-            inner = cell.cell_contents
-        except ValueError:
-            continue
-        if callable(inner) and depth < 3:
-            found = unwrap(inner, depth + 1)
-            if found:
-                return found
-    return "any"
-group_of = {}
-for group in parser._action_groups:
-    for action in group._group_actions:
-        group_of[action.dest] = group.title
-def bounds(dest):
-    title = group_of.get(dest) or ""
-    for home in homes:
-        for cls_name in (title, title + "Args"):
-            cls = getattr(home, cls_name, None)
-            fields = getattr(cls, "__pydantic_fields__", None) or {}
-            info = fields.get(dest)
-            if info is None:
-                continue
-            out = {}
-            for meta in getattr(info, "metadata", ()):
-                for key in ("gt", "ge", "lt", "le"):
-                    value = getattr(meta, key, None)
-                    if isinstance(value, (int, float)) and not isinstance(value, bool):
-                        out[key] = value
-            return out
-    return {}
-flags = []
-for action in parser._actions:
-    if not action.option_strings or isinstance(action, argparse._HelpAction):
-        continue
-    longs = [o for o in action.option_strings if o.startswith("--") and not o.startswith("--no-")]
-    main = longs[0] if longs else action.option_strings[0]
-    negatable = isinstance(action, argparse.BooleanOptionalAction)
-    store = isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
-    kind = "bool" if (negatable or store) else unwrap(action.type) or "str"
-    qual = getattr(action.type, "__qualname__", "") or ""
-    choices = [str(c) for c in action.choices] if action.choices is not None else []
-    if choices and kind == "str":
-        kind = "choice"
-    flags.append({
-        "name": main.lstrip("-"), "type": kind, "choices": choices, "bounds": bounds(action.dest),
-        "negatable": negatable, "takes_value": not (negatable or store),
-        "multiple": action.nargs in ("+", "*") or isinstance(action, argparse._AppendAction),
-        "nullable": "_optional_type" in qual,
-        "also": ["auto"] if "or_auto" in qual else [],
-        "aliases": [o for o in action.option_strings if o != main and o != "--no-" + main.lstrip("-")],
-        "action": type(action).__name__,
-    })
-print("IMAGEFORGE-FLAGS " + json.dumps({"format": 1, "vllm": getattr(vllm, "__version__", "?"),
-                                         "module": cli_module, "flags": flags}), flush=True)
-'''
-
 
 def introspection_source() -> str:
-    """Python source to run inside the image (``python3 -c SOURCE``): prints one ``IMAGEFORGE-FLAGS {json}`` line."""
-    return _INTROSPECT.strip() + "\n"
+    """Python source to run inside the image (``python3 -c SOURCE``): prints one ``IMAGEFORGE-FLAGS {json}`` line.
+
+    The program is :mod:`imageforge.inimage.list_flags`, read as text."""
+    return program("list_flags")
 
 
 _KINDS: Mapping[str, FlagType] = {k: k for k in ("int", "float", "str", "bool", "choice", "json")}
