@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import ConfigError, Location, Problem
 from .inimage import program
-from .yamldoc import YamlDocument, did_you_mean, format_key_path, type_name
+from .yaml_messages import did_you_mean, format_key_path, type_name
+from .yamldoc import YamlDocument
 
 if TYPE_CHECKING:
     from .manifest import Manifest

@@ -32,7 +32,9 @@ from . import settings
 from .errors import ConfigError, ErrorCollector, Location
 from .patching import reapplies
 from .tolerances import EquivSettings, equiv_settings
-from .yamldoc import YamlDocument, did_you_mean, load_yaml_c, validate_schema
+from .yaml_messages import did_you_mean
+from .yaml_schema import validate_schema
+from .yamldoc import YamlDocument, load_yaml_c
 
 DEFAULT_MANIFEST = settings.DEFAULT_MANIFEST
 StepKind = Literal["overlay", "patch", "script", "symlink"]

@@ -90,7 +90,7 @@ import sys
 from importlib.resources import files
 from pathlib import Path
 import imageforge
-from imageforge.yamldoc import CHECKOUT_SCHEMAS, load_schema
+from imageforge.yaml_schema import CHECKOUT_SCHEMAS, load_schema
 packaged = files("imageforge").joinpath("schema").joinpath("build.schema.json").is_file()
 print("packaged" if packaged else f"checkout {CHECKOUT_SCHEMAS}")
 print(sorted(load_schema("build.schema.json")["$defs"])[:1], sorted(load_schema("smoke.schema.json")["$defs"])[:1])

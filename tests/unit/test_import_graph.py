@@ -21,8 +21,9 @@ PACKAGE = "imageforge"
 STAGES: tuple[tuple[str, ...], ...] = (
     ("errors", "labels", "settings"),  # one error root, every label, the tool's own options
     # pure helpers; runs and locks; HTTP wire formats and the health wait; equiv tolerances
-    ("yamldoc", "patching", "pycheck", "patchfrom", "runs", "cli", "serving_client", "waits", "tolerances", "starter",
-     "progress", "wheelhouse_join", "wheelhouse",  # wheelhouse_join: the stdlib joiner shipped beside the parts
+    ("yaml_messages", "yamldoc", "yaml_schema",  # YAML: the problems' words, the loader, the schemas and their check
+     "patching", "pycheck", "patchfrom", "runs", "cli", "serving_client", "waits", "tolerances", "starter", "progress",
+     "wheelhouse_join", "wheelhouse",  # wheelhouse_join: the stdlib joiner shipped beside the parts
      "inimage"),  # the programs run inside an image (verify, the flag listing, the tree's step runtime), as text
     ("docker_engine",),  # the daemon: engine setup, SDK client, the one error translator, container files
     ("manifest",),

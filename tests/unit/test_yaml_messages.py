@@ -9,7 +9,7 @@ import pytest
 
 from imageforge.errors import EXIT_CONFIG, ConfigError
 from imageforge.manifest import load_manifest
-from imageforge.yamldoc import key_path_at
+from imageforge.yaml_messages import key_path_at
 from tests.unit.conftest import MINIMAL
 
 Write = Callable[..., Path]
