@@ -23,7 +23,7 @@ CHECK = """\
 import sys
 from pathlib import Path
 import imageforge
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.resolve import validate_all
 from imageforge.smoke import load_suite
 from imageforge.inimage import PROGRAMS, program

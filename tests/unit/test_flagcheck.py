@@ -28,7 +28,7 @@ from imageforge.flagcheck import (
     table_to_json,
 )
 from imageforge.flags import FlagSpec, FlagTable, read_static, serving_args_of_resolved
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.resolve import Resolved, resolve
 
 REPO = Path(__file__).resolve().parents[2]

@@ -24,7 +24,7 @@ from imageforge.flags import (
     serving_args_of_target,
     suite_models,
 )
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.resolve import resolve
 from imageforge.yamldoc import load_yaml
 from tests.unit.conftest import MINIMAL

@@ -13,7 +13,7 @@ import pytest
 from imageforge.equiv.run import check_dtype, served_dtype, sides, with_serving_value
 from imageforge.errors import ConfigError
 from imageforge.forensics.run import changed_files, kept_imports, metrics_of, select_checks, subset_resolved
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.plan import make_plan
 from imageforge.resolve import resolve
 from imageforge.smoke import load_suite

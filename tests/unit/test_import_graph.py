@@ -26,7 +26,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
      "wheelhouse_join", "wheelhouse",  # wheelhouse_join: the stdlib joiner shipped beside the parts
      "inimage"),  # the programs run inside an image (verify, the flag listing, the tree's step runtime), as text
     ("docker_engine",),  # the daemon: engine setup, SDK client, the one error translator, container files
-    ("manifest",),
+    ("manifest", "manifest_load"),  # the frozen model of build.yaml; its loading and checks
     ("resolve",),
     ("plan", "flags"),  # content keys; serving flags learnt from the target's vLLM and checked
     ("base", "scripts"),  # which image a target builds on (identity, discovery, probe), the cpu recipe; script steps

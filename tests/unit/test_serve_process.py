@@ -18,7 +18,7 @@ import yaml
 
 from imageforge import serve_process as sp
 from imageforge.errors import InfraError, SmokeError
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.resolve import Resolved, resolve
 from imageforge.run import free_port
 
@@ -287,7 +287,7 @@ def test_the_process_path_never_imports_docker(tmp_path: Path) -> None:
         from dataclasses import replace
         from pathlib import Path
         from imageforge import app
-        from imageforge.manifest import load_manifest
+        from imageforge.manifest_load import load_manifest
         from imageforge.resolve import resolve
         from imageforge.serve_process import process_spec, InPlace
         r = resolve(load_manifest(Path({str(REPO / "build.yaml")!r})), "cpu", None, environ={{}})
