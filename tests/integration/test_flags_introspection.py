@@ -11,16 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from imageforge.flags import (
-    INTROSPECT_COMMAND,
-    FlagTable,
-    Range,
-    ServingArg,
-    check_serving_args,
-    introspection_source,
-    parse_introspection,
-    serving_args_of_target,
-)
+from imageforge.flags import FlagTable, Range
+from imageforge.flags_check import ServingArg, check_serving_args, serving_args_of_target
+from imageforge.flags_read import INTROSPECT_COMMAND, introspection_source, parse_introspection
 
 REPO = Path(__file__).resolve().parents[2]
 LABEL = "org.imageforge.test"

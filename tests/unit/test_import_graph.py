@@ -28,7 +28,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("docker_engine",),  # the daemon: engine setup, SDK client, the one error translator, container files
     ("manifest", "manifest_load"),  # the frozen model of build.yaml; its loading and checks
     ("resolve",),
-    ("plan", "flags"),  # content keys; serving flags learnt from the target's vLLM and checked
+    ("plan", "flags", "flags_read", "flags_check"),  # content keys; serving flags: model, learnt from the vLLM, checked
     ("base", "scripts"),  # which image a target builds on (identity, discovery, probe), the cpu recipe; script steps
     ("steps",),  # one class per step kind: fields, inputs, apply -> Changes, verify facts, Dockerfile emit
     ("verify", "housekeeping"),  # the verify layer's checks; build.lock and clean

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from setuptools import find_packages
 
-from imageforge import flags, inimage, verify
+from imageforge import flags_read, inimage, verify
 from imageforge.docker_engine.containers import FIXED_MTIME
 from imageforge.inimage import PROGRAMS, apply_step, program
 from imageforge.submission.applier import applier_source, verifier_source
@@ -32,7 +32,7 @@ def test_each_program_is_a_module_of_the_package_read_back_verbatim() -> None:
         assert program(name) == path.read_text(encoding="utf-8")
         assert files(inimage).joinpath(f"{name}.py").is_file()
     assert program("verify_image") == verify.IN_IMAGE
-    assert flags.introspection_source() == program("list_flags")
+    assert flags_read.introspection_source() == program("list_flags")
     with pytest.raises(ValueError, match="no in-image program 'nope'"):
         program("nope")
 
@@ -105,12 +105,12 @@ def test_the_flag_listing_reads_the_parser_it_finds(tmp_path: Path) -> None:
                       "vllm/entrypoints/openai/cli_args.py": FAKE_PARSER}.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
-    proc = subprocess.run([sys.executable, "-S", "-c", flags.introspection_source()], capture_output=True, text=True,
-                          timeout=60, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    proc = subprocess.run([sys.executable, "-S", "-c", flags_read.introspection_source()], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
-    data = json.loads(proc.stdout.splitlines()[-1].removeprefix(flags.MARKER))
+    data = json.loads(proc.stdout.splitlines()[-1].removeprefix(flags_read.MARKER))
     assert data["module"] == "vllm.entrypoints.openai.cli_args" and data["vllm"] == "0.0-test"
-    table = flags.parse_introspection(proc.stdout)
+    table = flags_read.parse_introspection(proc.stdout)
     assert table.source == "vLLM 0.0-test's parser (7 flags)"
     got = {name: (spec.type, spec.choices, spec.negatable, spec.takes_value, spec.multiple, spec.aliases)
            for name, spec in table.flags.items()}
@@ -124,7 +124,7 @@ def test_the_flag_listing_reads_the_parser_it_finds(tmp_path: Path) -> None:
 
 
 def test_the_flag_listing_without_vllm_says_so(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-I", "-S", "-c", flags.introspection_source()], capture_output=True,
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", flags_read.introspection_source()], capture_output=True,
                           text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 1
     assert "imageforge: no vLLM parser found in vllm.utils.argparse_utils, vllm.utils" in proc.stderr
