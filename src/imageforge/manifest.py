@@ -20,7 +20,8 @@ from .yaml_messages import did_you_mean
 from .yamldoc import YamlDocument
 
 DEFAULT_MANIFEST = settings.DEFAULT_MANIFEST
-StepKind = Literal["overlay", "patch", "script", "symlink"]
+#: The names of the step kinds (their behaviour: the classes of :mod:`imageforge.steps`, registered by name).
+StepKindName = Literal["overlay", "patch", "script", "symlink"]
 
 
 def frozen_map(data: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -81,7 +82,7 @@ class Step:
     """One ordered build step. ``spec`` holds the kind's fields (already validated)."""
 
     id: str
-    kind: StepKind
+    kind: StepKindName
     why: str | None
     location: Location
     key_path: str

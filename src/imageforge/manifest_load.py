@@ -36,7 +36,7 @@ from .manifest import (
     ServingSpec,
     SmokeSettings,
     Step,
-    StepKind,
+    StepKindName,
     Target,
     VerifySpec,
     Volume,
@@ -137,7 +137,7 @@ class _Builder:
     def step(
         self, kp: tuple[str | int, ...], raw: Mapping[str, Any], package: PackageSpec, profile: str | None
     ) -> Step:
-        kind: StepKind = raw["kind"]
+        kind: StepKindName = raw["kind"]
         spec: dict[str, Any] = {k: v for k, v in raw.items() if k not in ("id", "kind", "why", "requires", "required")}
         source_path: Path | None = None
         directory_env: str | None = None
