@@ -44,7 +44,7 @@ from .manifest import (
     normalise_image_path,
     package_relative,
 )
-from .patching import reapplies
+from .steps import kind
 from .tolerances import equiv_settings
 from .yaml_messages import did_you_mean
 from .yaml_schema import validate_schema
@@ -137,78 +137,27 @@ class _Builder:
     def step(
         self, kp: tuple[str | int, ...], raw: Mapping[str, Any], package: PackageSpec, profile: str | None
     ) -> Step:
-        kind: StepKindName = raw["kind"]
+        name: StepKindName = raw["kind"]
         spec: dict[str, Any] = {k: v for k, v in raw.items() if k not in ("id", "kind", "why", "requires", "required")}
         source_path: Path | None = None
-        directory_env: str | None = None
-        directory_path: Path | None = None
         if "source" in raw:
             source_path = self.check_source((*kp, "source"), raw["source"])
             spec["source"] = posixpath.normpath(raw["source"])
-        if kind == "overlay":
-            spec["dest"] = self.check_dest((*kp, "dest"), raw["dest"], package, raw.get("source"))
-            if "mode" in spec:
-                spec["mode"] = int(str(spec["mode"]), 8)
-        elif kind == "script":
-            spec["args"] = tuple(raw.get("args", ()))
-            spec["env"] = self.env((*kp, "env"), raw.get("env"))
-            spec.pop("load_hint", None)  # a hint's wording is not part of the layer
-            spec.pop("touches", None)  # what apply --in-place snapshots: not part of the layer
-            if "command" in raw:
-                spec["command"] = tuple(raw["command"])
-            for key in ("dest", "workdir"):
-                if key in raw:
-                    norm = normalise_image_path(raw[key])
-                    if norm is None:
-                        self.problem((*kp, key), "path escapes its root", expected="an absolute path without '..'",
-                                     found=repr(raw[key]))
-                    else:
-                        spec[key] = norm
-            if "directory" in raw:
-                directory_env, directory_path = self.check_directory((*kp, "directory"), raw["directory"])
-                spec["directory"] = raw["directory"] if directory_env else posixpath.normpath(raw["directory"])
-                spec.setdefault("workdir", spec.get("dest"))
-        elif kind == "patch":
-            spec["file"] = self.check_dest((*kp, "file"), raw["file"], package)
-            spec.setdefault("count", 1)
-            spec.setdefault("verified", True)
-            if raw["old"] == raw["new"]:
-                self.problem(
-                    (*kp, "new"),
-                    "patch does not change anything",
-                    expected="'new' different from 'old'",
-                    found="identical text",
-                )
-            elif reapplies(raw["old"], raw["new"]):
-                self.problem(
-                    (*kp, "new"),
-                    "patch would apply again: 'new' still contains 'old' where the matching rule finds it",
-                    expected="'new' without a copy of 'old' at a line start (a re-run must say 'already applied')",
-                    found=f"{reapplies(raw['old'], raw['new'])} copy(ies) of 'old' in 'new'",
-                    hint="change the kept line of 'new' (e.g. end it with a `# imageforge: ...` comment) or make "
-                         "'old' include a line that 'new' changes; `invoke patch-from` writes such steps",
-                )
-        elif kind == "symlink":
-            for key in ("link", "glob", "into"):
-                if key in raw and normalise_image_path(raw[key]) is None:
-                    self.problem((*kp, key), "path escapes its root", expected="an absolute path without '..'",
-                                 found=repr(raw[key]))
-            spec.setdefault("replace", False)
-            spec.setdefault("replace_directory", False)
+        loaded = kind(name).load(raw, spec, _StepChecks(self, kp, package))  # the kind's own fields and defaults
         return Step(
             id=raw["id"],
-            kind=kind,
+            kind=name,
             why=raw.get("why"),
             location=self.doc.location(kp),
             key_path=".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in kp).replace(".[", "["),
             profile=profile,
-            spec=frozen_map(spec),
+            spec=frozen_map(loaded.spec),
             source_path=source_path,
             field_locations=frozen_map({k: self.doc.location((*kp, k)) for k in raw}),
             requires=tuple(raw.get("requires", ())),
             required=bool(raw.get("required", False)),
-            directory_env=directory_env,
-            directory_path=directory_path,
+            directory_env=loaded.directory_env,
+            directory_path=loaded.directory_path,
             load_hint=raw.get("load_hint"),
             touches=tuple(posixpath.normpath(str(t)) for t in raw.get("touches", ())),
         )
@@ -455,6 +404,25 @@ class _Builder:
         for part in re.findall(r"[^.\[\]]+|\[\d+\]", step.key_path):
             out.append(int(part[1:-1]) if part.startswith("[") else part)
         return (*out, "id")
+
+
+class _StepChecks:
+    """The loader's checks for one step at ``kp`` of a target with ``package`` (a kind's :meth:`StepKind.load`)."""
+
+    def __init__(self, builder: _Builder, kp: tuple[str | int, ...], package: PackageSpec) -> None:
+        self.builder, self.kp, self.package = builder, kp, package
+
+    def problem(self, key: str, message: str, **kw: str | None) -> None:
+        self.builder.problem((*self.kp, key), message, **kw)
+
+    def dest(self, key: str, dest: str, source: str | None = None) -> str:
+        return self.builder.check_dest((*self.kp, key), dest, self.package, source)
+
+    def directory(self, key: str, directory: str) -> tuple[str | None, Path | None]:
+        return self.builder.check_directory((*self.kp, key), directory)
+
+    def env(self, key: str, raw: Mapping[str, Any] | None) -> Mapping[str, str]:
+        return self.builder.env((*self.kp, key), raw)
 
 
 def load_manifest(path: Path | str = DEFAULT_MANIFEST) -> Manifest:

@@ -26,11 +26,13 @@ STAGES: tuple[tuple[str, ...], ...] = (
      "wheelhouse_join", "wheelhouse",  # wheelhouse_join: the stdlib joiner shipped beside the parts
      "inimage"),  # the programs run inside an image (verify, the flag listing, the tree's step runtime), as text
     ("docker_engine",),  # the daemon: engine setup, SDK client, the one error translator, container files
-    ("manifest", "manifest_load"),  # the frozen model of build.yaml; its loading and checks
+    ("manifest",),  # the frozen model of build.yaml
     ("resolve",),
     ("plan", "flags", "flags_read", "flags_check"),  # content keys; serving flags: model, learnt from the vLLM, checked
     ("base", "scripts"),  # which image a target builds on (identity, discovery, probe), the cpu recipe; script steps
-    ("steps",),  # one class per step kind: fields, inputs, apply -> Changes, verify facts, Dockerfile emit
+    # one class per step kind: fields, defaults, load, inputs, apply -> Changes, verify facts, Dockerfile emit;
+    # manifest_load: build.yaml loaded and checked into the manifest (each step's keys by its kind's class)
+    ("steps", "manifest_load"),
     ("verify", "housekeeping"),  # the verify layer's checks; build.lock and clean
     ("build", "checkpatches", "flagcheck"),  # the layers; dry runs of the steps; serving flags learnt, cached
     ("inplace",),  # the steps applied to the machine itself through a journal; revert, status
