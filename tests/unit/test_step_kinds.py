@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, get_args
 
+import pytest
+
+from imageforge.errors import ConfigError
 from imageforge.manifest import StepKindName
 from imageforge.manifest_load import load_manifest
 from imageforge.steps import KINDS, StepKind, kind
+from tests.unit.conftest import MINIMAL
 
 REPO = Path(__file__).resolve().parents[2]
 #: The keys of every step, whatever its kind (the schema's $defs.step and the Step dataclass's own fields).
@@ -83,3 +88,30 @@ def test_a_kind_missing_from_the_schema_or_a_field_out_of_step_is_found() -> Non
     patch["$defs"]["patch_step"]["properties"]["encoding"] = {"type": "string"}
     (found,) = schema_mismatches(patch, KINDS)
     assert found.startswith("$defs.patch_step keys ['count', 'encoding', 'file', 'new', 'old', 'verified'] != patch")
+
+
+def test_a_kinds_defaults_are_its_own_and_fill_the_loaded_spec(write_manifest: Callable[[str], Path]) -> None:
+    assert dict(kind("patch").defaults) == {"count": 1, "verified": True}
+    assert dict(kind("symlink").defaults) == {"replace": False, "replace_directory": False}
+    assert set(kind("overlay").defaults) == set() and set(kind("script").defaults) == set()
+    for name, cls in KINDS.items():
+        assert set(cls.defaults) <= set(cls.fields), name
+    twice = MINIMAL.replace('        new: "A = 2"\n', '        new: "A = 2"\n        count: 2\n')
+    manifest = write_manifest(twice, "two.yaml")
+    fix = load_manifest(write_manifest(MINIMAL)).targets["t"].steps[1]
+    assert (fix.spec["count"], fix.spec["verified"]) == (1, True)
+    assert load_manifest(manifest).targets["t"].steps[1].spec["count"] == 2
+    # a Step made in code may leave an optional field out: the kind's default is what it reads
+    bare = replace(fix, spec={k: v for k, v in fix.spec.items() if k not in ("count", "verified")})
+    assert kind("patch").value(bare, "count") == 1 and kind("patch").value(fix, "verified") is True
+    with pytest.raises(KeyError):
+        kind("patch").value(bare, "old-or-new")
+
+
+def test_a_kinds_load_reports_at_its_own_keys(write_manifest: Callable[[str], Path]) -> None:
+    same = MINIMAL.replace('new: "A = 2"', 'new: "A = 1"')
+    with pytest.raises(ConfigError) as info:
+        load_manifest(write_manifest(same))
+    assert (info.value.key_path, info.value.message) == ("targets.t.steps[1].new", "patch does not change anything")
+    new_line = same.splitlines().index('        new: "A = 1"') + 1
+    assert info.value.location is not None and (info.value.location.line, info.value.location.column) == (new_line, 9)
