@@ -53,7 +53,7 @@ def settings(*, manifest: str = "", traceback: bool = False, host_address: str =
 
 
 def load(s: Settings) -> Manifest:
-    from .manifest import load_manifest
+    from .manifest_load import load_manifest
 
     return load_manifest(s.manifest)
 

@@ -1,6 +1,6 @@
 """Serving flags learnt from the target's own package and the manifest checked against them (issue 16).
 
-:mod:`imageforge.flags` reads and checks; this module wires it to the image and a cache:
+:mod:`imageforge.flags` (read: `flags_read`, checked: `flags_check`); this module wires it to the image and a cache:
 
 * :func:`flag_method` -- ``package.flags`` (``introspect`` | ``static`` | ``off``); when not written,
   ``off`` when the package is not ``vllm``, ``introspect`` for a recipe base (this project's image: its
@@ -31,23 +31,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from . import labels as lb
 from .errors import BuildError, ConfigError, ErrorCollector, InfraError, Location, Problem
-from .flags import (
-    FORMAT,
-    INTROSPECT_COMMAND,
-    STATIC_FILES,
-    FlagSpec,
-    FlagTable,
-    Range,
+from .flags import FlagSpec, FlagTable, Range
+from .flags_check import (
     ServingArg,
     check_serving_args,
-    introspection_source,
-    parse_introspection,
-    read_static,
     run_port_of,
     serving_args_of_resolved,
     serving_args_of_target,
     suite_models,
 )
+from .flags_read import FORMAT, INTROSPECT_COMMAND, STATIC_FILES, introspection_source, parse_introspection, read_static
 from .plan import canonical, chain_key, sha256_bytes, sha256_file, step_inputs
 from .settings import cache_dir
 from .yamldoc import load_yaml_c

@@ -26,7 +26,7 @@ import yaml
 
 from .errors import ConfigError
 from .manifest import Manifest, Profile, RunOptions, Step, Target, frozen_map
-from .yamldoc import did_you_mean
+from .yaml_messages import did_you_mean
 
 ENV_SET = "IMAGEFORGE_SET"
 

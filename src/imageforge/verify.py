@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from .docker_engine.containers import process_overrides
 from .errors import BuildError
+from .inimage import program
 from .labels import L_KIND
 from .manifest import Target
 from .plan import Plan
@@ -37,103 +38,8 @@ if TYPE_CHECKING:
 
 MARK = "IMAGEFORGE-VERIFY "
 
-IN_IMAGE = r'''
-import hashlib, glob, importlib, importlib.util, json, os, py_compile, sys, traceback
-sys.dont_write_bytecode = True
-spec = json.loads(sys.argv[1])
-home = "/tmp/imageforge-verify-home"
-os.makedirs(home, exist_ok=True)
-# TMPDIR too: torch's inductor cache (tempfile.gettempdir()/torchinductor_<user>) then lands in `home`,
-# which is removed below, instead of staying in the image's /tmp.
-os.environ.update({"HOME": home, "XDG_CACHE_HOME": home, "TMPDIR": home, "VLLM_NO_USAGE_STATS": "1",
-                   "DO_NOT_TRACK": "1"})
-import tempfile
-tempfile.tempdir = None
-os.environ.update(spec["import_env"])
-out = {"compiled": [], "syntax": [], "missing": [], "stale": [], "hash": [], "symlinks": [], "imports": [],
-       "checked": {"python": 0, "overlays": 0, "symlinks": 0, "imports": 0}}
-tag = sys.implementation.cache_tag
-def pycs(path):
-    d = os.path.join(os.path.dirname(path), "__pycache__")
-    stem = os.path.splitext(os.path.basename(path))[0] + "." + tag
-    if not os.path.isdir(d):
-        return []
-    return [os.path.join(d, n) for n in sorted(os.listdir(d)) if n.startswith(stem) and n.endswith(".pyc")]
-for path in spec["python_files"]:
-    out["checked"]["python"] += 1
-    if not os.path.isfile(path):
-        out["missing"].append(path); continue
-    levels = {0}
-    for p in pycs(path):
-        levels.add(2 if ".opt-2." in p else 1 if ".opt-1." in p else 0)
-    ok = True
-    for level in sorted(levels):
-        cfile = importlib.util.cache_from_source(path, optimization="" if level == 0 else level)
-        try:
-            py_compile.compile(path, cfile=cfile, doraise=True, optimize=level,
-                               invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
-            out["compiled"].append(cfile)
-        except py_compile.PyCompileError as exc:
-            out["syntax"].append({"path": path, "error": str(exc.msg).strip().splitlines()[-4:]}); ok = False; break
-    if not ok:
-        continue
-    src = open(path, "rb").read()
-    digest = importlib.util.source_hash(src)
-    st = os.stat(path)
-    for p in pycs(path):
-        head = open(p, "rb").read(16)
-        flags = int.from_bytes(head[4:8], "little")
-        if flags & 1:
-            if head[8:16] != digest:
-                out["stale"].append({"pyc": p, "why": "hash differs from the source"})
-        else:
-            out["stale"].append({"pyc": p, "why": "timestamp-based pyc (mtime %d, size %d)"
-                                 % (int.from_bytes(head[8:12], "little"), int.from_bytes(head[12:16], "little"))})
-for path, want in sorted(spec["overlays"].items()):
-    out["checked"]["overlays"] += 1
-    try:
-        got = hashlib.sha256(open(path, "rb").read()).hexdigest()
-    except OSError as exc:
-        out["hash"].append({"path": path, "expected": want, "found": str(exc)}); continue
-    if got != want:
-        out["hash"].append({"path": path, "expected": want, "found": got})
-for link in spec["links"]:
-    out["checked"]["symlinks"] += 1
-    if not os.path.islink(link) or not os.path.exists(link):
-        out["symlinks"].append({"link": link, "target": os.readlink(link) if os.path.islink(link) else None})
-for g in spec["link_globs"]:
-    for src in sorted(glob.glob(g["glob"])):
-        link = os.path.join(g["into"], os.path.basename(src))
-        out["checked"]["symlinks"] += 1
-        if not os.path.islink(link) or not os.path.exists(link):
-            out["symlinks"].append({"link": link, "target": os.readlink(link) if os.path.islink(link) else None})
-# What the imports depend on besides the base: the bytes of every file a step changed (the host's context
-# holds the base ID, the script steps, links and env). Imports that passed on this content before are not redone.
-reuse = False
-if spec.get("context"):  # the engine's build (the submission tree's copy has no imports to reuse)
-    h = hashlib.sha256(spec["context"].encode())
-    for path in sorted(set(spec["python_files"]) | set(spec["overlays"])):
-        try:
-            h.update(("%s\0%s\n" % (path, hashlib.sha256(open(path, "rb").read()).hexdigest())).encode())
-        except OSError:
-            h.update(("%s\0missing\n" % path).encode())
-    out["content"] = h.hexdigest()
-    reuse = out["content"] in spec.get("verified", ())
-    if reuse:
-        out["reused"] = out["content"]
-for name in ([] if reuse else spec["imports"]):
-    out["checked"]["imports"] += 1
-    try:
-        importlib.import_module(name)
-    except BaseException as exc:
-        out["imports"].append({"module": name, "error": "%s: %s" % (type(exc).__name__, exc),
-                               "trace": traceback.format_exc().strip().splitlines()[-6:]})
-import shutil
-shutil.rmtree(home, ignore_errors=True)
-for leftover in glob.glob("/tmp/torchinductor_*"):  # made before TMPDIR took effect (e.g. by a .pth hook)
-    shutil.rmtree(leftover, ignore_errors=True)
-print("IMAGEFORGE-VERIFY " + json.dumps(out), flush=True)
-'''
+#: The checks, run in the image: ``python -c IN_IMAGE SPEC_JSON`` (the program :mod:`imageforge.inimage.verify_image`).
+IN_IMAGE = program("verify_image")
 
 
 @dataclass(frozen=True)

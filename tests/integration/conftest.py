@@ -45,7 +45,7 @@ def docker_ready() -> None:
 
 @pytest.fixture(scope="session")
 def cpu_resolved(docker_ready: None) -> Any:
-    from imageforge.manifest import load_manifest
+    from imageforge.manifest_load import load_manifest
     from imageforge.resolve import resolve
 
     return resolve(load_manifest(REPO / "build.yaml"), "cpu", "conservative", environ=os.environ)

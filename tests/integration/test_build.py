@@ -22,7 +22,7 @@ import pytest
 from imageforge.build import build_target
 from imageforge.errors import BuildError, InfraError
 from imageforge.labels import L_KEY, L_TOOL, L_VERIFIED
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.plan import make_plan
 from imageforge.resolve import resolve
 

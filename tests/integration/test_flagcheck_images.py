@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.flagcheck import flags_cache_dir, learn_flags
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from tests.integration.bi100_fixture import BASELINE, vendor_image
 from tests.integration.forge_fixtures import REPO, assert_clean_failure, client, invoke
 

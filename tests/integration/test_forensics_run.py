@@ -18,7 +18,7 @@ import yaml
 from imageforge.equiv.compare import EquivError
 from imageforge.errors import EXIT_SMOKE, SmokeError
 from imageforge.forensics.search import raise_for
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.resolve import resolve
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

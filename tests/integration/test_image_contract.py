@@ -29,7 +29,7 @@ os.environ["TESTCONTAINERS_HOST_OVERRIDE"] = "127.0.0.1"
 @pytest.fixture(scope="module")
 def aggressive_image(docker_ready: None) -> str:
     from imageforge.build import build_target
-    from imageforge.manifest import load_manifest
+    from imageforge.manifest_load import load_manifest
     from imageforge.resolve import resolve
 
     resolved = resolve(load_manifest(REPO / "build.yaml"), "cpu", "aggressive", environ=os.environ)

@@ -23,13 +23,15 @@ CHECK = """\
 import sys
 from pathlib import Path
 import imageforge
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.resolve import validate_all
 from imageforge.smoke import load_suite
+from imageforge.inimage import PROGRAMS, program
 repo = Path(sys.argv[1])
 assert Path(imageforge.__file__).resolve().is_relative_to(Path(sys.prefix).resolve()), imageforge.__file__
 print(validate_all(load_manifest(repo / "build.yaml")).text())
 print("suite", load_suite(repo / "smoke" / "dummy.yaml").name)
+print("programs", [compile(program(name), name, "exec") is not None for name in PROGRAMS])
 """
 
 
@@ -60,6 +62,7 @@ def test_pip_install_into_a_fresh_venv_validates_build_yaml(tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "build.yaml: ok" in proc.stdout and "target cpu" in proc.stdout and "target bi100" in proc.stdout
     assert "suite dummy-ok" in proc.stdout
+    assert "programs [True, True, True]" in proc.stdout, "the in-image programs are in the wheel"
 
     # the console command, outside the repository: init a starter project, then validate and plan it
     imageforge = python.parent / "imageforge"
@@ -87,7 +90,7 @@ import sys
 from importlib.resources import files
 from pathlib import Path
 import imageforge
-from imageforge.yamldoc import CHECKOUT_SCHEMAS, load_schema
+from imageforge.yaml_schema import CHECKOUT_SCHEMAS, load_schema
 packaged = files("imageforge").joinpath("schema").joinpath("build.schema.json").is_file()
 print("packaged" if packaged else f"checkout {CHECKOUT_SCHEMAS}")
 print(sorted(load_schema("build.schema.json")["$defs"])[:1], sorted(load_schema("smoke.schema.json")["$defs"])[:1])

@@ -154,7 +154,7 @@ def env_dict(image: str) -> dict[str, str]:
 def cpu_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     from imageforge.build import build_target
     from imageforge.docker_engine import ensure_daemon
-    from imageforge.manifest import load_manifest
+    from imageforge.manifest_load import load_manifest
     from imageforge.resolve import resolve
     from imageforge.submission import write_submission
 
@@ -231,7 +231,7 @@ def test_cpu_server_started_with_the_yaml_passes_the_dummy_smoke_suite(cpu_pair:
 
 
 def bi100_tree(tmp: Path, base: str, *, scripts: Path = BASELINE) -> Path:
-    from imageforge.manifest import load_manifest
+    from imageforge.manifest_load import load_manifest
     from imageforge.resolve import resolve
     from imageforge.submission import write_submission
 

@@ -25,10 +25,10 @@ CHECK = """\
 import sys
 from pathlib import Path
 import imageforge
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.resolve import validate_all
 from imageforge.smoke import load_suite
-from imageforge.yamldoc import load_schema
+from imageforge.yaml_schema import load_schema
 repo = Path(sys.argv[1])
 assert Path(imageforge.__file__).resolve().is_relative_to(Path(sys.prefix).resolve()), imageforge.__file__
 assert load_schema("build.schema.json")["title"] and load_schema("smoke.schema.json")["title"]

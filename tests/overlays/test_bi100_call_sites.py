@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.patchfrom import apply_steps
 from imageforge.patching import apply_patch
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from imageforge.errors import InfraError
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.patchfrom import apply_steps
 from imageforge.plan import make_plan
 from imageforge.resolve import resolve

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from imageforge.checkpatches import DictFS, check_steps
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.patchfrom import apply_steps, derive_patch_steps, occurrences, render_steps_yaml
 from imageforge.patchfrom_image import package_file
 from imageforge.patching import apply_patch

@@ -15,7 +15,7 @@ from imageforge.equiv.compare import EquivError
 from imageforge.equiv.record import FORMAT, Record, is_record_path, load_record, make_record, write_record
 from imageforge.equiv.runner import check_fits, required_resolved
 from imageforge.errors import ConfigError
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.resolve import resolve
 from imageforge.serve.process import InPlace, running_records
 from imageforge.tolerances import EquivSettings

@@ -25,7 +25,7 @@ from imageforge.housekeeping import (
     read_lock,
     target_inputs,
 )
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.plan import make_plan
 from imageforge.resolve import resolve
 

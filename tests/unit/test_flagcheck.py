@@ -27,8 +27,10 @@ from imageforge.flagcheck import (
     table_from_json,
     table_to_json,
 )
-from imageforge.flags import FlagSpec, FlagTable, read_static, serving_args_of_resolved
-from imageforge.manifest import load_manifest
+from imageforge.flags import FlagSpec, FlagTable
+from imageforge.flags_check import serving_args_of_resolved
+from imageforge.flags_read import read_static
+from imageforge.manifest_load import load_manifest
 from imageforge.resolve import Resolved, resolve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -196,7 +198,7 @@ def test_the_cache_file_round_trips_a_table() -> None:
 
 
 def test_the_static_reader_resolves_choices_named_by_a_module_constant() -> None:
-    from imageforge.flags import flags_from_source
+    from imageforge.flags_read import flags_from_source
 
     source = ('PARSERS = ["hermes", "qwen3_coder"]\n'
               'parser.add_argument("--tool-call-parser", type=str, choices=PARSERS)\n')

@@ -9,22 +9,17 @@ from pathlib import Path
 import pytest
 
 from imageforge.errors import ConfigError, Location
-from imageforge.flags import (
-    STATIC_FILES,
-    FlagSpec,
-    FlagTable,
-    Range,
+from imageforge.flags import FlagSpec, FlagTable, Range
+from imageforge.flags_check import (
     ServingArg,
     check_serving_args,
-    flags_from_source,
-    parse_introspection,
-    read_static,
     run_port_of,
     serving_args_of_resolved,
     serving_args_of_target,
     suite_models,
 )
-from imageforge.manifest import load_manifest
+from imageforge.flags_read import STATIC_FILES, flags_from_source, parse_introspection, read_static
+from imageforge.manifest_load import load_manifest
 from imageforge.resolve import resolve
 from imageforge.yamldoc import load_yaml
 from tests.unit.conftest import MINIMAL

@@ -21,14 +21,18 @@ PACKAGE = "imageforge"
 STAGES: tuple[tuple[str, ...], ...] = (
     ("errors", "labels", "settings"),  # one error root, every label, the tool's own options
     # pure helpers; run directories and locks; HTTP wire formats and the health wait; equiv tolerances
-    ("yamldoc", "patching", "pycheck", "patchfrom", "rundirs", "cli", "serving_client", "waits", "tolerances",
-     "starter", "progress", "wheelhouse_join", "wheelhouse"),  # wheelhouse_join: the stdlib joiner beside the parts
+    ("yaml_messages", "yamldoc", "yaml_schema",  # YAML: the problems' words, the loader, the schemas and their check
+     "patching", "pycheck", "patchfrom", "rundirs", "cli", "serving_client", "waits", "tolerances", "starter",
+     "progress", "wheelhouse_join", "wheelhouse",  # wheelhouse_join: the stdlib joiner shipped beside the parts
+     "inimage"),  # the programs run inside an image (verify, the flag listing, the tree's step runtime), as text
     ("docker_engine",),  # the daemon: engine setup, SDK client, the one error translator, container files
-    ("manifest",),
+    ("manifest",),  # the frozen model of build.yaml
     ("resolve", "serving"),  # the one precedence chain; the serving command made of it (argv, config file, CMD)
-    ("plan", "flags"),  # content keys; serving flags learnt from the target's vLLM and checked
+    ("plan", "flags", "flags_read", "flags_check"),  # content keys; serving flags: model, learnt from the vLLM, checked
     ("base", "scripts"),  # which image a target builds on (identity, discovery, probe), the cpu recipe; script steps
-    ("steps",),  # one class per step kind: fields, inputs, apply -> Changes, verify facts, Dockerfile emit
+    # one class per step kind: fields, defaults, load, inputs, apply -> Changes, verify facts, Dockerfile emit;
+    # manifest_load: build.yaml loaded and checked into the manifest (each step's keys by its kind's class)
+    ("steps", "manifest_load"),
     ("verify", "housekeeping"),  # the verify layer's checks; build.lock and clean
     ("build", "checkpatches", "patchfrom_image", "flagcheck"),  # the layers; dry runs of the steps, patch-from; flags
     ("inplace",),  # the steps applied to the machine itself through a journal; revert, status

@@ -21,7 +21,7 @@ import pytest
 
 from imageforge import inplace
 from imageforge.errors import BuildError
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.resolve import Resolved, resolve
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -262,7 +262,7 @@ RUNNER = """
 import os, sys
 from pathlib import Path
 from imageforge import inplace
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.resolve import resolve
 repo, root = Path(sys.argv[1]), Path(sys.argv[2])
 env = dict(os.environ)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from imageforge.errors import EXIT_CONFIG, ConfigError
-from imageforge.manifest import load_manifest, normalise_image_path
+from imageforge.manifest import normalise_image_path
+from imageforge.manifest_load import load_manifest
 from tests.unit.conftest import MINIMAL
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.errors import EXIT_CONFIG, ConfigError
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.plan import chain_key, step_inputs
 from imageforge.tolerances import DEFAULT_PROMPTS, DEFAULT_TOLERANCES
 from tests.unit.conftest import MINIMAL

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.plan import chain_key, format_plan, make_plan
 from imageforge.resolve import resolve
 

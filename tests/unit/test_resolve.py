@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.errors import ConfigError
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.resolve import parse_assignments, resolve, validate_all
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import yamldoc
+from imageforge import yaml_schema
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [(REPO / "build.yaml", "build.schema.json"),
@@ -27,11 +27,11 @@ def test_the_schemas_live_only_at_the_top() -> None:
     assert sorted(p.name for p in (REPO / "schema").glob("*.json")) == ["build.schema.json", "smoke.schema.json"]
     copies = list((REPO / "src").rglob("*.schema.json"))
     assert copies == [], copies  # no second copy: setup.py's build hook puts them into the wheel
-    assert yamldoc.CHECKOUT_SCHEMAS == REPO / "schema"
+    assert yaml_schema.CHECKOUT_SCHEMAS == REPO / "schema"
     for name in ("build.schema.json", "smoke.schema.json"):
-        assert yamldoc.load_schema(name) == json.loads((REPO / "schema" / name).read_text())
+        assert yaml_schema.load_schema(name) == json.loads((REPO / "schema" / name).read_text())
 
 
 def test_a_missing_schema_names_both_places() -> None:
     with pytest.raises(FileNotFoundError, match=r"imageforge/schema/nope\.json nor .*schema/nope\.json"):
-        yamldoc.schema_text("nope.json")
+        yaml_schema.schema_text("nope.json")

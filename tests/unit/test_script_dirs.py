@@ -10,7 +10,8 @@ import pytest
 
 from imageforge.checkpatches import AFTER_FAILED_SCRIPT, DictFS, Overlay, ScriptOutcome, check_steps
 from imageforge.errors import ConfigError
-from imageforge.manifest import Step, load_manifest
+from imageforge.manifest import Step
+from imageforge.manifest_load import load_manifest
 from imageforge.plan import make_plan, step_inputs
 from imageforge.resolve import resolve
 from imageforge.serving import serving_argv

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from imageforge.errors import InfraError, SmokeError
-from imageforge.manifest import Volume, frozen_map, load_manifest
+from imageforge.manifest import Volume, frozen_map
+from imageforge.manifest_load import load_manifest
 from imageforge.resolve import Resolved, resolve
 from imageforge.serve.container import (
     HOST,

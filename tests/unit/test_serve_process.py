@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from imageforge.errors import InfraError, SmokeError
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.resolve import Resolved, resolve
 from imageforge.serve import process as sp
 from imageforge.serve import process_spec as ps
@@ -300,7 +300,7 @@ def test_the_process_path_never_imports_docker(tmp_path: Path) -> None:
         from dataclasses import replace
         from pathlib import Path
         from imageforge import app
-        from imageforge.manifest import load_manifest
+        from imageforge.manifest_load import load_manifest
         from imageforge.resolve import resolve
         from imageforge.serve.process import InPlace
         from imageforge.serve.process_spec import process_spec

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from imageforge.errors import ConfigError
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.patching import apply_patch, describe
 from imageforge.plan import make_plan
 from imageforge.pycheck import check_python

@@ -23,7 +23,7 @@ RUNNER = textwrap.dedent(
     """
     import json, sys, time
     from imageforge.errors import ImageforgeError
-    from imageforge.manifest import load_manifest
+    from imageforge.manifest_load import load_manifest
     t0, c0 = time.monotonic(), time.process_time()
     try:
         load_manifest(sys.argv[1])

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from ..errors import ConfigError
-from ..yamldoc import did_you_mean
+from ..yaml_messages import did_you_mean
 
 
 class StepLike(Protocol):

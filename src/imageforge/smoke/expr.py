@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..serving_client import short
-from ..yamldoc import type_name
+from ..yaml_messages import type_name
 
 MAX_SEQUENCE = 1_000_000  # longest list/string an expression may build
 

@@ -19,7 +19,9 @@ import jsonpath
 
 from ..errors import ConfigError, ErrorCollector, Location
 from ..serving_client import short
-from ..yamldoc import YamlDocument, did_you_mean, format_key_path, load_yaml, validate_schema
+from ..yaml_messages import did_you_mean, format_key_path
+from ..yaml_schema import validate_schema
+from ..yamldoc import YamlDocument, load_yaml
 from .expr import Expr, ExprError, check_templates, json_type, parse_expr
 from .operators import PATH_OPS
 

@@ -8,7 +8,9 @@ One class per kind (``steps/<kind>.py``) holds, in one place:
   mode/owner/mtime and bytes, links) rather than written: the build writes the Changes into its step
   container and commits; check-patches records them in its in-memory overlay and reports a row;
 * ``facts``: what it leaves for the verify layer (changed ``.py`` files, overlay sha256, links);
-* ``emit``: the Dockerfile instructions that do the same with plain ``docker build``.
+* ``emit``: the Dockerfile instructions that do the same with plain ``docker build``;
+* ``fields``, ``defaults`` and ``load``: the kind's manifest keys, the values of those left out, and their
+  normalisation and checks when build.yaml is loaded (:mod:`imageforge.manifest_load` asks the kind).
 
 A failure is a :class:`StepProblem`: the row check-patches shows (status, detail) and the error the
 build raises (:attr:`StepProblem.error`), from the same test in the same code.
@@ -20,7 +22,8 @@ import posixpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from types import MappingProxyType
+from typing import Any, ClassVar, Literal, Protocol
 
 from ..errors import BuildError, ConfigError, ImageforgeError
 from ..manifest import Step, resolve_image_path
@@ -137,14 +140,55 @@ class Facts:
     link_globs: tuple[Mapping[str, str], ...] = ()
 
 
+class SpecChecks(Protocol):
+    """The manifest loader's checks for one step, offered to :meth:`StepKind.load` (keys are the step's own)."""
+
+    def problem(self, key: str, message: str, **kw: str | None) -> None:
+        """Report a problem at the step's key ``key`` (the load goes on: every problem is reported)."""
+
+    def dest(self, key: str, dest: str, source: str | None = None) -> str:
+        """An image file path: normalised, inside the package when relative (else a problem; ``dest`` back)."""
+
+    def directory(self, key: str, directory: str) -> tuple[str | None, Path | None]:
+        """(variable name, None) for a whole ``${VAR}``; (None, absolute path) for a checked host directory."""
+
+    def env(self, key: str, raw: Mapping[str, Any] | None) -> Mapping[str, str]:
+        """An environment mapping as the file writes its values (``0644`` stays ``"0644"``)."""
+
+
+@dataclass(frozen=True)
+class LoadedSpec:
+    """What :meth:`StepKind.load` makes of a step's manifest keys: its spec, and a directory step's host folder."""
+
+    spec: dict[str, Any]
+    directory_env: str | None = None
+    directory_path: Path | None = None
+
+
 class StepKind:
     """One step kind. Subclasses set ``name`` and ``fields`` and are registered with :func:`register`."""
 
     name: ClassVar[str]
     #: the manifest keys of the kind (what its spec may hold; the schema's $defs.NAME_step says the same)
     fields: ClassVar[tuple[str, ...]]
+    #: the value of an optional field the manifest leaves out (the loaded spec holds it; :meth:`value` reads it)
+    defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     #: a process kind runs in a started container (the build's step container, check-patches' sandbox)
     runs_process: ClassVar[bool] = False
+
+    def load(self, raw: Mapping[str, Any], spec: dict[str, Any], checks: SpecChecks) -> LoadedSpec:
+        """The step's spec from its manifest keys ``raw``: normalised and checked, the defaults filled in.
+
+        ``spec`` is ``raw`` less the keys every step has (id, kind, why, requires, required), with a ``source``
+        already checked and normalised; what comes back is the step's definition (its cache key).
+        """
+        for key, value in self.defaults.items():
+            spec.setdefault(key, value)
+        return LoadedSpec(spec)
+
+    def value(self, step: Step, key: str) -> Any:
+        """The step's ``key``, else the kind's default (a Step made in code may leave an optional field out)."""
+        return step.spec.get(key, self.defaults[key])
 
     def inputs(self, step: Step, environ: Mapping[str, str] | None = None) -> dict[str, str]:
         """sha256 of every host file the step reads (its ``source``, a script's ``directory``)."""

@@ -11,6 +11,7 @@ import hashlib
 import os
 import posixpath
 from collections.abc import Mapping
+from typing import Any
 
 from ..errors import BuildError
 from ..manifest import Step
@@ -20,7 +21,9 @@ from .core import (
     Changes,
     Facts,
     FileChange,
+    LoadedSpec,
     OneFileKind,
+    SpecChecks,
     StepProblem,
     guard_links,
     python_problem,
@@ -48,6 +51,12 @@ class Overlay(OneFileKind):
     name = "overlay"
     path_key = "dest"
     fields = ("source", "dest", "mode", "owner")
+
+    def load(self, raw: Mapping[str, Any], spec: dict[str, Any], checks: SpecChecks) -> LoadedSpec:
+        spec["dest"] = checks.dest("dest", raw["dest"], raw.get("source"))
+        if "mode" in spec:
+            spec["mode"] = int(str(spec["mode"]), 8)  # written in octal (0644); the spec holds the number
+        return super().load(raw, spec, checks)
 
     def apply(self, step: Step, fs: ImageFS, ctx: ApplyContext) -> Changes:
         dest = self.row_path(step, ctx.site)

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
 
 from ..errors import BuildError
 from ..manifest import Step
-from ..patching import apply_patch, describe, unified_diff
+from ..patching import apply_patch, describe, reapplies, unified_diff
 from .core import (
     ApplyContext,
     Changes,
     Facts,
     FileChange,
+    LoadedSpec,
     OneFileKind,
+    SpecChecks,
     StepProblem,
     guard_links,
     python_problem,
@@ -28,6 +32,28 @@ class Patch(OneFileKind):
     name = "patch"
     path_key = "file"
     fields = ("file", "old", "new", "count", "verified")
+    defaults = MappingProxyType({"count": 1, "verified": True})
+
+    def load(self, raw: Mapping[str, Any], spec: dict[str, Any], checks: SpecChecks) -> LoadedSpec:
+        spec["file"] = checks.dest("file", raw["file"])
+        loaded = super().load(raw, spec, checks)
+        if raw["old"] == raw["new"]:
+            checks.problem(
+                "new",
+                "patch does not change anything",
+                expected="'new' different from 'old'",
+                found="identical text",
+            )
+        elif reapplies(raw["old"], raw["new"]):
+            checks.problem(
+                "new",
+                "patch would apply again: 'new' still contains 'old' where the matching rule finds it",
+                expected="'new' without a copy of 'old' at a line start (a re-run must say 'already applied')",
+                found=f"{reapplies(raw['old'], raw['new'])} copy(ies) of 'old' in 'new'",
+                hint="change the kept line of 'new' (e.g. end it with a `# imageforge: ...` comment) or make "
+                     "'old' include a line that 'new' changes; `invoke patch-from` writes such steps",
+            )
+        return loaded
 
     def apply(self, step: Step, fs: ImageFS, ctx: ApplyContext) -> Changes:
         path = self.row_path(step, ctx.site)
@@ -49,7 +75,7 @@ class Patch(OneFileKind):
             raise StepProblem("conflict", path, "file is not UTF-8 text", BuildError(
                 f"patch target {path} is not UTF-8 text", location=step.where("file"),
                 key_path=f"{step.key_path}.file", hint="use an overlay step for a binary file"))
-        outcome = apply_patch(text, step.spec["old"], step.spec["new"], int(step.spec.get("count", 1)))
+        outcome = apply_patch(text, step.spec["old"], step.spec["new"], int(self.value(step, "count")))
         lines = ", ".join(map(str, outcome.lines))
         if outcome.status == "already-applied":
             return Changes("already applied", path, f"new text at line {lines}, anchor absent",
@@ -85,7 +111,7 @@ class Patch(OneFileKind):
     def emit(self, step: Step, ctx: EmitContext) -> Emitted:
         path = self.row_path(step, ctx.base.site)
         spec = {"op": "patch", "step": step.id, "path": path, "site": ctx.base.site, "old": step.spec["old"],
-                "new": step.spec["new"], "count": int(step.spec.get("count", 1)),
+                "new": step.spec["new"], "count": int(self.value(step, "count")),
                 "python_version": ctx.base.python_version}
         instructions, files = applier_group(ctx, spec)
         return Emitted((header(ctx, step.id, step.kind, step.why), *instructions), files)

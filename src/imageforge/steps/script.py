@@ -25,9 +25,9 @@ from typing import Any
 
 from ..docker_engine import client
 from ..errors import BuildError, ConfigError, InfraError
-from ..manifest import Step, resolve_image_path
+from ..manifest import Step, normalise_image_path, resolve_image_path
 from ..scripts import SCRIPT_SCRATCH, exec_script, script_directory
-from .core import ApplyContext, Changes, StepKind, StepProblem, register
+from .core import ApplyContext, Changes, LoadedSpec, SpecChecks, StepKind, StepProblem, register
 from .dockerfile import ContextFile, EmitContext, Emitted, applier_group, copy, header, host_file, run
 from .fs import ImageFS
 
@@ -76,6 +76,30 @@ class Script(StepKind):
     name = "script"
     fields = ("source", "args", "directory", "dest", "command", "workdir", "env", "user", "load_hint", "touches")
     runs_process = True
+
+    def load(self, raw: Mapping[str, Any], spec: dict[str, Any], checks: SpecChecks) -> LoadedSpec:
+        spec["args"] = tuple(raw.get("args", ()))
+        spec["env"] = checks.env("env", raw.get("env"))
+        spec.pop("load_hint", None)  # a hint's wording is not part of the layer
+        spec.pop("touches", None)  # what apply --in-place snapshots: not part of the layer
+        if "command" in raw:
+            spec["command"] = tuple(raw["command"])
+        for key in ("dest", "workdir"):
+            if key in raw:
+                norm = normalise_image_path(raw[key])
+                if norm is None:
+                    checks.problem(key, "path escapes its root", expected="an absolute path without '..'",
+                                   found=repr(raw[key]))
+                else:
+                    spec[key] = norm
+        directory_env: str | None = None
+        directory_path: Path | None = None
+        if "directory" in raw:
+            directory_env, directory_path = checks.directory("directory", raw["directory"])
+            spec["directory"] = raw["directory"] if directory_env else posixpath.normpath(raw["directory"])
+            spec.setdefault("workdir", spec.get("dest"))  # a directory's script runs in its copy
+        loaded = super().load(raw, spec, checks)
+        return LoadedSpec(loaded.spec, directory_env, directory_path)
 
     def row_path(self, step: Step, site: str) -> str:
         return str(step.spec.get("dest") or step.spec.get("source", ""))

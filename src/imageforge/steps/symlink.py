@@ -10,11 +10,12 @@ from __future__ import annotations
 import fnmatch
 import posixpath
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from ..errors import BuildError, ConfigError
-from ..manifest import Step
-from .core import ApplyContext, Changes, Facts, LinkChange, StepKind, StepProblem, register
+from ..manifest import Step, normalise_image_path
+from .core import ApplyContext, Changes, Facts, LinkChange, LoadedSpec, SpecChecks, StepKind, StepProblem, register
 from .dockerfile import EmitContext, Emitted, applier_group, header
 from .fs import ImageFS
 
@@ -33,6 +34,14 @@ def glob_parts(step: Step) -> tuple[str, str, str]:
 class Symlink(StepKind):
     name = "symlink"
     fields = ("link", "target", "glob", "into", "replace", "replace_directory")
+    defaults = MappingProxyType({"replace": False, "replace_directory": False})
+
+    def load(self, raw: Mapping[str, Any], spec: dict[str, Any], checks: SpecChecks) -> LoadedSpec:
+        for key in ("link", "glob", "into"):
+            if key in raw and normalise_image_path(raw[key]) is None:
+                checks.problem(key, "path escapes its root", expected="an absolute path without '..'",
+                               found=repr(raw[key]))
+        return super().load(raw, spec, checks)
 
     def row_path(self, step: Step, site: str) -> str:
         return str(step.spec.get("glob") or step.spec.get("link") or "")
@@ -79,7 +88,7 @@ class Symlink(StepKind):
                     skipped += 1
                     continue
                 if entry.kind == "dir":
-                    if fs.list_dir(link) and not spec.get("replace_directory"):
+                    if fs.list_dir(link) and not self.value(step, "replace_directory"):
                         raise StepProblem(
                             "conflict", shown, f"{link} is a non-empty directory (replace_directory: true forces it)",
                             BuildError(
@@ -87,7 +96,7 @@ class Symlink(StepKind):
                                 location=step.location, key_path=step.key_path,
                                 hint="link the files inside it (glob + into) instead; replace_directory: true "
                                 "forces it"))
-                elif not spec.get("replace"):
+                elif not self.value(step, "replace"):
                     raise StepProblem("conflict", shown, f"{link} already exists (replace: true replaces it)",
                                       BuildError(f"{link} already exists in the image",
                                                  location=step.location, key_path=step.key_path,
