@@ -106,7 +106,7 @@ class Imageforge:
                    tuple((s["kind"], s["cache"], float(s["seconds"])) for s in steps))
 
     def first_overlay(self) -> tuple[str, str]:
-        from imageforge.manifest import load_manifest
+        from imageforge.manifest_load import load_manifest
 
         t = load_manifest(self.manifest).targets["cpu"]
         step = next(s for s in t.steps if s.kind == "overlay")
@@ -122,7 +122,7 @@ class Imageforge:
         self.manifest.write_text(text[:start] + cpu + text[end:])
 
     def serving_config(self) -> bytes:
-        from imageforge.manifest import load_manifest
+        from imageforge.manifest_load import load_manifest
         from imageforge.resolve import resolve
         from imageforge.serving import render_serving_config
 
@@ -137,7 +137,7 @@ class Dockerfile:
         self.salt = salt
         self.tag = f"imageforge-bench/dockerfile:{salt}"
         shutil.copy2(REPO / "benchmarks" / "Dockerfile.cpu", self.ctx / "Dockerfile")
-        from imageforge.manifest import load_manifest
+        from imageforge.manifest_load import load_manifest
 
         t = load_manifest(forge.manifest).targets["cpu"]
         for step in t.steps:

@@ -249,7 +249,7 @@ def start_server(profile: str, server_cpu: str) -> tuple[Any, str, str, str]:
 
     from imageforge.build import build_target
     from imageforge.docker_engine import client
-    from imageforge.manifest import load_manifest
+    from imageforge.manifest_load import load_manifest
     from imageforge.resolve import resolve
     from imageforge.rundirs import new_run_id
     from imageforge.serve.container import HOST, free_port

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.resolve import resolve
 from imageforge.serve.container import serving
 

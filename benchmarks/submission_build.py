@@ -45,7 +45,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from imageforge import base as base_mod
-    from imageforge.manifest import load_manifest
+    from imageforge.manifest_load import load_manifest
     from imageforge.resolve import resolve
     from imageforge.submission import discover_base, write_submission
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from imageforge.manifest import load_manifest
+from imageforge.manifest_load import load_manifest
 from imageforge.resolve import Resolved, resolve
 from imageforge.serving import (
     base_command,
