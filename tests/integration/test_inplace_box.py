@@ -188,23 +188,57 @@ def test_apply_status_revert_and_apply_again(box: Box) -> None:
 
 
 BI100_SITE = "/usr/local/corex/lib64/python3/dist-packages"
+BOX_BASELINE = "/baseline/qwen3_6_scripts"
 
 
-def test_bi100_vendor_layout_applies_in_place_and_reverts(wheelhouse: Path) -> None:
-    """The vendor-layout fixture with the fixture baseline (patch_ops.sh run as a local process in its folder)."""
+def folder_tar(folder: Path, arcname: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(folder, arcname=arcname)
+    return buf.getvalue()
+
+
+def test_bi100_vendor_layout_applies_in_place_and_reverts(wheelhouse: Path, tmp_path: Path) -> None:
+    """The vendor-layout fixture (its Python with pip and a stand-in transformers 4.46.3) with the fixture
+    baseline, whose patch_ops.sh (run as a local process in its folder) also pip-installs the stand-in
+    transformers 4.55.3 from its wheels/: the dist's files are journaled and revert brings 4.46.3 back."""
     sys.path.insert(0, str(Path(__file__).parent))
-    from bi100_fixture import vendor_image
+    from bi100_fixture import (
+        BASELINE_TRANSFORMERS,
+        PURELIB,
+        SCRIPTS,
+        VENDOR_TRANSFORMERS,
+        baseline_folder,
+        vendor_image,
+    )
 
-    trees = [f"{BI100_SITE}/vllm", "/workspace", "/usr/local/corex"]
-    with make_box(vendor_image(), wheelhouse, trees=trees,
-                  environ={"IMAGEFORGE_BI100_SCRIPTS": "/repo/tests/fixtures/bi100-baseline/qwen3_6_scripts"}) as b:
+    folder = baseline_folder(tmp_path / "qwen3_6_scripts")
+    trees = [f"{BI100_SITE}/vllm", "/workspace", "/usr/local/corex", PURELIB, SCRIPTS]
+    version = "python3 -c 'import transformers; print(transformers.__version__)'"
+    with make_box(vendor_image(site_packages=True), wheelhouse, trees=trees,
+                  environ={"IMAGEFORGE_BI100_SCRIPTS": BOX_BASELINE}) as b:
+        b.container.put_archive("/", folder_tar(folder, BOX_BASELINE.lstrip("/")))
+        assert b.sh(version)[1].strip() == VENDOR_TRANSFORMERS
         before = b.listing()
+        old_dist = f"{PURELIB}/transformers-{VENDOR_TRANSFORMERS}.dist-info"
+        assert f"{old_dist}/RECORD" in {row[0] for row in before}  # the listing covers the dist
         _, out, _ = b.invoke("apply --target bi100 --in-place --no-imports --json")
         report = json.loads(out[out.index("{"):])
         ids = [s["id"] for s in report["steps"]]
         assert ids[0] == "organisers-baseline" and ids[-1] == "verify"
         assert report["steps"][0]["status"] == "ran" and report["steps"][0]["paths"] > 0
+        assert b.sh(version)[1].strip() == BASELINE_TRANSFORMERS
         _, text = b.sh("grep -c . /workspace/qwen3_6_scripts/patch_ops.sh")
         assert int(text.strip()) > 0
+        journal = json.loads(b.sh("cat /var/lib/imageforge/journal.json")[1])
+        new_dist = f"{PURELIB}/transformers-{BASELINE_TRANSFORMERS}.dist-info"
+        for path in (f"{new_dist}/RECORD", f"{new_dist}/METADATA", f"{old_dist}/RECORD",
+                     f"{PURELIB}/transformers/__init__.py", f"{SCRIPTS}/transformers-cli"):
+            assert path in journal["paths"], path
+        assert journal["paths"][f"{old_dist}/RECORD"]["stack"][-1]["state"]["type"] == "absent"
+        assert journal["paths"][f"{new_dist}/RECORD"]["original"]["type"] == "absent"
         _, out, _ = b.invoke("revert")
-        assert b.listing() == before
+        after = b.listing()
+        assert ([r for r in after if r not in before], [r for r in before if r not in after]) == ([], [])
+        assert after == before
+        assert b.sh(version)[1].strip() == VENDOR_TRANSFORMERS

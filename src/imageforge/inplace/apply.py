@@ -16,6 +16,7 @@ and imports the manifest's modules with the target interpreter (``imports=False`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import fnmatch
 import hashlib
@@ -208,6 +209,23 @@ def stat_scan(tops: Sequence[Path], skip: Sequence[Path], recursive: Sequence[bo
                     info = os.lstat(path)
                     out[str(path)] = (st.S_IFMT(info.st_mode), info.st_size, info.st_mode, info.st_mtime_ns)
     return out
+
+
+def scan_tops(pkg: LocalPackage) -> tuple[list[Path], list[bool]]:
+    """Where a script's undeclared change is looked for: the site directory and the interpreter's purelib and
+    platlib (each whole), its bin directory and scripts directory (their entries): where pip writes."""
+    places: list[tuple[Path, bool]] = [(pkg.host(pkg.site), True)]
+    places += [(pkg.host(p), True) for p in (pkg.scheme_path("purelib"), pkg.scheme_path("platlib")) if p]
+    places.append((Path(pkg.python).parent, False))
+    places += [(pkg.host(p), False) for p in (pkg.scheme_path("scripts"),) if p]
+    chosen: list[tuple[Path, bool]] = []
+    for host, recursive in places:
+        if any(t == host or (d and t in host.parents) for t, d in chosen):
+            continue  # already scanned (in a venv the site is the purelib)
+        if recursive:  # a top under this one is covered by it
+            chosen = [(t, d) for t, d in chosen if host not in t.parents]
+        chosen.append((host, recursive))
+    return [t for t, _ in chosen], [d for _, d in chosen]
 
 
 # --------------------------------------------------------------------------- undo, drift, recovery
@@ -422,7 +440,8 @@ class _Applier:
     def script_step(self, step: Step, key: str) -> StepResult:
         t0 = time.monotonic()
         journal = self.journal
-        patterns = kind(step.kind).touches(step, self.pkg.site)
+        declared = dataclasses.replace(step, touches=tuple(self.pkg.expand_scheme(t) for t in step.touches))
+        patterns = kind(step.kind).touches(declared, self.pkg.site)
         if not patterns:
             raise BuildError(f"script step {step.id!r} declares nothing it may change, so it cannot run in place",
                              location=step.location, key_path=f"{step.key_path}.touches",
@@ -450,17 +469,16 @@ class _Applier:
                 journal.data["dirs"][str(folder)] = state_of(folder)
         journal.begin(step.id, key, snapshot=str(snapshot_file), roots=[str(r) for r in roots])
         journal.save()
-        bindir = Path(self.pkg.python).parent
-        site = self.pkg.host(self.pkg.site)
         skip = [*roots, journal.directory]
-        tops, deep = [site, bindir], [True, False]
+        tops, deep = scan_tops(self.pkg)
         before = stat_scan(tops, skip, deep)
         runner = LocalRunner(self.pkg.root, journal.directory / "scratch", self.environ)
         changes = kind(step.kind).apply(step, LocalFS(self.pkg.root), ApplyContext(
             site=self.pkg.site, environ=self.environ, runner=runner, echo=self.echo,
             python_version=self.pkg.python_version))
         after = stat_scan(tops, skip, deep)
-        undeclared = sorted(k for k in {*before, *after} if before.get(k) != after.get(k))
+        late = [p for p in expand(self.pkg, patterns) if not _under(p, roots)]  # a glob's new match (a dist-info)
+        undeclared = sorted(k for k in {*before, *after} if before.get(k) != after.get(k) and not _under(Path(k), late))
         if undeclared:
             added = [k for k in undeclared if k not in before]
             for extra in sorted(added, key=lambda k: -k.count("/")):
