@@ -544,3 +544,25 @@ def test_a_touches_entry_naming_no_install_path_is_refused(box: dict[str, Any]) 
         inplace.apply(resolved(box, manifest="pip.yaml"), root=box["root"], python=str(python),
                       environ=box["environ"], log=lambda _l: None, imports=False)
     assert "{bindir}" in str(caught.value)
+
+
+def test_the_stat_scan_sees_a_same_size_rewrite_and_skips_the_declared_trees(tmp_path: Path) -> None:
+    from imageforge.inplace.apply import stat_scan
+
+    top = tmp_path / "site"
+    (top / "pkg/sub").mkdir(parents=True)
+    (top / "pkg/sub/a.py").write_text("A = 1\n")
+    (top / "declared").mkdir()
+    (top / "declared/x").write_text("x")
+    (top / "link").symlink_to("pkg")
+    past = time.time_ns() - 10**11
+    for path in [top, *top.rglob("*")]:
+        os.utime(path, ns=(past, past), follow_symlinks=False)
+    before = stat_scan([top], [top / "declared"], [True])
+    assert set(before) == {str(top / p) for p in ("pkg", "pkg/sub", "pkg/sub/a.py", "link")}
+    (top / "declared/x").write_text("changed")  # declared: not looked at
+    assert stat_scan([top], [top / "declared"], [True]) == before
+    (top / "pkg/sub/a.py").write_text("A = 2\n")  # same size, new mtime
+    after = stat_scan([top], [top / "declared"], [True])
+    assert [k for k in after if after[k] != before[k]] == [str(top / "pkg/sub/a.py")]
+    assert set(stat_scan([top], [], [False])) == {str(top / p) for p in ("pkg", "declared", "link")}

@@ -184,30 +184,34 @@ def _under(path: Path, roots: Sequence[Path]) -> bool:
 
 
 def stat_scan(tops: Sequence[Path], skip: Sequence[Path], recursive: Sequence[bool]) -> dict[str, tuple[Any, ...]]:
-    """(type, size, mode, mtime_ns) of everything under ``tops``, except under ``skip``: no bytes read."""
+    """(type, size, mode, mtime_ns) of everything under ``tops``, except under ``skip``: no bytes read.
+
+    One ``lstat`` per entry through ``os.scandir``, paths as strings (a skipped directory is never entered, so
+    only the entry itself is looked up in ``skip``): ~60k site-packages entries in a fraction of a second.
+    """
     out: dict[str, tuple[Any, ...]] = {}
+    skipped = {str(p) for p in skip}
     for top, deep in zip(tops, recursive, strict=True):
-        if not top.is_dir():
+        if not top.is_dir() or _under(top, skip):
             continue
-        if deep:
-            for dirpath, dirnames, filenames in os.walk(top):
-                base = Path(dirpath)
-                dirnames[:] = [d for d in dirnames if not _under(base / d, skip)]
-                for name in [*dirnames, *filenames]:
-                    path = base / name
-                    if _under(path, skip):
-                        continue
-                    with contextlib.suppress(FileNotFoundError):
-                        info = os.lstat(path)
-                        out[str(path)] = (st.S_IFMT(info.st_mode), info.st_size, info.st_mode, info.st_mtime_ns)
-        else:
-            for name in os.listdir(top):
-                path = top / name
-                if _under(path, skip):
+        pending = [str(top)]
+        while pending:
+            try:
+                entries = list(os.scandir(pending.pop()))
+            except OSError:  # gone, or unreadable: os.walk's default too
+                continue
+            for entry in entries:
+                path = entry.path
+                if path in skipped:
                     continue
-                with contextlib.suppress(FileNotFoundError):
-                    info = os.lstat(path)
-                    out[str(path)] = (st.S_IFMT(info.st_mode), info.st_size, info.st_mode, info.st_mtime_ns)
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                kind_ = st.S_IFMT(info.st_mode)
+                out[path] = (kind_, info.st_size, info.st_mode, info.st_mtime_ns)
+                if deep and kind_ == st.S_IFDIR:
+                    pending.append(path)
     return out
 
 
