@@ -547,7 +547,7 @@ def test_a_touches_entry_naming_no_install_path_is_refused(box: dict[str, Any]) 
 
 
 def test_the_stat_scan_sees_a_same_size_rewrite_and_skips_the_declared_trees(tmp_path: Path) -> None:
-    from imageforge.inplace.apply import stat_scan
+    from imageforge.inplace.safety import stat_scan
 
     top = tmp_path / "site"
     (top / "pkg/sub").mkdir(parents=True)
