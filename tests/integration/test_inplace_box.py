@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -25,6 +26,7 @@ import docker
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+BOX_PYTHON = "/opt/imageforge/bin/python"
 TREES = ["/opt/venv/lib/python3.11/site-packages/vllm", "/usr/local/lib", "/etc/ld.so.cache", "/var/cache/ldconfig",
          "/etc"]
 LISTING = """
@@ -188,23 +190,107 @@ def test_apply_status_revert_and_apply_again(box: Box) -> None:
 
 
 BI100_SITE = "/usr/local/corex/lib64/python3/dist-packages"
+BOX_BASELINE = "/baseline/qwen3_6_scripts"
 
 
-def test_bi100_vendor_layout_applies_in_place_and_reverts(wheelhouse: Path) -> None:
-    """The vendor-layout fixture with the fixture baseline (patch_ops.sh run as a local process in its folder)."""
+def folder_tar(folder: Path, arcname: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(folder, arcname=arcname)
+    return buf.getvalue()
+
+
+def test_bi100_vendor_layout_applies_in_place_and_reverts(wheelhouse: Path, tmp_path: Path) -> None:
+    """The vendor-layout fixture (its Python with pip and a stand-in transformers 4.46.3) with the fixture
+    baseline, whose patch_ops.sh (run as a local process in its folder) also pip-installs the stand-in
+    transformers 4.55.3 from its wheels/: the dist's files are journaled and revert brings 4.46.3 back."""
     sys.path.insert(0, str(Path(__file__).parent))
-    from bi100_fixture import vendor_image
+    from bi100_fixture import (
+        BASELINE_TRANSFORMERS,
+        PURELIB,
+        SCRIPTS,
+        VENDOR_TRANSFORMERS,
+        baseline_folder,
+        vendor_image,
+    )
 
-    trees = [f"{BI100_SITE}/vllm", "/workspace", "/usr/local/corex"]
-    with make_box(vendor_image(), wheelhouse, trees=trees,
-                  environ={"IMAGEFORGE_BI100_SCRIPTS": "/repo/tests/fixtures/bi100-baseline/qwen3_6_scripts"}) as b:
+    folder = baseline_folder(tmp_path / "qwen3_6_scripts")
+    trees = [f"{BI100_SITE}/vllm", "/workspace", "/usr/local/corex", PURELIB, SCRIPTS]
+    version = "python3 -c 'import transformers; print(transformers.__version__)'"
+    with make_box(vendor_image(site_packages=True), wheelhouse, trees=trees,
+                  environ={"IMAGEFORGE_BI100_SCRIPTS": BOX_BASELINE}) as b:
+        b.container.put_archive("/", folder_tar(folder, BOX_BASELINE.lstrip("/")))
+        assert b.sh(version)[1].strip() == VENDOR_TRANSFORMERS
         before = b.listing()
+        old_dist = f"{PURELIB}/transformers-{VENDOR_TRANSFORMERS}.dist-info"
+        assert f"{old_dist}/RECORD" in {row[0] for row in before}  # the listing covers the dist
         _, out, _ = b.invoke("apply --target bi100 --in-place --no-imports --json")
         report = json.loads(out[out.index("{"):])
         ids = [s["id"] for s in report["steps"]]
         assert ids[0] == "organisers-baseline" and ids[-1] == "verify"
         assert report["steps"][0]["status"] == "ran" and report["steps"][0]["paths"] > 0
+        assert b.sh(version)[1].strip() == BASELINE_TRANSFORMERS
         _, text = b.sh("grep -c . /workspace/qwen3_6_scripts/patch_ops.sh")
         assert int(text.strip()) > 0
+        journal = json.loads(b.sh("cat /var/lib/imageforge/journal.json")[1])
+        new_dist = f"{PURELIB}/transformers-{BASELINE_TRANSFORMERS}.dist-info"
+        for path in (f"{new_dist}/RECORD", f"{new_dist}/METADATA", f"{old_dist}/RECORD",
+                     f"{PURELIB}/transformers/__init__.py", f"{SCRIPTS}/transformers-cli"):
+            assert path in journal["paths"], path
+        assert journal["paths"][f"{old_dist}/RECORD"]["stack"][-1]["state"]["type"] == "absent"
+        assert journal["paths"][f"{new_dist}/RECORD"]["original"]["type"] == "absent"
         _, out, _ = b.invoke("revert")
-        assert b.listing() == before
+        after = b.listing()
+        assert ([r for r in after if r not in before], [r for r in before if r not in after]) == ([], [])
+        assert after == before
+        assert b.sh(version)[1].strip() == VENDOR_TRANSFORMERS
+
+
+SERVERS_UP = """
+import glob
+argvs = [open(p, "rb").read().split(b"\\0") for p in glob.glob("/proc/[0-9]*/cmdline")]
+print(sum(1 for a in argvs if len(a) > 1 and a[0].endswith(b"vllm") and a[1] == b"serve"))
+"""
+SWEEP_TREES = ["/opt/venv/lib/python3.11/site-packages/vllm", "/usr/local/lib", "/etc/ld.so.cache",
+               "/var/cache/ldconfig"]
+
+
+@pytest.mark.timeout(2400)
+def test_sweep_in_place_serves_each_point_one_at_a_time_and_leaves_the_root_as_before() -> None:
+    """`sweep --in-place` over two serving values (2 vLLM starts): the steps applied once, each point served as a
+    process, measured and stopped before the next starts; the listing after the sweep equals the one before."""
+    from tests.integration.box_fixture import make_box as make_model_box
+
+    try:
+        b = make_model_box()  # the tiny model copied in: the points are served
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    try:
+        code, rows = b.sh(f"{BOX_PYTHON} -c {_quote(LISTING)} {' '.join(SWEEP_TREES)}")
+        assert code == 0, rows
+        before = json.loads(rows)
+        code, out = b.invoke("sweep", "--target", "cpu", "--in-place", "--param", "max-num-seqs=1,2",
+                             "--requests", "2", "--repeat", "1", timeout=2000)
+        assert code == 0, out
+        assert "in place on /: 2 server start(s), one at a time; the steps applied 1 time(s)" in out, out
+        run_id = re.search(r"  run (\S+)  ", out)
+        assert run_id, out
+        doc = json.loads(b.read(f".imageforge/runs/{run_id.group(1)}/sweep.json"))
+        points = doc["points"]
+        assert [p["params"] for p in points] == [{"max-num-seqs": 1}, {"max-num-seqs": 2}]
+        for p in points:
+            assert p["status"] == "ok", p
+            assert p["summary"]["requests"] == 2 and p["summary"]["errors"] == 0 and p["summary"]["output_tps"] > 0
+            assert p["startup_seconds"] and p["startup_seconds"] > 0
+        assert points[0]["build"] != points[1]["build"] == "the applied files reused (serving flags only)"
+        # each point's server was stopped (the one before the next started), none is left
+        code, left = b.sh("cat .imageforge/runs/*/server.json | grep -c '\"stopped\"'; "
+                          "ls .imageforge/runs/*/server.json | wc -l; " + f"{BOX_PYTHON} -c {_quote(SERVERS_UP)}")
+        stopped, total, alive = (int(x) for x in left.split())
+        assert (stopped, total, alive) == (2, 2, 0), left
+        code, rows = b.sh(f"{BOX_PYTHON} -c {_quote(LISTING)} {' '.join(SWEEP_TREES)}")
+        assert json.loads(rows) == before
+        code, out = b.sh("test -e /var/lib/imageforge/journal.json && echo journal || echo none")
+        assert out.strip() == "none", out
+    finally:
+        b.remove()

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from imageforge import inplace
-from imageforge.errors import BuildError
+from imageforge.errors import BuildError, ConfigError
 from imageforge.manifest_load import load_manifest
 from imageforge.resolve import Resolved, resolve
 
@@ -444,3 +444,125 @@ def test_a_directory_script_is_copied_to_dest_and_run_there(box: dict[str, Any])
     after = listing(root)
     assert ([r for r in after if r not in before], [r for r in before if r not in after]) == ([], [])
     assert not (root / "workspace").exists()
+
+
+PIP_STEP = """\
+version: 1
+default_target: t
+targets:
+  t:
+    base: {image: "debian:bookworm"}
+    package: {import: vllm, distribution: vllm, version: "1.0"}
+    steps:
+      - id: baseline
+        kind: script
+        directory: baseline
+        dest: /workspace/scripts
+        command: [sh, patch_ops.sh]
+        touches: [vllm, /workspace/scripts, "{purelib}/extra", "{purelib}/extra-*.dist-info", "{scripts}/extra*"]
+    serving:
+      config_path: /etc/serve.yaml
+      args: {model: /m}
+"""
+
+#: What `pip install extra==1.0` over extra 0.9 does to the interpreter's scheme: the package's files replaced,
+#: the old dist-info removed, the new one made, the console script rewritten.
+PIP_LIKE = """\
+set -eu
+test -f ./patch_ops.sh
+P={purelib}
+rm -rf "$P/extra" "$P/extra-0.9.dist-info"
+mkdir -p "$P/extra/__pycache__" "$P/extra-1.0.dist-info"
+echo 'VERSION = "1.0"' > "$P/extra/__init__.py"
+echo pyc > "$P/extra/__pycache__/__init__.cpython-311.pyc"
+printf 'Name: extra\\nVersion: 1.0\\n' > "$P/extra-1.0.dist-info/METADATA"
+printf '#!/bin/sh\\necho 1.0\\n' > {scripts}/extra-cli
+"""
+
+
+def venv_box(box: dict[str, Any]) -> tuple[Path, Path, Path]:
+    """A target interpreter inside the root (a venv): its purelib and scripts directory are under the root,
+    holding extra 0.9 (package, dist-info, console script) as pip would have left it."""
+    root = box["root"]
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
+    python = root / "venv/bin/python"
+    purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip())
+    (purelib / "extra").mkdir()
+    (purelib / "extra/__init__.py").write_text('VERSION = "0.9"\n')
+    (purelib / "extra-0.9.dist-info").mkdir()
+    (purelib / "extra-0.9.dist-info/METADATA").write_text("Name: extra\nVersion: 0.9\n")
+    (root / "venv/bin/extra-cli").write_text("#!/bin/sh\necho 0.9\n")
+    past = time.time_ns() - 10**11
+    for path in [root / "venv", *(root / "venv").rglob("*")]:
+        os.utime(path, ns=(past, past), follow_symlinks=False)
+    folder = box["repo"] / "baseline"
+    folder.mkdir()
+    (box["repo"] / "pip.yaml").write_text(PIP_STEP)
+    (folder / "patch_ops.sh").write_text(PIP_LIKE.format(purelib=purelib, scripts=root / "venv/bin"))
+    return python, purelib, root / "venv/bin"
+
+
+def test_a_script_installing_into_the_interpreters_purelib_is_journaled_and_reverted(box: dict[str, Any]) -> None:
+    python, purelib, scripts = venv_box(box)
+    root = box["root"]
+    before = listing(root)
+    assert any(str(r[0]).endswith("extra-0.9.dist-info/METADATA") for r in before)
+    report = inplace.apply(resolved(box, manifest="pip.yaml"), root=root, python=str(python),
+                           environ=box["environ"], log=lambda _l: None, imports=False)
+    assert report.steps[0].status == "ran"
+    assert (purelib / "extra/__init__.py").read_text() == 'VERSION = "1.0"\n'
+    journal = json.loads((root / "var/lib/imageforge/journal.json").read_text())
+    for changed in ("extra/__init__.py", "extra-1.0.dist-info/METADATA", "extra-0.9.dist-info/METADATA",
+                    "extra/__pycache__/__init__.cpython-311.pyc"):
+        assert str(purelib / changed) in journal["paths"], changed
+    assert str(scripts / "extra-cli") in journal["paths"]
+    inplace.revert(root)
+    after = listing(root)
+    assert ([r for r in after if r not in before], [r for r in before if r not in after]) == ([], [])
+
+
+def test_an_undeclared_change_in_the_interpreters_purelib_is_stopped(box: dict[str, Any]) -> None:
+    python, purelib, _ = venv_box(box)
+    script = box["repo"] / "baseline/patch_ops.sh"
+    script.write_text(script.read_text() + f'echo sneaky > "{purelib}/other.py"\n')
+    root = box["root"]
+    with pytest.raises(BuildError) as caught:
+        inplace.apply(resolved(box, manifest="pip.yaml"), root=root, python=str(python), environ=box["environ"],
+                      log=lambda _l: None, imports=False)
+    assert caught.value.exit_code == 3
+    assert any("other.py" in line for line in caught.value.log_tail)
+    assert not (purelib / "other.py").exists()
+    assert (purelib / "extra/__init__.py").read_text() == 'VERSION = "0.9"\n'  # the declared paths came back
+
+
+def test_a_touches_entry_naming_no_install_path_is_refused(box: dict[str, Any]) -> None:
+    python, _, _ = venv_box(box)
+    manifest = box["repo"] / "pip.yaml"
+    manifest.write_text(manifest.read_text().replace("{scripts}/extra*", "{bindir}/extra*"))
+    with pytest.raises(ConfigError) as caught:
+        inplace.apply(resolved(box, manifest="pip.yaml"), root=box["root"], python=str(python),
+                      environ=box["environ"], log=lambda _l: None, imports=False)
+    assert "{bindir}" in str(caught.value)
+
+
+def test_the_stat_scan_sees_a_same_size_rewrite_and_skips_the_declared_trees(tmp_path: Path) -> None:
+    from imageforge.inplace.safety import stat_scan
+
+    top = tmp_path / "site"
+    (top / "pkg/sub").mkdir(parents=True)
+    (top / "pkg/sub/a.py").write_text("A = 1\n")
+    (top / "declared").mkdir()
+    (top / "declared/x").write_text("x")
+    (top / "link").symlink_to("pkg")
+    past = time.time_ns() - 10**11
+    for path in [top, *top.rglob("*")]:
+        os.utime(path, ns=(past, past), follow_symlinks=False)
+    before = stat_scan([top], [top / "declared"], [True])
+    assert set(before) == {str(top / p) for p in ("pkg", "pkg/sub", "pkg/sub/a.py", "link")}
+    (top / "declared/x").write_text("changed")  # declared: not looked at
+    assert stat_scan([top], [top / "declared"], [True]) == before
+    (top / "pkg/sub/a.py").write_text("A = 2\n")  # same size, new mtime
+    after = stat_scan([top], [top / "declared"], [True])
+    assert [k for k in after if after[k] != before[k]] == [str(top / "pkg/sub/a.py")]
+    assert set(stat_scan([top], [], [False])) == {str(top / p) for p in ("pkg", "declared", "link")}

@@ -11,7 +11,9 @@ smoke, bench, equiv and ablate build on::
         ...
 
 * :mod:`.journal`: the journal, the object store, the only writers of the root;
-* :mod:`.apply`: the plan against the journal, one step at a time, drift, recovery, verification;
+* :mod:`.apply`: the plan against the journal, one step at a time, verification;
+* :mod:`.safety`: the root lock, the path guards, the undeclared-change scan; :mod:`.undo`: undoing a
+  step, recovery after SIGKILL, drift;
 * :mod:`.revert`: revert and status (with the package's dist-info RECORD);
 * :mod:`.runner`: how a script step runs (a local process here, exec in a container for the build);
 * :mod:`.localfs`: the root as the ImageFS the step kinds read; :mod:`.package`: the target interpreter's

@@ -4,7 +4,8 @@ Each step kind's own ``apply`` (the build's code) reads the root through :class:
 Changes; here they are written under the root instead of into a layer, each path journaled first
 (:mod:`imageforge.inplace.journal`). A script step runs as a local process (:class:`LocalRunner`): the
 paths it declares (``touches:``) are copied before it runs and diffed after; a stat-only scan of the site
-directory and the interpreter's bin directory that finds an undeclared change stops it (exit 3, restored).
+directory, the interpreter's install paths and its bin directory that finds an undeclared change stops it
+(exit 3, restored): :mod:`.safety`. Undo, recovery and drift: :mod:`.undo`.
 
 The journal's ``applied`` list is compared with the plan's step keys: the same plan again is "nothing to
 do"; another profile or step subset undoes the applied steps after the common prefix (last first: each
@@ -16,16 +17,15 @@ and imports the manifest's modules with the target interpreter (``imports=False`
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import dataclasses
 import fnmatch
 import hashlib
 import json
 import os
 import posixpath
-import stat as st
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,10 +35,12 @@ from ..manifest import Step
 from ..resolve import Resolved
 from ..steps import ApplyContext, Changes, kind
 from .interrupts import deferred, interruptible
-from .journal import ABSENT, Journal, State, journal_dir, same_content, set_dir_meta, state_of, walk, write_file
+from .journal import ABSENT, Journal, State, journal_dir, same_content, state_of, walk, write_file
 from .localfs import LocalFS
 from .package import LocalPackage, discover_local
 from .runner import LocalRunner
+from .safety import expand, guard_path, root_lock, scan_tops, stat_scan, under
+from .undo import recover, same_state, settle_drift, undo_step
 
 Log = Callable[[str], None]
 
@@ -135,204 +137,6 @@ def python_files(steps: Sequence[Step], site: str, environ: Mapping[str, str]) -
     return tuple(sorted(files))
 
 
-# --------------------------------------------------------------------------- safety
-
-
-@contextlib.contextmanager
-def root_lock(root: Path) -> Iterator[None]:
-    """One in-place command per root at a time (flock on the root directory itself: nothing is written)."""
-    fd = os.open(root, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def guard_path(pkg: LocalPackage, host: Path, allowed: Sequence[Path]) -> None:
-    """Refuse a path outside the root, or one reached through a link leaving the package and ``allowed``."""
-    root = pkg.root.resolve()
-    parent = Path(os.path.realpath(host.parent))
-    if parent != root and root not in parent.parents:
-        raise BuildError(f"{host} resolves outside the root {root} (through {parent})",
-                         hint="in-place apply writes only under --root")
-    if parent == Path(os.path.normpath(host.parent)):
-        return
-    ok = [pkg.host(pkg.package_dir).resolve(), *(a.resolve() for a in allowed)]
-    if not any(parent == a or a in parent.parents for a in ok):
-        raise BuildError(f"{host} goes through a symbolic link to {parent}, outside the package and the step's "
-                         "declared destinations", hint="write to the real path instead")
-
-
-def expand(pkg: LocalPackage, patterns: Sequence[str]) -> list[Path]:
-    """Host paths of a script's declared image paths; a wildcard in the last component is matched now."""
-    out: list[Path] = []
-    for pattern in patterns:
-        parent, name = posixpath.split(pattern)
-        if any(ch in name for ch in "*?["):
-            directory = pkg.host(parent)
-            if directory.is_dir():
-                out.extend(directory / n for n in sorted(os.listdir(directory)) if fnmatch.fnmatchcase(n, name))
-        else:
-            out.append(pkg.host(pattern))
-    return out
-
-
-def _under(path: Path, roots: Sequence[Path]) -> bool:
-    return any(path == r or r in path.parents for r in roots)
-
-
-def stat_scan(tops: Sequence[Path], skip: Sequence[Path], recursive: Sequence[bool]) -> dict[str, tuple[Any, ...]]:
-    """(type, size, mode, mtime_ns) of everything under ``tops``, except under ``skip``: no bytes read."""
-    out: dict[str, tuple[Any, ...]] = {}
-    for top, deep in zip(tops, recursive, strict=True):
-        if not top.is_dir():
-            continue
-        if deep:
-            for dirpath, dirnames, filenames in os.walk(top):
-                base = Path(dirpath)
-                dirnames[:] = [d for d in dirnames if not _under(base / d, skip)]
-                for name in [*dirnames, *filenames]:
-                    path = base / name
-                    if _under(path, skip):
-                        continue
-                    with contextlib.suppress(FileNotFoundError):
-                        info = os.lstat(path)
-                        out[str(path)] = (st.S_IFMT(info.st_mode), info.st_size, info.st_mode, info.st_mtime_ns)
-        else:
-            for name in os.listdir(top):
-                path = top / name
-                if _under(path, skip):
-                    continue
-                with contextlib.suppress(FileNotFoundError):
-                    info = os.lstat(path)
-                    out[str(path)] = (st.S_IFMT(info.st_mode), info.st_size, info.st_mode, info.st_mtime_ns)
-    return out
-
-
-# --------------------------------------------------------------------------- undo, drift, recovery
-
-
-def _order(keys: Sequence[str], targets: Mapping[str, State]) -> list[str]:
-    """Restores of something first (shallow first), then removals (deepest first)."""
-    present = sorted((k for k in keys if targets[k]["type"] != "absent"), key=lambda k: k.count("/"))
-    absent = sorted((k for k in keys if targets[k]["type"] == "absent"), key=lambda k: -k.count("/"))
-    return present + absent
-
-
-def undo_step(journal: Journal, step_id: str) -> int:
-    """Every path whose last state is ``step_id``'s back to the state before it; the step leaves ``applied``.
-
-    A step interrupted before its Changes were diffed (a script) also has its snapshot put back.
-    """
-    progress = journal.data.get("in_progress") or {}
-    keys = journal.touched_by(step_id)
-    targets: dict[str, State] = {}
-    for key in keys:
-        stack = journal.paths[key]["stack"]
-        targets[key] = dict(stack[-2]["state"]) if len(stack) > 1 else dict(journal.paths[key]["original"])
-    snapshot_file = progress.get("snapshot") if progress.get("id") == step_id else None
-    snapshot: dict[str, State] = {}
-    if snapshot_file and Path(snapshot_file).exists():
-        snapshot = json.loads(Path(snapshot_file).read_text())
-        roots = [Path(r) for r in progress.get("roots", [])]
-        for path in [p for r in roots for p in walk(r)]:
-            if str(path) not in snapshot and str(path) not in targets:
-                targets[str(path)] = dict(ABSENT)
-        for key, state in snapshot.items():
-            if key not in targets and not _same(state_of(Path(key)), state):
-                targets[key] = state
-    for key in _order(list(targets), targets):
-        journal.restore(key, targets[key])
-    journal.restore_dirs({str(Path(k).parent) for k in targets} | {k for k in targets if targets[k]["type"] == "dir"})
-    for key in sorted((k for k, s in snapshot.items() if s["type"] == "dir"), key=lambda k: -k.count("/")):
-        set_dir_meta(Path(key), snapshot[key])
-    for key in keys:
-        journal.paths[key]["stack"].pop()
-    journal.data["applied"] = [a for a in journal.data["applied"] if a["id"] != step_id]
-    if progress.get("id") == step_id:
-        journal.data["in_progress"] = None
-    if snapshot_file:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(snapshot_file)
-    journal.save()
-    return len(targets)
-
-
-def _same(a: State, b: State) -> bool:
-    if not same_content(a, b):
-        return False
-    return all(a.get(k) == b.get(k) for k in ("mode", "uid", "gid", "mtime_ns") if a["type"] in ("file", "link"))
-
-
-def recover(journal: Journal, log: Log) -> str | None:
-    """A step left in progress (SIGKILL, a power cut) is rolled back; returns its id."""
-    progress = journal.data.get("in_progress")
-    if not progress:
-        return None
-    with deferred():
-        undo_step(journal, str(progress["id"]))
-    log(f"  recovered: step {progress['id']} was left in progress; rolled back")
-    return str(progress["id"])
-
-
-@dataclass(frozen=True)
-class Drift:
-    path: str
-    expected: str
-    found: str
-
-    def text(self) -> str:
-        return f"{self.path}: sha256 expected {self.expected}, found {self.found}"
-
-
-def describe(state: State) -> str:
-    kind_ = state.get("type")
-    if kind_ == "file":
-        return str(state.get("sha256"))
-    if kind_ == "link":
-        return f"link -> {state.get('link')}"
-    return str(kind_)
-
-
-def find_drift(journal: Journal) -> list[Drift]:
-    """Journaled paths whose content differs from what the journal says is there."""
-    out: list[Drift] = []
-    for key in sorted(journal.paths):
-        want = journal.expected(key)
-        if want["type"] == "file" and want.get("sha256") is None:
-            continue
-        now = state_of(Path(key), hashed=want["type"] == "file")
-        if want["type"] == "dir" and now["type"] == "dir":
-            continue
-        if not same_content(now, want):
-            out.append(Drift(key, describe(want), describe(now)))
-    return out
-
-
-def settle_drift(journal: Journal, force: bool, what: str) -> tuple[str, ...]:
-    """Exit 3 naming the drifted files; with ``force`` each drifted copy is moved aside and the journal goes on."""
-    drift = find_drift(journal)
-    if not drift:
-        return ()
-    if not force:
-        raise BuildError(f"{len(drift)} journaled path(s) changed since apply; {what} stopped",
-                         problems=(), log_tail=[d.text() for d in drift],
-                         hint="put the files back, or --force (the drifted copies are kept aside)")
-    aside = journal.directory / "drifted" / time.strftime("%Y%m%dT%H%M%S")
-    kept: list[str] = []
-    for d in drift:
-        path = Path(d.path)
-        if os.path.lexists(path):
-            dest = aside / path.relative_to(journal.root.resolve() if path.is_absolute() else journal.root)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(path, dest)
-            kept.append(str(dest))
-        journal.restore(d.path, journal.expected(d.path))
-    journal.restore_dirs({str(Path(d.path).parent) for d in drift})
-    return tuple(kept)
-
-
 # --------------------------------------------------------------------------- applying one step
 
 
@@ -422,7 +226,8 @@ class _Applier:
     def script_step(self, step: Step, key: str) -> StepResult:
         t0 = time.monotonic()
         journal = self.journal
-        patterns = kind(step.kind).touches(step, self.pkg.site)
+        declared = dataclasses.replace(step, touches=tuple(self.pkg.expand_scheme(t) for t in step.touches))
+        patterns = kind(step.kind).touches(declared, self.pkg.site)
         if not patterns:
             raise BuildError(f"script step {step.id!r} declares nothing it may change, so it cannot run in place",
                              location=step.location, key_path=f"{step.key_path}.touches",
@@ -430,7 +235,7 @@ class _Applier:
         roots = expand(self.pkg, patterns)
         if "dest" in step.spec:
             dest = self.pkg.host(str(step.spec["dest"]))
-            if not _under(dest, roots):
+            if not under(dest, roots):
                 roots.append(dest)
         for r in roots:
             guard_path(self.pkg, r, roots)
@@ -450,17 +255,16 @@ class _Applier:
                 journal.data["dirs"][str(folder)] = state_of(folder)
         journal.begin(step.id, key, snapshot=str(snapshot_file), roots=[str(r) for r in roots])
         journal.save()
-        bindir = Path(self.pkg.python).parent
-        site = self.pkg.host(self.pkg.site)
         skip = [*roots, journal.directory]
-        tops, deep = [site, bindir], [True, False]
+        tops, deep = scan_tops(self.pkg)
         before = stat_scan(tops, skip, deep)
         runner = LocalRunner(self.pkg.root, journal.directory / "scratch", self.environ)
         changes = kind(step.kind).apply(step, LocalFS(self.pkg.root), ApplyContext(
             site=self.pkg.site, environ=self.environ, runner=runner, echo=self.echo,
             python_version=self.pkg.python_version))
         after = stat_scan(tops, skip, deep)
-        undeclared = sorted(k for k in {*before, *after} if before.get(k) != after.get(k))
+        late = [p for p in expand(self.pkg, patterns) if not under(p, roots)]  # a glob's new match (a dist-info)
+        undeclared = sorted(k for k in {*before, *after} if before.get(k) != after.get(k) and not under(Path(k), late))
         if undeclared:
             added = [k for k in undeclared if k not in before]
             for extra in sorted(added, key=lambda k: -k.count("/")):
@@ -483,7 +287,7 @@ class _Applier:
                 if now.get("mtime_ns") != old.get("mtime_ns") and key_ not in journal.paths:
                     journal.data["dirs"].setdefault(key_, old)  # only its mtime moved (a file made and removed)
                 continue
-            if _same(now, old):
+            if same_state(now, old):
                 continue
             if now["type"] == "file":
                 now["sha256"] = journal.keep(path)

@@ -334,7 +334,9 @@ class Journal:
 
 
 def walk(top: Path) -> Iterator[Path]:
-    """Every path under ``top`` (``top`` included), not following links; missing: nothing."""
+    """Every path under ``top`` (``top`` included), not following links; missing: nothing. In name order, also
+    across directories (os.walk descends in ``dirnames``' order: sorted in place, not the directory's order, which
+    a directory removed and made again, as pip does with a package, changes)."""
     if not os.path.lexists(top):
         return
     yield top
@@ -342,7 +344,8 @@ def walk(top: Path) -> Iterator[Path]:
         return
     for dirpath, dirnames, filenames in os.walk(top):
         base = Path(dirpath)
-        for name in sorted(dirnames):
+        dirnames.sort()
+        for name in dirnames:
             yield base / name
         for name in sorted(filenames):
             yield base / name

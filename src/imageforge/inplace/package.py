@@ -2,6 +2,9 @@
 
 Never imageforge's own interpreter: ``--python`` (default ``python3`` on the caller's PATH) with the
 caller's environment (its ``PYTHONPATH`` included: on the card's machine that is what finds corex's vLLM).
+The same process also reports the interpreter's install scheme (``sysconfig.get_paths()``: ``purelib``,
+``platlib``, ``scripts``): where ``pip install`` writes, which a script step names in ``touches:`` as
+``{purelib}/...`` (on the card: ``/usr/local/lib/python3.10/site-packages``, transformers' home).
 """
 
 from __future__ import annotations
@@ -15,8 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..base.identity import DISCOVER
-from ..errors import BuildError, InfraError
+from ..errors import BuildError, ConfigError, InfraError
 from ..manifest import Target
+
+#: Appended to the discovery script: the install scheme of the target interpreter, on a line of its own.
+SCHEME = r"""
+import sysconfig
+print("IMAGEFORGE-SCHEME " + json.dumps(sysconfig.get_paths()))
+"""
+#: The sysconfig paths a ``touches:`` entry may start with (``{purelib}/transformers``).
+SCHEME_NAMES = ("purelib", "platlib", "scripts")
 
 
 @dataclass(frozen=True)
@@ -31,9 +42,34 @@ class LocalPackage:
     site: str  # image path of the site directory
     package_dir: str  # image path
     dist_info: str  # host path ("" when unknown)
+    scheme: tuple[tuple[str, str], ...] = ()  # (sysconfig name, host path) of SCHEME_NAMES
 
     def host(self, image_path: str) -> Path:
         return self.root / image_path.lstrip("/")
+
+    def scheme_path(self, name: str) -> str | None:
+        """The image path of the interpreter's sysconfig path ``name``; None when it lies outside the root."""
+        host = dict(self.scheme).get(name)
+        if host is None:
+            return None
+        try:
+            return image_path(self.root, host)
+        except BuildError:
+            return None
+
+    def expand_scheme(self, pattern: str) -> str:
+        """``{purelib}/x`` -> the image path of ``x`` in the interpreter's purelib (other paths as they are)."""
+        if not pattern.startswith("{"):
+            return pattern
+        name, _, rest = pattern[1:].partition("}")
+        if name not in SCHEME_NAMES:
+            raise ConfigError(f"touches: {pattern!r} names no install path of the interpreter",
+                              expected="{" + "}, {".join(SCHEME_NAMES) + "}", found="{" + name + "}")
+        base = self.scheme_path(name)
+        if base is None:
+            raise BuildError(f"touches: {pattern!r}: the interpreter's {name} ({dict(self.scheme).get(name)}) is "
+                             f"not under the root {self.root}", hint="give --python the root's own interpreter")
+        return base.rstrip("/") + rest if rest else base
 
 
 def find_python(python: str, environ: Mapping[str, str]) -> str:
@@ -62,7 +98,7 @@ def discover_local(target: Target, root: Path, python: str, environ: Mapping[str
     pkg = target.package
     exe = find_python(python, environ)
     try:
-        done = subprocess.run([exe, "-c", DISCOVER, pkg.distribution, pkg.import_name], env=dict(environ),
+        done = subprocess.run([exe, "-c", DISCOVER + SCHEME, pkg.distribution, pkg.import_name], env=dict(environ),
                               capture_output=True, text=True, timeout=120, check=False)
     except OSError as exc:
         raise InfraError(f"cannot run the target interpreter {exe}", found=str(exc),
@@ -82,6 +118,9 @@ def discover_local(target: Target, root: Path, python: str, environ: Mapping[str
         raise BuildError(f"{pkg.distribution} version of {exe} differs from the manifest",
                          key_path=f"targets.{target.name}.package.version", expected=pkg.version,
                          found=data["version"], hint="the patches were written for the manifest's version")
+    marks = [ln for ln in done.stdout.splitlines() if ln.startswith("IMAGEFORGE-SCHEME ")]
+    paths = json.loads(marks[-1].split(" ", 1)[1]) if marks else {}
+    scheme = tuple((n, os.path.realpath(paths[n])) for n in SCHEME_NAMES if paths.get(n))
     return LocalPackage(root, exe, data["python_version"], data.get("cache_tag", ""), data["version"],
                         image_path(root, data["site"]), image_path(root, data["package_dir"]),
-                        str(data.get("dist_info", "")))
+                        str(data.get("dist_info", "")), scheme)

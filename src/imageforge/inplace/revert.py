@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .apply import _order, find_drift, recover, root_lock, settle_drift
 from .interrupts import deferred, interruptible
 from .journal import Journal, journal_dir, state_of
+from .safety import root_lock
+from .undo import find_drift, recover, restore_order, settle_drift
 
 Log = Callable[[str], None]
 
@@ -67,7 +68,7 @@ def revert(root: Path = Path("/"), *, force: bool = False, log: Log = _quiet) ->
         steps = tuple(a["id"] for a in journal.data["applied"])
         with deferred():
             targets = {k: dict(e["original"]) for k, e in journal.paths.items()}
-            for key in _order(list(targets), targets):
+            for key in restore_order(list(targets), targets):
                 journal.restore(key, targets[key])
             dirs = set(journal.data["dirs"]) | {k for k, s in targets.items() if s["type"] == "dir"}
             journal.data["dirs"].update({k: s for k, s in targets.items() if s["type"] == "dir"})
