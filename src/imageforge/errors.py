@@ -20,6 +20,7 @@ Exit codes (also in the README):
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -155,8 +156,6 @@ class InfraError(ImageforgeError):
 
 def require_extra(module: str, extra: str, what: str) -> None:
     """Fail (exit 5) naming the install extra when ``module`` (an optional dependency) is not installed."""
-    import importlib.util
-
     if importlib.util.find_spec(module) is None:
         raise InfraError(f"{what} needs the Python package {module!r}, which is not installed",
                          hint=f"pip install 'imageforge[{extra}]' (the {extra!r} extra)")

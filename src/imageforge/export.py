@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import tarfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -305,8 +306,6 @@ def push_image(image: Any, tags: Iterable[str], repository: str, log: Log) -> li
 def export(resolved: Resolved, *, environ: Mapping[str, str], out: str | None = None, push: str | None = None,
            gzip_: bool = False, save: bool = True, log: Log = print) -> ExportResult:
     """`invoke export`: see the module docstring."""
-    import time
-
     t0 = time.monotonic()
     ensure_daemon(log=log)
     # builds of this checkout move tags under this lock: hold it so the tag cannot move mid-export

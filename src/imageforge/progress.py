@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TextIO
 
 PLAIN_EVERY_S = 10.0
@@ -157,9 +159,6 @@ def progress(label: str, total: float | None = None, *, unit: str = "", stream: 
 def watch_size(folder: Any, tracker: Tracker, *, every: float = 0.5) -> Iterator[None]:
     """While the body runs (a subprocess downloading into ``folder``, say), set ``tracker``'s completed bytes to
     the size of the files under ``folder``, every ``every`` seconds (a thread), and once more at the end."""
-    import threading
-    from pathlib import Path
-
     root = Path(folder)
     stop = threading.Event()
 

@@ -9,11 +9,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import require_extra
 from .evaluator import TARGET_OUTPUT_TPS_P10, TARGET_TTFT_P90_S, RequestRecord
 
 #: What a run says instead of its PNG on a core install (no matplotlib: the card's box, say).
@@ -23,14 +25,10 @@ NO_PLOTS = "no PNG (matplotlib is not installed: pip install 'imageforge[plots]'
 def available() -> bool:
     """Whether the ``plots`` extra is installed. Without it a replay or sweep writes its JSON and says so, since
     the card's box gets the core install: the PNG is the only part that needs matplotlib."""
-    import importlib.util
-
     return importlib.util.find_spec("matplotlib") is not None
 
 
 def _figure(rows: int, width: float = 8.0, height: float = 3.0) -> Any:
-    from ..errors import require_extra
-
     require_extra("matplotlib", "plots", "the PNG plots of bench --replay and sweep")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

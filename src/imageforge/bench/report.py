@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..cli import results_stream
 from .metrics import SCORE_CACHE_WEIGHT, SCORE_INPUT_WEIGHT, SCORE_OUTPUT_WEIGHT
 from .results import BenchResult
 
@@ -77,8 +78,6 @@ def make_console() -> Any:
     """A rich console on the command's result stream (stdout; stderr under --json); 160 columns when that is not
     a terminal (rich would squeeze tables into 80)."""
     from rich.console import Console
-
-    from ..cli import results_stream
 
     stream = results_stream()
     return Console(file=stream) if stream.isatty() else Console(file=stream, width=160)

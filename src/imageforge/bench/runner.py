@@ -14,11 +14,14 @@ from typing import Any
 
 from ..errors import ConfigError, SmokeError
 from ..progress import progress
+from ..rundirs import new_run_id
+from ..serve.container import serving
 from ..serving_client import check_url
 from ..waits import await_until
 from .client import BenchClient
 from .metrics import CACHED_TOKEN_COUNTERS, GENERATION_TOKEN_COUNTERS, PROMPT_TOKEN_COUNTERS, counter_delta
 from .plots import NO_PLOTS
+from .replay import replay_bench, replay_verdict, write_replay
 from .report import write_bench
 from .results import BenchResult, RequestResult
 from .workload import Prompt, Workload
@@ -28,8 +31,6 @@ Log = Callable[[str], None]
 METRICS_SETTLE = 5.0  # seconds to wait for /metrics counters to catch up with the last response
 
 async def _run(url: str, workload: Workload, echo: Log, transport: Any = None) -> BenchResult:
-    from ..rundirs import new_run_id
-
     client = BenchClient(url, workload, transport)
     try:
         listed, max_model_len = await client.model()
@@ -212,16 +213,12 @@ def bench_target(resolved: Any, workload: Workload, *, environ: Mapping[str, str
     """Build (or reuse) TARGET:PROFILE, serve it on ``host_address``, bench it, always remove the server.
 
     ``in_place`` (a :class:`imageforge.serve.process.InPlace`): served as a process from its root instead."""
-    from ..rundirs import new_run_id
-    from ..serve.container import serving
-
-    if in_place is not None:
-        serving = in_place.serving
+    serve = serving if in_place is None else in_place.serving
 
     workload.validate()
     environ = os.environ if environ is None else environ
     run_id = new_run_id()
-    with serving(resolved, environ=environ, port=port, image=image, run_id=run_id,
+    with serve(resolved, environ=environ, port=port, image=image, run_id=run_id,
                  startup_timeout=startup_timeout, log=echo, host_address=host_address) as server:
         bench = run_bench(server.url, workload, echo=echo, write=False)
         bench.run_dir = server.run_dir
@@ -244,33 +241,24 @@ def replay_target(resolved: Any, options: Any, *, environ: Mapping[str, str] | N
     The generated workload is scaled to ``options.max_model_len``, else the server's max_model_len, else the
     target's resolved ``max-model-len``.
     """
-    from ..rundirs import new_run_id
-    from ..serve.container import serving
-    from .replay import replay_bench
-
-    if in_place is not None:
-        serving = in_place.serving
+    serve = serving if in_place is None else in_place.serving
 
     environ = os.environ if environ is None else environ
     if options.max_model_len is None and options.file is None:
         declared = resolved.serving_args().get("max-model-len")
         if isinstance(declared, int):
             options = dataclasses.replace(options, max_model_len=declared)
-    with serving(resolved, environ=environ, port=port, run_id=new_run_id(), startup_timeout=startup_timeout,
+    with serve(resolved, environ=environ, port=port, run_id=new_run_id(), startup_timeout=startup_timeout,
                  log=echo, host_address=host_address) as server:
         result = replay_bench(server.url, options, server.run_dir, echo=echo)
         result.target, result.profile = resolved.target.name, resolved.profile_name
         result.startup_seconds = server.startup_seconds
-        from .replay import write_replay
-
         write_replay(result)
         return result
 
 
 def replay_report(result: Any, options: Any, echo: Log, show: Callable[[Any], None] | None = None) -> Any:
     """Log the replay's metrics and target lines, ``show`` the result (the command's --json), then its verdict."""
-    from .replay import replay_verdict
-
     for line in result.lines():
         echo(line)
     echo(f"report: {result.json_path}")

@@ -75,8 +75,6 @@ class Workload:
     def arrivals(self) -> list[float]:
         """Seconds from the start at which each measured request is sent: a Poisson process of ``request_rate``
         per second (exponential gaps from ``random.Random(seed)``, the first at 0), or all at 0 when the rate is 0."""
-        import random
-
         if self.request_rate <= 0:
             return [0.0] * self.requests
         rng = random.Random(f"arrivals-{self.seed}")

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, SmokeError
+from ..rundirs import new_run_id
+from ..serve.container import serving
 from ..serving_client import check_url
 from ..waits import probe_health, wait_healthy
 from .report import LOG_TAIL, interesting_lines, print_failures, write_reports
@@ -45,8 +47,6 @@ def run_suite(
     Returns the report (``report.ok`` says whether everything passed); raises SmokeError only
     when no server answers at all.
     """
-    from ..rundirs import new_run_id
-
     run_id = run_id or new_run_id()
     t0 = time.monotonic()
     checks = suite.select(tags)
@@ -123,8 +123,6 @@ def suite_for(resolved: Any, explicit: str | None) -> Path:
 def smoke_url(url: str, *, suite_path: Path, tags: Sequence[str], run_root: Path, echo: Log = print,
               vars: Mapping[str, Any] | None = None, wait: float = 0.0) -> SmokeReport:
     """``invoke smoke --url``: a server somebody else started."""
-    from ..rundirs import new_run_id
-
     check_url(url)
     suite = load_suite(suite_path)
     if wait > 0:
@@ -150,17 +148,13 @@ def smoke_target(resolved: Any, *, environ: Mapping[str, str] | None = None, sui
     ``in_place`` (a :class:`imageforge.serve.process.InPlace`): the target's serving command as a process on
     this machine, serving the files under its root, instead of a container.
     """
-    from ..rundirs import new_run_id
-    from ..serve.container import serving
-
-    if in_place is not None:
-        serving = in_place.serving
+    serve = serving if in_place is None else in_place.serving
 
     environ = os.environ if environ is None else environ
     suite = load_suite(suite_for(resolved, str(suite_path) if suite_path else None))
     selected_tags = tuple(tags) if tags else (tuple(resolved.target.smoke.tags) or DEFAULT_TAGS)
     run_id = new_run_id()
-    with serving(resolved, environ=environ, base=base, port=port, build_image=build_image, run_id=run_id,
+    with serve(resolved, environ=environ, base=base, port=port, build_image=build_image, run_id=run_id,
                  startup_timeout=startup_timeout, log=echo, host_address=host_address) as server:
 
         def alive() -> str | None:

@@ -15,6 +15,7 @@ shell or ``$`` substitution touches their arguments.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -143,6 +144,4 @@ def applier_group(ctx: EmitContext, spec: Mapping[str, Any], extra: Mapping[str,
 
 
 def host_file(path: Path) -> ContextFile:
-    import os
-
     return ContextFile(path.read_bytes(), 0o755 if os.access(path, os.X_OK) else 0o644)

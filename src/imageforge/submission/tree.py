@@ -30,7 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..base import base_reference, discover_package
+from ..docker_engine import client, daemon_errors, ensure_daemon
+from ..docker_engine.containers import containers
 from ..errors import BuildError, ConfigError, InfraError, Problem
+from ..labels import L_KIND, L_TOOL, TOOL
 from ..plan import Plan, make_plan
 from ..resolve import Resolved
 from ..serving import flag_pairs
@@ -62,11 +66,6 @@ class SubmissionResult:
 
 def discover_base(resolved: Resolved, environ: Mapping[str, str], log: Log) -> tuple[str, BaseFacts]:
     """The base reference and what the Dockerfile needs from the base image (read through the daemon)."""
-    from ..base import base_reference, discover_package
-    from ..docker_engine import client, daemon_errors, ensure_daemon
-    from ..docker_engine.containers import containers
-    from ..labels import L_KIND, L_TOOL, TOOL
-
     if resolved.target.base.recipe is None and resolved.target.base.reference(environ) is None:
         t = resolved.target
         raise InfraError(f"the base image of target {t.name!r} comes from ${t.base.image_env}, which is not set",
@@ -361,8 +360,6 @@ def check_submission(resolved: Resolved, tree: Path, *, environ: Mapping[str, st
 def docker_build(tree: Path, tag: str | None = None, *, log: Log = print) -> str:
     """Plain ``docker build`` of a tree through the docker SDK (legacy builder); BuildError with the log tail."""
     import docker.errors
-
-    from ..docker_engine import client
 
     c = client()
     lines: list[str] = []
