@@ -49,7 +49,7 @@ print("NO-DOCKER")
 
 def cpu_base() -> str:
     client = docker.from_env()
-    tags = sorted(t for image in client.images.list("imageforge/vllm-cpu-base") for t in image.tags)
+    tags: list[str] = sorted(t for image in client.images.list("imageforge/vllm-cpu-base") for t in image.tags)
     if not tags:
         pytest.skip("no imageforge/vllm-cpu-base image (invoke base --target cpu)")
     return tags[-1]
@@ -193,7 +193,7 @@ BI100_SITE = "/usr/local/corex/lib64/python3/dist-packages"
 def test_bi100_vendor_layout_applies_in_place_and_reverts(wheelhouse: Path) -> None:
     """The vendor-layout fixture with the fixture baseline (patch_ops.sh run as a local process in its folder)."""
     sys.path.insert(0, str(Path(__file__).parent))
-    from bi100_fixture import vendor_image
+    from tests.integration.bi100_fixture import vendor_image
 
     trees = [f"{BI100_SITE}/vllm", "/workspace", "/usr/local/corex"]
     with make_box(vendor_image(), wheelhouse, trees=trees,
