@@ -25,6 +25,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -48,7 +49,7 @@ def timed(fn: Callable[[], object], cuda: bool, budget_ms: float = 300.0) -> tup
     samples: list[float] = []
     while len(samples) < 3 or (sum(samples) < budget_ms and len(samples) < 50):
         if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # Event.__init__ is unannotated in torch
             start.record()
             fn()
             end.record()
@@ -119,7 +120,7 @@ def baseline_moe_loop(c: dict[str, torch.Tensor], dtype: torch.dtype | None = No
     if dtype is not None:
         x, w13, w2 = x.to(dtype), w13.to(dtype), w2.to(dtype)
     out = torch.zeros(x.shape[0], HIDDEN, dtype=torch.float32, device=x.device)
-    for eid in ids.view(-1).unique().tolist():
+    for eid in ids.view(-1).unique().tolist():  # type: ignore[no-untyped-call]  # Tensor.unique: unannotated
         tok, slot = torch.where(ids == eid)
         gate_up = torch.nn.functional.linear(x[tok], w13[eid])
         act = torch.nn.functional.silu(gate_up[:, :INTER]) * gate_up[:, INTER:]
@@ -142,7 +143,7 @@ def main() -> None:
     args = ap.parse_args()
     device, cuda = args.device, args.device.startswith("cuda")
     name = torch.cuda.get_device_name() if cuda else platform.processor() or "cpu"
-    lines = [f"Measured {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on {name}, torch {torch.__version__}; "
+    lines = [f"Measured {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC on {name}, torch {torch.__version__}; "
              "median [min-max] of up to 50 timed calls after two warm-ups.", ""]
 
     lines += ["| decode (fp16, 4 Q / 1 KV heads, d 256) | gather + 2 matmuls (baseline) | V2 overlay | V2 / gather "
@@ -154,8 +155,8 @@ def main() -> None:
         ref = gather_decode(c, torch.float32)
         err_g = float((gather_decode(c).float() - ref.float()).abs().max())
         err_v = float((v2_decode(c).float() - ref.float()).abs().max())
-        g = timed(lambda c=c: gather_decode(c), cuda)
-        v = timed(lambda c=c: v2_decode(c), cuda)
+        g = timed(partial(gather_decode, c), cuda)
+        v = timed(partial(v2_decode, c), cuda)
         label = f"{len(lens)} x {lens[0]:,} tokens"
         lines.append(f"| {label} | {g[0]:.3f} ms [{g[1]:.3f}-{g[2]:.3f}] | {v[0]:.3f} ms [{v[1]:.3f}-{v[2]:.3f}] "
                      f"| {v[0] / g[0]:.2f}x | {err_g:.1e} / {err_v:.1e} |")
@@ -169,13 +170,13 @@ def main() -> None:
               f"| sorted_moe loop | sorted_moe grouped{'' if grouped else ' (unsupported here)'} "
               "| loop speed-up | max err loop / sorted vs fp32 |", "|---|---|---|---|---|---|"]
     for tokens in ([64, 256] if args.quick else [512, 2048, 8192]):
-        c = moe_case(tokens, device)
-        ref = baseline_moe_loop(c, torch.float32)
-        err_b = float((baseline_moe_loop(c).float() - ref.float()).abs().max())
-        err_s = float((sorted_moe_call(c, "loop").float() - ref.float()).abs().max())
-        b = timed(lambda c=c: baseline_moe_loop(c), cuda)
-        s = timed(lambda c=c: sorted_moe_call(c, "loop"), cuda)
-        gr = timed(lambda c=c: sorted_moe_call(c, "grouped"), cuda) if grouped else None
+        m = moe_case(tokens, device)
+        ref = baseline_moe_loop(m, torch.float32)
+        err_b = float((baseline_moe_loop(m).float() - ref.float()).abs().max())
+        err_s = float((sorted_moe_call(m, "loop").float() - ref.float()).abs().max())
+        b = timed(partial(baseline_moe_loop, m), cuda)
+        s = timed(partial(sorted_moe_call, m, "loop"), cuda)
+        gr = timed(partial(sorted_moe_call, m, "grouped"), cuda) if grouped else None
         gcell = f"{gr[0]:.2f} ms [{gr[1]:.2f}-{gr[2]:.2f}]" if gr else "-"
         lines.append(f"| {tokens} tokens | {b[0]:.2f} ms [{b[1]:.2f}-{b[2]:.2f}] "
                      f"| {s[0]:.2f} ms [{s[1]:.2f}-{s[2]:.2f}] | {gcell} | {b[0] / s[0]:.1f}x "

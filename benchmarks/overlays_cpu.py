@@ -20,6 +20,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import overlays_naive as naive
@@ -89,13 +90,12 @@ def run(quick: bool, reps: int, only: set[str]) -> str:
         ref = naive.naive_fused_experts(c.x.float(), c.w1.float(), c.w2.float(), c.weights, c.ids)
         variants: list[tuple[str, Callable[[], torch.Tensor]]] = [
             ("naive per-expert gather loop",
-             lambda c=c: naive.naive_fused_experts(c.x, c.w1, c.w2, c.weights, c.ids)),
-            ("sorted loop", lambda c=c: sorted_moe.fused_experts(c.x, c.w1, c.w2, c.weights, c.ids,
-                                                                 impl="loop")),
+             partial(naive.naive_fused_experts, c.x, c.w1, c.w2, c.weights, c.ids)),
+            ("sorted loop", partial(sorted_moe.fused_experts, c.x, c.w1, c.w2, c.weights, c.ids, impl="loop")),
         ]
         if sorted_moe.grouped_mm_supported("cpu", bf16):
-            variants.append(("grouped _grouped_mm", lambda c=c: sorted_moe.fused_experts(
-                c.x, c.w1, c.w2, c.weights, c.ids, impl="grouped")))
+            variants.append(("grouped _grouped_mm", partial(
+                sorted_moe.fused_experts, c.x, c.w1, c.w2, c.weights, c.ids, impl="grouped")))
         bench("sorted_moe", f"bf16 T={tokens} H=2048 E=256 k=8 I={inter}", variants, ref)
         del c, ref, variants
         gc.collect()
@@ -111,10 +111,9 @@ def run(quick: bool, reps: int, only: set[str]) -> str:
         ref = naive.dense_decode_reference(*args)
         label = f"bf16 seqs={lens if len(set(lens)) > 1 else f'{len(lens)}x{lens[0]}'} H=16/2 d=256"
         bench("paged_attention_v2", label, [
-            ("naive per-partition loop", lambda a=args: naive.naive_paged_attention_v2(*a)),
-            ("vectorised, ragged", lambda a=args: pa.paged_attention_v2_forward(*a, ragged=True)),
-            ("vectorised, padded", lambda a=args, m=d.max_seq_len: pa.paged_attention_v2_forward(
-                *a, max_seq_len=m)),
+            ("naive per-partition loop", partial(naive.naive_paged_attention_v2, *args)),
+            ("vectorised, ragged", partial(pa.paged_attention_v2_forward, *args, ragged=True)),
+            ("vectorised, padded", partial(pa.paged_attention_v2_forward, *args, max_seq_len=d.max_seq_len)),
         ], ref)
         del d, args, ref
         gc.collect()
@@ -130,8 +129,8 @@ def run(quick: bool, reps: int, only: set[str]) -> str:
         ref = naive.dense_prefix_reference(*pargs)
         tile = 128
         bench("prefix_attention", f"bf16 ctx={ctx} new={new} tile={tile} H=16/2 d=256", [
-            ("naive per-tile gather", lambda a=pargs, t=tile: naive.naive_context_attention(*a, tile_size=t)),
-            ("gather once", lambda a=pargs, t=tile: pf.context_attention(*a, tile_size=t)),
+            ("naive per-tile gather", partial(naive.naive_context_attention, *pargs, tile_size=tile)),
+            ("gather once", partial(pf.context_attention, *pargs, tile_size=tile)),
         ], ref)
         del p, pargs, ref
         gc.collect()

@@ -22,6 +22,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import overlays_naive as naive
@@ -52,7 +53,7 @@ class Timer:
         spent = 0.0
         while len(samples) < 3 or (spent < budget_ms and len(samples) < max_reps):
             if self.cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # Event.__init__ is unannotated in torch
                 start.record()
                 fn()
                 end.record()
@@ -84,7 +85,7 @@ def copy_bandwidth(device: str) -> float:
     n = (1 << 30) if device.startswith("cuda") else (1 << 26)
     src = torch.empty(n, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    ms = Timer(device).time_ms(lambda s=src, d=dst: d.copy_(s), budget_ms=100)
+    ms = Timer(device).time_ms(partial(dst.copy_, src), budget_ms=100)
     del src, dst
     return 2 * n / (ms / 1e3)
 
@@ -126,13 +127,13 @@ def run(device: str, quick: bool, out: Report) -> None:
             scale = float(ref.abs().max())
             variants: list[tuple[str, Fn]] = [
                 ("naive per-expert gather loop",
-                 lambda c=c: naive.naive_fused_experts(c.x, c.w1, c.w2, c.weights, c.ids)),
+                 partial(naive.naive_fused_experts, c.x, c.w1, c.w2, c.weights, c.ids)),
                 ("sorted loop",
-                 lambda c=c: sorted_moe.fused_experts(c.x, c.w1, c.w2, c.weights, c.ids, impl="loop")),
+                 partial(sorted_moe.fused_experts, c.x, c.w1, c.w2, c.weights, c.ids, impl="loop")),
             ]
             if grouped_ok:
-                variants.append(("grouped (torch._grouped_mm)", lambda c=c: sorted_moe.fused_experts(
-                    c.x, c.w1, c.w2, c.weights, c.ids, impl="grouped")))
+                variants.append(("grouped (torch._grouped_mm)", partial(
+                    sorted_moe.fused_experts, c.x, c.w1, c.w2, c.weights, c.ids, impl="grouped")))
             base = None
             for name, fn in variants:
                 res = fn()
@@ -194,13 +195,14 @@ def run(device: str, quick: bool, out: Report) -> None:
         ref = naive.dense_decode_reference(*args)
         label = f"{len(lens)}x{lens[0]}" if len(set(lens)) == 1 else str(lens)
         base = None
-        for name, fn in [
-            ("naive per-partition loop", lambda a=args: naive.naive_paged_attention_v2(*a)),
-            ("vectorised, ragged (1 host sync)", lambda a=args: pa.paged_attention_v2_forward(*a, ragged=True)),
-            ("vectorised, padded (no sync)", lambda a=args, m=d.max_seq_len: pa.paged_attention_v2_forward(
-                *a, max_seq_len=m)),
-            ("dense fp32 reference (no partitions)", lambda a=args: naive.dense_decode_reference(*a)),
-        ]:
+        decode_variants: list[tuple[str, Fn]] = [
+            ("naive per-partition loop", partial(naive.naive_paged_attention_v2, *args)),
+            ("vectorised, ragged (1 host sync)", partial(pa.paged_attention_v2_forward, *args, ragged=True)),
+            ("vectorised, padded (no sync)", partial(pa.paged_attention_v2_forward, *args,
+                                                     max_seq_len=d.max_seq_len)),
+            ("dense fp32 reference (no partitions)", partial(naive.dense_decode_reference, *args)),
+        ]
+        for name, fn in decode_variants:
             res = fn()
             assert isinstance(res, torch.Tensor)
             err = max_err(res, ref)
@@ -221,12 +223,15 @@ def run(device: str, quick: bool, out: Report) -> None:
     cols = d.block_tables.shape[1]
     err = max_err(part[0][part[2][0, :cols].long()], layout.v1_to_v2_key_cache(kc)[d.block_tables[0].long()])
     base = None
-    for name, fn in [
-        ("whole cache (notes' patch)",
-         lambda k=kc, v=vc: (layout.v1_to_v2_key_cache(k), layout.v1_to_v2_value_cache(v))),
-        ("batch blocks only",
-         lambda k=kc, v=vc, c=d: layout.gather_v2_cache_for_batch(k, v, c.block_tables, c.seq_lens, 16)),
-    ]:
+
+    def whole_cache(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return layout.v1_to_v2_key_cache(k), layout.v1_to_v2_value_cache(v)
+
+    layout_variants: list[tuple[str, Fn]] = [
+        ("whole cache (notes' patch)", partial(whole_cache, kc, vc)),
+        ("batch blocks only", partial(layout.gather_v2_cache_for_batch, kc, vc, d.block_tables, d.seq_lens, 16)),
+    ]
+    for name, fn in layout_variants:
         ms = timer.time_ms(fn)
         base = ms if base is None else base
         lay.add(kc.shape[0], f"1x{int(d.seq_lens[0])}", name, f"{ms:.3f}", f"{base / ms:.1f}x", f"{err:.1e}")
@@ -244,12 +249,12 @@ def run(device: str, quick: bool, out: Report) -> None:
         ref = naive.dense_prefix_reference(*pargs)
         tile = 128
         base = None
-        for name, t, fn in [
-            ("naive per-tile gather", tile,
-             lambda a=pargs, t=tile: naive.naive_context_attention(*a, tile_size=t)),
-            ("gather once", tile, lambda a=pargs, t=tile: pf.context_attention(*a, tile_size=t)),
-            ("gather once, auto tile", 0, lambda a=pargs: pf.context_attention(*a)),
-        ]:
+        prefix_variants: list[tuple[str, int, Fn]] = [
+            ("naive per-tile gather", tile, partial(naive.naive_context_attention, *pargs, tile_size=tile)),
+            ("gather once", tile, partial(pf.context_attention, *pargs, tile_size=tile)),
+            ("gather once, auto tile", 0, partial(pf.context_attention, *pargs)),
+        ]
+        for name, t, fn in prefix_variants:
             res = fn()
             assert isinstance(res, torch.Tensor)
             err = max_err(res, ref)
@@ -271,7 +276,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor()
-    header = (f"Overlay GPU benchmark, {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}, "
+    header = (f"Overlay GPU benchmark, {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, "
               f"{name}, torch {torch.__version__} (CUDA {torch.version.cuda}), python {platform.python_version()}")
     report = Report(args.out)
     report += [header, ""]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import overlays_naive as naive
@@ -42,7 +43,7 @@ def profile_case(name: str, fn: Callable[[], object], device: str, rows: int = 1
     # count each kernel twice (as itself and under its aten op).
     head = f"#### {name}\n\nwall {wall:.2f} ms (profiled, so inflated), {len(events)} op kinds\n"
     try:
-        table = events.table(sort_by=key, row_limit=rows, max_name_column_width=60)
+        table: str = events.table(sort_by=key, row_limit=rows, max_name_column_width=60)
     except (AttributeError, KeyError, ValueError):
         table = events.table(sort_by="self_device_time_total", row_limit=rows, max_name_column_width=60)
     return head + "\n```\n" + table + "\n```\n"
@@ -62,10 +63,9 @@ def main() -> None:
         a = (d.query, d.key_cache, d.value_cache, d.block_tables, d.seq_lens, d.scale)
         label = f"{len(lens)}x{lens[0]}"
         parts.append(profile_case(f"decode V2 padded {label}",
-                                  lambda a=a, m=d.max_seq_len: pa.paged_attention_v2_forward(*a, max_seq_len=m),
-                                  dev))
+                                  partial(pa.paged_attention_v2_forward, *a, max_seq_len=d.max_seq_len), dev))
         parts.append(profile_case(f"decode dense fp32 reference {label}",
-                                  lambda a=a: naive.dense_decode_reference(*a), dev))
+                                  partial(naive.dense_decode_reference, *a), dev))
     p = make_prefix_case([100_000], [512], bf16, dev)
     pa_args = (p.query, p.key, p.value, p.key_cache, p.value_cache, p.block_tables, p.query_start_loc,
                p.context_lens)

@@ -100,7 +100,7 @@ def main() -> None:
 
     server = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
                             text=True).stdout.strip()
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         SECTION, "",
         f"Measured {stamp} with `benchmarks/submission_build.py --rounds {args.rounds}` "

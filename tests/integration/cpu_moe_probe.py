@@ -71,7 +71,7 @@ def run(cls: type, dtype: torch.dtype, *, top_k: int, on_input: bool) -> dict[st
     layer = torch.nn.Module()
     layer.w13_weight = torch.nn.Parameter(w13, requires_grad=False)
     layer.w2_weight = torch.nn.Parameter(w2, requires_grad=False)
-    experts_obj = object.__new__(cls)  # the real methods, without FusedMoEConfig plumbing
+    experts_obj: Any = object.__new__(cls)  # the real methods, without FusedMoEConfig plumbing
     experts_obj.moe_config = SimpleNamespace(activation=MoEActivation.SILU, intermediate_size_per_partition=inter)
     experts_obj.quant_config = SimpleNamespace(w1_bias=None, w2_bias=None)
     experts_obj._use_zentorch = False

@@ -31,7 +31,7 @@ def test_a_server_compared_with_itself_passes_with_zero_deltas(cpu_server: Any) 
     again = collect_against(cpu_server.url, ref)
     assert [p.sequence for p in again.prompts] == [p.sequence for p in ref.prompts]
     for dtype in ("float32", "bfloat16"):
-        verdict = gate(compare(ref, again), settings.tolerance(dtype), dtype)  # type: ignore[arg-type]
+        verdict = gate(compare(ref, again), settings.tolerance(dtype), dtype)
         assert verdict.passed, verdict.text()
         overall = verdict.comparison.overall
         assert overall.max_abs < 1e-5 and overall.top1 == 1.0 and overall.missing == 0

@@ -14,6 +14,7 @@ import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import docker
 import httpx
@@ -36,9 +37,9 @@ pytestmark = pytest.mark.integration
 EXPORT_REPO = "imageforge-test/cpu-export"
 
 
-def tar_manifest(path: Path) -> list[dict[str, object]]:
+def tar_manifest(path: Path) -> list[dict[str, Any]]:
     opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rb") as raw, tarfile.open(fileobj=raw, mode="r|") as tar:  # type: ignore[operator]
+    with opener(path, "rb") as raw, tarfile.open(fileobj=raw, mode="r|") as tar:
         for member in tar:
             if member.name == "manifest.json":
                 fh = tar.extractfile(member)
@@ -72,13 +73,13 @@ def test_export_tiny_image(tmp_path: Path) -> None:
     assert desc["serving"]["config_path"] == "/etc/imageforge/serving.yaml"
     assert desc["file_bytes"] == tarball.stat().st_size and desc["load"] == f"docker load -i {tarball.name}"
     entries = tar_manifest(tarball)
-    assert len(entries) == 1 and set(entries[0]["RepoTags"]) == set(image.tags)  # type: ignore[arg-type]
+    assert len(entries) == 1 and set(entries[0]["RepoTags"]) == set(image.tags)
     assert not list(out.glob(".*partial"))
 
     gz = invoke("export", "--manifest", str(manifest), "--out", str(out), "--gzip", "--json", check=True)
     gz_path = Path(json.loads(gz.stdout)["tarball"])
     assert gz_path.name.endswith(".tar.gz") and gz_path.stat().st_size < tarball.stat().st_size
-    assert set(tar_manifest(gz_path)[0]["RepoTags"]) == set(image.tags)  # type: ignore[arg-type]
+    assert set(tar_manifest(gz_path)[0]["RepoTags"]) == set(image.tags)
 
     # the manifest changes after the build: the tag is stale, export refuses (exit 3)
     manifest.write_text(manifest.read_text().replace("small: {args: {max-num-seqs: 2}}",

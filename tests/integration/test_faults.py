@@ -216,10 +216,10 @@ def test_base_image_deleted_after_the_build_planned(tmp_path: Path, monkeypatch:
     from imageforge import app
     from imageforge import build as b
     from imageforge.errors import InfraError
+    from imageforge.plan import make_plan as real_make_plan
 
     ref = tiny_base(unique=True)
     manifest, target = write_manifest(tmp_path / "m", ref)
-    real_make_plan = b.make_plan
 
     def make_plan_then_delete(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
         plan = real_make_plan(*args, **kwargs)  # type: ignore[arg-type]

@@ -41,7 +41,7 @@ def run_in_base(command: list[str], *, entrypoint: list[str], volumes: dict[str,
     try:
         container.start()
         result = container.wait(timeout=900)
-        output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+        output: str = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
     finally:
         container.remove(force=True)
         client.close()

@@ -50,7 +50,8 @@ def generic_container(aggressive_image: str) -> Iterator[Any]:
         .with_kwargs(shm_size="1g", labels={"org.imageforge.tool": "imageforge", "org.imageforge.kind": "test"})
         .waiting_for(HttpWaitStrategy(8000, "/health").for_status_code(200).with_startup_timeout(300))
     )
-    container.ports[8000] = ("127.0.0.1", None)  # publish on loopback only, on a free port (docker-py form)
+    # publish on loopback only, on a free port (docker-py form: testcontainers annotates ports as dict[str, int | None])
+    container.ports[8000] = ("127.0.0.1", None)  # type: ignore[index, assignment]
     with container as started:
         yield started
 

@@ -51,7 +51,7 @@ print("NO-DOCKER")
 
 def cpu_base() -> str:
     client = docker.from_env()
-    tags = sorted(t for image in client.images.list("imageforge/vllm-cpu-base") for t in image.tags)
+    tags: list[str] = sorted(t for image in client.images.list("imageforge/vllm-cpu-base") for t in image.tags)
     if not tags:
         pytest.skip("no imageforge/vllm-cpu-base image (invoke base --target cpu)")
     return tags[-1]
@@ -205,7 +205,7 @@ def test_bi100_vendor_layout_applies_in_place_and_reverts(wheelhouse: Path, tmp_
     baseline, whose patch_ops.sh (run as a local process in its folder) also pip-installs the stand-in
     transformers 4.55.3 from its wheels/: the dist's files are journaled and revert brings 4.46.3 back."""
     sys.path.insert(0, str(Path(__file__).parent))
-    from bi100_fixture import (
+    from tests.integration.bi100_fixture import (
         BASELINE_TRANSFORMERS,
         PURELIB,
         SCRIPTS,

@@ -36,7 +36,8 @@ def taken_port() -> Iterator[int]:
 
 def test_run_base_prints_url_then_stop_removes_it(invoke_cli: Callable[..., Any],
                                                    containers_labelled: Callable[..., list[Any]]) -> None:
-    from imageforge.serve.container import L_STARTED_BY, STARTED_BY_RUN
+    from imageforge.labels import L_STARTED_BY
+    from imageforge.serve.container import STARTED_BY_RUN
 
     port = free_port()
     run_id: str | None = None

@@ -197,7 +197,8 @@ def test_cpu_tree_builds_the_same_filesystem_and_env(cpu_pair: dict[str, Any]) -
 
 def test_cpu_server_started_with_the_yaml_passes_the_dummy_smoke_suite(cpu_pair: dict[str, Any]) -> None:
     from imageforge.build import new_run_id
-    from imageforge.serve.container import Server, container_spec, free_port, remove_server, wait_ready
+    from imageforge.serve.container import Server, free_port, remove_server, wait_ready
+    from imageforge.serve.spec import container_spec
     from imageforge.smoke import load_suite, run_suite, target_vars
 
     resolved = cpu_pair["resolved"]

@@ -30,7 +30,8 @@ MOE_TOL = {
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
-def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, table: dict) -> None:
+def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype,
+                 table: dict[torch.dtype, tuple[float, float]]) -> None:
     atol, rtol = table[dtype]
     torch.testing.assert_close(got.double(), want.double(), atol=atol, rtol=rtol)
 

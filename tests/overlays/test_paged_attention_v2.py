@@ -173,7 +173,7 @@ def test_vllm_op_signature_fills_buffers_and_out(dtype: torch.dtype) -> None:
     result = pa.paged_attention_v2(
         out, exp_sums, max_logits, tmp_out, query, cache.key_cache, cache.value_cache, num_kv_heads,
         1 / math.sqrt(head_size), cache.block_tables, cache.seq_lens, block_size, max_seq_len, None, "auto",
-        torch.tensor(1.0), torch.tensor(1.0))
+        torch.tensor(1.0), torch.tensor(1.0))  # type: ignore[func-returns-value]  # vLLM's op: fills out, returns None
     assert result is None
     want = reference_decode(query, cache.dense_k, cache.dense_v, 1 / math.sqrt(head_size))
     assert_close(out, want, dtype, ATTN_TOL)
@@ -189,11 +189,11 @@ def test_op_rejects_what_it_does_not_implement() -> None:
     cache = build_paged_cache([5], 1, 128, 16, torch.float16, gen)
     q = torch.randn(1, 1, 128).half()
     bufs = (torch.empty_like(q), torch.empty(1, 1, 1), torch.empty(1, 1, 1), torch.empty(1, 1, 1, 128))
-    args = (q, cache.key_cache, cache.value_cache, 1, 0.1, cache.block_tables, cache.seq_lens, 16, 5, None)
+    args = (*bufs, q, cache.key_cache, cache.value_cache, 1, 0.1, cache.block_tables, cache.seq_lens, 16, 5, None)
     with pytest.raises(NotImplementedError):
-        pa.paged_attention_v2(*bufs, *args, "fp8")
+        pa.paged_attention_v2(*args, "fp8")
     with pytest.raises(NotImplementedError):
-        pa.paged_attention_v2(*bufs, *args, "auto", 1.0, 1.0, 0, 1, 8)
+        pa.paged_attention_v2(*args, "auto", 1.0, 1.0, 0, 1, 8)
     with pytest.raises(ValueError, match="num_kv_heads"):
         pa.paged_attention_v2(*bufs, q, cache.key_cache, cache.value_cache, 2, 0.1, cache.block_tables,
                               cache.seq_lens, 16, 5, None, "auto")

@@ -16,8 +16,17 @@ from triton_fallback import PermanentFallback
 def test_success_keeps_fast_path() -> None:
     guard = PermanentFallback("k", first_call_timeout=5)
     calls: list[str] = []
+
+    def fast(x: int) -> int:
+        calls.append("fast")
+        return x * 2
+
+    def slow(x: int) -> int:
+        calls.append("slow")
+        return -1
+
     for i in range(3):
-        assert guard.run(lambda x: calls.append("fast") or x * 2, lambda x: calls.append("slow") or -1, i) == i * 2
+        assert guard.run(fast, slow, i) == i * 2
     assert calls == ["fast"] * 3 and guard.enabled
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Mapping
 
 import pytest
 
@@ -76,7 +77,8 @@ def test_schedule_is_abab_per_variant_block() -> None:
     assert [r.index for r in plan.schedule] == list(range(12))
 
 
-def run_all(plan_steps: list[str], values: dict[tuple[str, int], Metrics | None], repeats: int = 3) -> list[RunResult]:
+def run_all(plan_steps: list[str], values: Mapping[tuple[str, int], Metrics | None],
+            repeats: int = 3) -> list[RunResult]:
     plan = plan_ablation(STEPS, plan_steps, repeats=repeats)
     out = []
     for run in plan.schedule:

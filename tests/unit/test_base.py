@@ -10,7 +10,7 @@ import pytest
 
 from imageforge import base
 from imageforge import docker_engine as de
-from imageforge.errors import BuildError, ConfigError
+from imageforge.errors import BuildError, ConfigError, InfraError
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "images" / "cpu"
@@ -284,7 +284,7 @@ def test_fill_wheelhouse_checks_disk(tmp_path: Path, monkeypatch: pytest.MonkeyP
     entry = base.LockEntry("big", "1.0", (H1,), "big-1.0-py3-none-any.whl", 900 * de.MiB)
     monkeypatch.setattr(de, "free_bytes", lambda p: 100 * de.MiB)
     monkeypatch.setattr(de, "run_logged", lambda *a, **k: pytest.fail("no download expected"))
-    with pytest.raises(de.InfraError, match="not enough free disk space"):
+    with pytest.raises(InfraError, match="not enough free disk space"):
         base.fill_wheelhouse([entry], tmp_path / "wh", log=lambda s: None)
 
 

@@ -11,8 +11,8 @@ from imageforge.bench.evaluator import (
     TargetLine,
     classify_error,
     evaluate,
-    percentile,
 )
+from imageforge.bench.metrics import percentile
 
 # --------------------------------------------------------------------------- the classifier
 

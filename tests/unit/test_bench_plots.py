@@ -31,8 +31,9 @@ def test_replay_plot(tmp_path: Path) -> None:
 
 
 def test_sweep_plot_numeric_and_labels(tmp_path: Path) -> None:
-    points = [{"value": v, "score": 100.0 * v + r, "output_tps_p10": 30.0 - v, "ttft_p90_s": 0.1 * v}
-              for v in (1, 2, 4, 8) for r in (0, 5)]
+    points: list[dict[str, float | None]] = [
+        {"value": v, "score": 100.0 * v + r, "output_tps_p10": 30.0 - v, "ttft_p90_s": 0.1 * v}
+        for v in (1, 2, 4, 8) for r in (0, 5)]
     points.append({"value": 16, "score": None, "output_tps_p10": None, "ttft_p90_s": None})  # a failed point
     width, height, spread = _decoded(plot_sweep(points, tmp_path / "sweep.png", param="max-num-seqs"))
     assert (width, height) == (800, 720) and spread > 0.05

@@ -78,7 +78,7 @@ def test_default_profile_serves_one_request_at_a_time_safely() -> None:
     assert not any(s.kind == "symlink" for s in steps), "no corex Triton libraries linked"
     assert not any("paged_attention_v2" in str(s.spec) or "use_v1" in str(s.spec) for s in steps), "no V2 decode"
     # applied to the fixture files, the default profile leaves the baseline's hang guards as they are
-    patched = {}
+    patched: dict[str, str] = {}
     for s in steps:
         if s.kind != "patch":
             continue

@@ -177,4 +177,4 @@ def test_result_is_frozen() -> None:
     result = bisect(2, breaks_at(2))
     assert isinstance(result, BisectResult)
     with pytest.raises(AttributeError):
-        result.status = "x"  # type: ignore[misc]
+        result.status = "x"  # type: ignore[misc, assignment]

@@ -11,7 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imageforge.checkpatches import DictFS, check_steps
+from imageforge.checkpatches import CheckRow, DictFS, check_steps
 from imageforge.manifest_load import load_manifest
 from imageforge.patchfrom import apply_steps, derive_patch_steps, occurrences, render_steps_yaml
 from imageforge.patchfrom_image import package_file
@@ -101,7 +101,7 @@ Y = "A = 1\nB = 1\nD = 0\nD = 0\nE = 0\nC = 4\n"
 
 
 @pytest.fixture
-def setup(tmp_path: Path) -> Callable[[], tuple[list[object], DictFS]]:
+def setup(tmp_path: Path) -> Callable[[], tuple[list[CheckRow], DictFS]]:
     (tmp_path / "overlays").mkdir()
     (tmp_path / "overlays" / "x.py").write_text("X = 1\n")
     (tmp_path / "overlays" / "same.py").write_text("SAME = 1\n")
@@ -109,7 +109,7 @@ def setup(tmp_path: Path) -> Callable[[], tuple[list[object], DictFS]]:
     path = tmp_path / "build.yaml"
     path.write_text(MANIFEST)
 
-    def make() -> tuple[list[object], DictFS]:
+    def make() -> tuple[list[CheckRow], DictFS]:
         m = load_manifest(path)
         fs = DictFS(files={f"{SITE}/vllm/y.py": Y.encode(), f"{SITE}/vllm/same.py": b"SAME = 1\n",
                            f"{SITE}/vllm/ops/__init__.py": b"", "/usr/lib/torch/libc10.so": b"",
@@ -124,9 +124,9 @@ def setup(tmp_path: Path) -> Callable[[], tuple[list[object], DictFS]]:
     return make
 
 
-def test_check_steps_statuses(setup: Callable[[], tuple[list[object], DictFS]]) -> None:
+def test_check_steps_statuses(setup: Callable[[], tuple[list[CheckRow], DictFS]]) -> None:
     rows, _ = setup()
-    by = {r.step: r for r in rows}  # type: ignore[attr-defined]
+    by = {r.step: r for r in rows}
     assert by["first"].status == "applies"
     assert by["second"].status == "applies", "sees the first patch's result on the in-memory copy"
     assert "+A = 2" in by["first"].diff and "-A = 1" in by["first"].diff
@@ -143,7 +143,7 @@ def test_check_steps_statuses(setup: Callable[[], tuple[list[object], DictFS]]) 
     assert by["run"].status == "not checked" and by["run"].ok
     assert by["profile-patch"].status == "applies" and by["profile-patch"].profile == "small"
     assert [r.step for r in rows].count("profile-patch") == 1, "an inherited profile step is reported once"
-    failing = {r.step for r in rows if not r.ok}  # type: ignore[attr-defined]
+    failing = {r.step for r in rows if not r.ok}
     assert failing == {"gone", "twice", "missing-file", "lost-dir", "nolibs"}
 
 

@@ -186,7 +186,7 @@ def test_a_scaled_softmax_is_caught_by_both_gates() -> None:
     ref = evidence("r", [[position(0, dist(1.0)) for _ in range(8)]], [(0,)], k=3)
     cand = evidence("c", [[position(0, dist(1.5)) for _ in range(8)]], [(0,)], k=3)
     for dtype in ("float32", "bfloat16"):
-        verdict = gate(compare(ref, cand), DEFAULT_TOLERANCES[dtype], dtype)  # type: ignore[index]
+        verdict = gate(compare(ref, cand), DEFAULT_TOLERANCES[dtype], dtype)
         assert not verdict.passed, verdict.text()
     assert compare(ref, cand).overall.top1 == 1.0  # the argmax survives: only the deltas catch it
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,12 +12,6 @@ import pytest
 from imageforge.errors import ConfigError
 from imageforge.export import _write_tarball, describe, docker_run_example, file_stem, sha256_line
 from imageforge.housekeeping import (
-    L_FINAL,
-    L_KIND,
-    L_PROFILE,
-    L_RUN,
-    L_TARGET,
-    L_TOOL,
     ContainerInfo,
     ImageInfo,
     lock_drift,
@@ -25,6 +20,7 @@ from imageforge.housekeeping import (
     read_lock,
     target_inputs,
 )
+from imageforge.labels import L_FINAL, L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL
 from imageforge.manifest_load import load_manifest
 from imageforge.plan import make_plan
 from imageforge.resolve import resolve
@@ -121,7 +117,7 @@ def test_write_tarball_hashes_what_it_writes(tmp_path: Path, compress: bool) -> 
 
 
 def test_write_tarball_leaves_nothing_when_interrupted(tmp_path: Path) -> None:
-    def gen():  # type: ignore[no-untyped-def]
+    def gen() -> Iterator[bytes]:
         yield b"x"
         raise KeyboardInterrupt
 

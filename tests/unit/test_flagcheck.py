@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -303,7 +304,7 @@ def test_every_command_that_resolves_refuses_what_validate_refuses(tmp_path: Pat
     assert first in plan.stdout + plan.stderr
     monkeypatch.setenv("IMAGEFORGE_CACHE", str(tmp_path / "cache"))
     s = app.settings(manifest=str(manifest))
-    calls = {
+    calls: dict[str, Callable[[], object]] = {
         "build": lambda: app.build(s, "vendor", "small", [], verbose=False, quiet=True),
         "check-patches": lambda: app.check_patches(s, "vendor", "small", diff=False, show=print),
         "export": lambda: app.export(s, "vendor", "small", out=str(tmp_path / "x.tar"), push=None, gzip_=False,

@@ -117,7 +117,7 @@ def test_chat_template_enable_thinking(model_dir: Path) -> None:
 
 def test_chat_template_tools_hermes(model_dir: Path) -> None:
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
-    msgs = [
+    msgs: list[dict[str, Any]] = [
         {"role": "system", "content": "Sys."},
         {"role": "user", "content": "Weather?"},
         {

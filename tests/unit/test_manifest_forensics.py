@@ -36,7 +36,7 @@ def test_requires_and_required_are_parsed(write_manifest: Callable[[str], Path])
     assert over.requires == () and over.required is False
 
 
-def test_requires_and_required_stay_out_of_the_cache_key(write_manifest: Callable[[str], Path]) -> None:
+def test_requires_and_required_stay_out_of_the_cache_key(write_manifest: Callable[..., Path]) -> None:
     plain = load_manifest(write_manifest(MINIMAL))
     marked = load_manifest(write_manifest(with_fix_fields("        requires: [over]\n        required: true\n"),
                                           name="marked.yaml"))
@@ -73,7 +73,7 @@ def test_two_steps_requiring_each_other_are_reported(write_manifest: Callable[[s
     assert "steps[1].requires" not in err.render()
 
 
-def test_profile_steps_may_require_shared_steps_not_the_reverse(write_manifest: Callable[[str], Path]) -> None:
+def test_profile_steps_may_require_shared_steps_not_the_reverse(write_manifest: Callable[..., Path]) -> None:
     profile_step = (
         "      small:\n        args: {max-num-seqs: 2}\n        steps:\n"
         "          - {id: extra, kind: patch, file: vllm/z.py, old: a, new: b, requires: [fix]}\n"
@@ -86,7 +86,7 @@ def test_profile_steps_may_require_shared_steps_not_the_reverse(write_manifest: 
     assert "targets.t.steps[1].requires[0]: requires an unknown step id" in rendered
 
 
-def test_requires_must_be_a_list_of_ids(write_manifest: Callable[[str], Path]) -> None:
+def test_requires_must_be_a_list_of_ids(write_manifest: Callable[..., Path]) -> None:
     rendered = error_of(write_manifest(with_fix_fields("        requires: over\n"))).render()
     assert "targets.t.steps[1].requires" in rendered and "wrong type" in rendered
     rendered = error_of(write_manifest(with_fix_fields("        required: yes please\n"), name="b.yaml")).render()

@@ -34,11 +34,12 @@ def test_plain_lines_with_done_total_and_eta(monkeypatch: pytest.MonkeyPatch) ->
         "bench requests: 16/32 requests (50%), ETA 15s",
         "bench requests: 16/32 requests (50%), ETA 15s",
     ]
-    script = pg.Tracker("check-patches: script step s", None, "", io.StringIO(), clock=clock)
+    script_out = io.StringIO()
+    script = pg.Tracker("check-patches: script step s", None, "", script_out, clock=clock)
     script.update()
     clock.now += 3
     script.finish()
-    assert script.stream.getvalue().splitlines() == ["check-patches: script step s: running (0s)",
+    assert script_out.getvalue().splitlines() == ["check-patches: script step s: running (0s)",
                                                      "check-patches: script step s: done (3s)"]
     size = pg.Tracker("docker save x", 4 * 1024 ** 3, "bytes", out, clock=clock)
     size.update(completed=1024 ** 3)

@@ -4,37 +4,39 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from imageforge.errors import ConfigError
+from imageforge.manifest import Manifest
 from imageforge.manifest_load import load_manifest
-from imageforge.resolve import parse_assignments, resolve, validate_all
+from imageforge.resolve import Resolved, parse_assignments, resolve, validate_all
 
 
 @pytest.fixture
-def manifest(write_manifest: Callable[..., Path]):  # type: ignore[no-untyped-def]
+def manifest(write_manifest: Callable[..., Path]) -> Manifest:
     return load_manifest(write_manifest())
 
 
-def values(r):  # type: ignore[no-untyped-def]
+def values(r: Resolved) -> dict[str, tuple[Any, str]]:
     return {v.key: (v.value, v.source) for v in r.serving}
 
 
-def test_default_profile_and_sources(manifest) -> None:  # type: ignore[no-untyped-def]
+def test_default_profile_and_sources(manifest: Manifest) -> None:
     r = resolve(manifest, None, None, environ={})
     assert r.profile_name == "small"
     assert values(r)["max-num-seqs"] == (2, "profile:small")
     assert values(r)["model"] == ("/m", "manifest")
 
 
-def test_extends_chain_applies_ancestors_first(manifest) -> None:  # type: ignore[no-untyped-def]
+def test_extends_chain_applies_ancestors_first(manifest: Manifest) -> None:
     r = resolve(manifest, "t", "big", environ={})
     assert values(r)["max-num-seqs"] == (64, "profile:big")
     assert values(r)["gpu-memory-utilization"] == (0.95, "profile:big")
 
 
-def test_env_then_cli_precedence(manifest) -> None:  # type: ignore[no-untyped-def]
+def test_env_then_cli_precedence(manifest: Manifest) -> None:
     env = {"IMAGEFORGE_SET": "max-num-seqs=16 gpu-memory-utilization=0.8"}
     r = resolve(manifest, "t", "big", environ=env, sets=["serving.max-num-seqs=32"])
     assert values(r)["max-num-seqs"] == (32, "cli:--set")
@@ -43,14 +45,14 @@ def test_env_then_cli_precedence(manifest) -> None:  # type: ignore[no-untyped-d
     assert serving["max-num-seqs"] == 32
 
 
-def test_float_accepts_int_and_env_and_run_keys(manifest) -> None:  # type: ignore[no-untyped-def]
+def test_float_accepts_int_and_env_and_run_keys(manifest: Manifest) -> None:
     r = resolve(manifest, "t", None, environ={}, sets=["gpu-memory-utilization=1", "env.FOO=bar", "run.port=9000"])
     assert values(r)["gpu-memory-utilization"] == (1.0, "cli:--set")
     assert r.serving_env() == {"FOO": "bar"}
     assert r.run.port == 9000
 
 
-def test_unknown_set_key_did_you_mean(manifest) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_set_key_did_you_mean(manifest: Manifest) -> None:
     with pytest.raises(ConfigError) as info:
         resolve(manifest, "t", None, environ={}, sets=["max-num-seq=4"])
     assert info.value.message == "cli:--set: unknown key 'max-num-seq'"
@@ -58,7 +60,7 @@ def test_unknown_set_key_did_you_mean(manifest) -> None:  # type: ignore[no-unty
     assert info.value.exit_code == 2
 
 
-def test_wrong_type_set(manifest) -> None:  # type: ignore[no-untyped-def]
+def test_wrong_type_set(manifest: Manifest) -> None:
     with pytest.raises(ConfigError) as info:
         resolve(manifest, "t", None, environ={}, sets=["max-num-seqs=lots"])
     err = info.value
@@ -70,13 +72,13 @@ def test_wrong_type_set(manifest) -> None:  # type: ignore[no-untyped-def]
         resolve(manifest, "t", None, environ={}, sets=["run.port=http"])
 
 
-def test_malformed_assignment(manifest) -> None:  # type: ignore[no-untyped-def]
+def test_malformed_assignment(manifest: Manifest) -> None:
     with pytest.raises(ConfigError) as info:
         resolve(manifest, "t", None, environ={"IMAGEFORGE_SET": "max-num-seqs"})
     assert info.value.message == "env:IMAGEFORGE_SET: cannot read 'max-num-seqs'"
 
 
-def test_unknown_profile_and_target(manifest) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_profile_and_target(manifest: Manifest) -> None:
     with pytest.raises(ConfigError) as info:
         resolve(manifest, "t", "bgi", environ={})
     assert info.value.message == "unknown profile 'bgi' for target 't'"

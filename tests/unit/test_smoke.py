@@ -326,7 +326,7 @@ def test_stream_assembles_like_a_non_stream_answer() -> None:
     assert message["tool_calls"] == [{"id": "t1", "type": "function",
                                       "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}}]
     assert answer["usage"]["total_tokens"] == 6 and answer["finish_reason_chunks"] == 1
-    plain = {"choices": [{"index": 0, "finish_reason": "stop", "message": {
+    plain: dict[str, Any] = {"choices": [{"index": 0, "finish_reason": "stop", "message": {
         "role": "assistant", "content": "Hello", "reasoning": None,
         "tool_calls": [{"id": "x", "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}}]}}]}
     assert comparable_choices(answer) == comparable_choices(plain)

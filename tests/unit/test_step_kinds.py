@@ -90,7 +90,7 @@ def test_a_kind_missing_from_the_schema_or_a_field_out_of_step_is_found() -> Non
     assert found.startswith("$defs.patch_step keys ['count', 'encoding', 'file', 'new', 'old', 'verified'] != patch")
 
 
-def test_a_kinds_defaults_are_its_own_and_fill_the_loaded_spec(write_manifest: Callable[[str], Path]) -> None:
+def test_a_kinds_defaults_are_its_own_and_fill_the_loaded_spec(write_manifest: Callable[..., Path]) -> None:
     assert dict(kind("patch").defaults) == {"count": 1, "verified": True}
     assert dict(kind("symlink").defaults) == {"replace": False, "replace_directory": False}
     assert set(kind("overlay").defaults) == set() and set(kind("script").defaults) == set()

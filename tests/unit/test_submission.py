@@ -49,7 +49,7 @@ ALIASES = {"-tp": "--tensor-parallel-size"}
 def flag_map(argv: list[str]) -> tuple[list[str], dict[str, str | None]]:
     """(program words, flag -> value or None for a bare flag), aliases normalised; written here, not imported."""
     i = next(n for n, a in enumerate(argv) if a.startswith("-") and n > 2)
-    program, out = argv[:i], {}
+    program, out = argv[:i], dict[str, str | None]()
     while i < len(argv):
         flag = ALIASES.get(argv[i], argv[i])
         assert flag.startswith("--"), argv[i]
