@@ -6,8 +6,9 @@ imageforge builds the `cpu` target of a copy of build.yaml (in a tmp dir, image 
 ``imageforge-bench/cpu`` so no real tag moves; base given as the cpu base image's reference);
 ``docker build`` (legacy builder, DOCKER_BUILDKIT=0) builds the submission tree imageforge emits for the
 same manifest (``write_submission``: its Dockerfile makes the same files; it compiles but does not import).
-benchmarks/Dockerfile.cpu, the hand-written one of issue 5, still has the bi100 overlays the cpu target
-dropped and not the two cpu-moe patches: it no longer makes the same image and is not built here.
+benchmarks/Dockerfile.cpu, the hand-written one of issue 5 (brought up to today's cpu target: the
+sorted-moe overlay and the two multi-line cpu-moe patches, applied by a python one-liner from copied
+old/new texts), is built as a fourth side with the same salt and patch stamp.
 Both sides get the same salt in the first patch, so the first build is cold
 for both (nothing of it in any cache), and every time is a whole process (`invoke build ...` /
 `docker build ...`), measured with a wall clock.
@@ -36,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,52 @@ class Tree:
         return Run(seconds, redone, len(steps), 0.0, image)
 
 
+class Hand:
+    """benchmarks/Dockerfile.cpu, the cpu image written by hand (one instruction per manifest step), built by a plain
+    ``docker build`` (legacy builder) with the same salt as ``forge`` and the same patch stamp."""
+
+    def __init__(self, work: Path, base_ref: str, salt: str, forge: Imageforge) -> None:
+        self.ctx = work / "dockerfile"
+        self.ctx.mkdir()
+        self.base_ref = base_ref
+        self.salt = salt
+        self.stamp = ""
+        self.forge = forge
+        self.tag = f"imageforge-bench/dockerfile:{salt}"
+        shutil.copy2(REPO / "benchmarks" / "Dockerfile.cpu", self.ctx / "Dockerfile")
+        self.write()
+
+    def write(self) -> None:
+        from imageforge.manifest import load_manifest
+
+        t = load_manifest(self.forge.manifest).targets["cpu"]
+        for step in t.steps:
+            if step.kind == "overlay":
+                dest = self.ctx / "site" / str(step.spec["dest"])
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(step.source, dest)
+            elif step.kind == "script":
+                shutil.copy2(step.source, self.ctx / "ldconfig.sh")
+            elif step.kind == "patch" and "\n" in str(step.spec["old"]).strip("\n"):
+                (self.ctx / "patches").mkdir(exist_ok=True)
+                (self.ctx / "patches" / f"{step.id}.old").write_text(str(step.spec["old"]))
+                (self.ctx / "patches" / f"{step.id}.new").write_text(str(step.spec["new"]))
+        (self.ctx / "serving.yaml").write_bytes(self.forge.serving_config())
+
+    def build(self) -> Run:
+        seconds, out = sh(["docker", "build", "-f", "Dockerfile",
+                           "--build-arg", f"BASE={self.base_ref}", "--build-arg", f"SALT= bench-{self.salt}",
+                           "--build-arg", f"STAMP={self.stamp}", "-t", self.tag, "."],
+                          cwd=self.ctx, env={"DOCKER_BUILDKIT": "0"})
+        steps = re.split(r"^Step \d+/\d+ : ", out, flags=re.M)[1:]
+        redone = sum(1 for s in steps if "Using cache" not in s and not s.startswith(("FROM", "ARG")))
+        import docker
+
+        image = str(docker.from_env().images.get(self.tag).id)
+        MADE.append(("dockerfile", image))
+        return Run(seconds, redone, len(steps), 0.0, image)
+
+
 def own_bytes(image: str, layers: int = 1) -> int:
     """Bytes the top ``layers`` history entries of ``image`` add."""
     import docker
@@ -209,7 +256,8 @@ class Scenario:
     goal: str
     forge: list[Run]
     dock: list[Run]
-    again: list[Run]  # the same Dockerfile built a second time in the round, own salt: the A/A control
+    again: list[Run]  # the emitted tree of a copy with its own salt: the A/A control
+    hand: list[Run] = field(default_factory=list)  # benchmarks/Dockerfile.cpu
 
     def row(self) -> tuple[str, ...]:
         """min [median] max over the rounds; the ratio counts imageforge's verification (issue 25)."""
@@ -217,12 +265,14 @@ class Scenario:
         fv = [r.seconds - r.verify for r in self.forge]
         d = [r.seconds for r in self.dock]
         a = [r.seconds for r in self.again]
-        last_f, last_d = self.forge[-1], self.dock[-1]
+        h = [r.seconds for r in self.hand]
+        last_f, last_d, last_h = self.forge[-1], self.dock[-1], self.hand[-1]
         med = statistics.median
         return (self.name, f"{spread(f)} ({last_f.redone}/{last_f.total})", spread(fv),
                 f"{spread(d)} ({last_d.redone}/{last_d.total})", spread(a),
+                f"{spread(h)} ({last_h.redone}/{last_h.total})",
                 f"{ratio(med(f), med(d))} [best {ratio(min(f), min(d))}]", ratio(med(fv), med(d)),
-                ratio(med(a), med(d)), self.goal)
+                f"{ratio(med(f), med(h))} ({ratio(med(fv), med(h))})", ratio(med(a), med(d)), self.goal)
 
 
 def per_kind(scenarios: dict[str, Scenario]) -> dict[str, list[float]]:
@@ -245,21 +295,25 @@ def one_round(base_ref: str, facts: Any, profile: str, turn0: int, scenarios: di
         forge2 = Imageforge(work / "aa", base_ref, salt2, profile)  # the A/A tree's own manifest (own salt)
         dock = Tree(work, forge, base_ref, facts, salt, "tree")
         again = Tree(work, forge2, base_ref, facts, salt2, "tree-again")
+        hand = Hand(work, base_ref, salt, forge)
 
         def both(key: str) -> tuple[Run, Run]:
-            order = ["forge", "dock", "again"]
-            turn = (len(scenarios[key].forge) + turn0) % 3
+            order = ["forge", "dock", "again", "hand"]
+            turn = (len(scenarios[key].forge) + turn0) % 4
             runs: dict[str, Run] = {}
             for side in order[turn:] + order[:turn]:
-                runs[side] = {"forge": forge.build, "dock": dock.build, "again": again.build}[side]()
+                runs[side] = {"forge": forge.build, "dock": dock.build, "again": again.build,
+                              "hand": hand.build}[side]()
             scenarios[key].forge.append(runs["forge"])
             scenarios[key].dock.append(runs["dock"])
             scenarios[key].again.append(runs["again"])
+            scenarios[key].hand.append(runs["hand"])
             return runs["forge"], runs["dock"]
 
         def rewrite() -> None:
             dock.write()
             again.write()
+            hand.write()
 
         # 1. first build on the base: cold on both sides (the salt is new)
         both("first")
@@ -270,6 +324,7 @@ def one_round(base_ref: str, facts: Any, profile: str, turn0: int, scenarios: di
         stamp = f"bench {secrets.token_hex(4)}"
         forge.change_patch(stamp)
         forge2.change_patch(stamp)
+        hand.stamp = f" {stamp}"
         rewrite()
         both("patch")
         # 4. one overlay changed: the manifest's first overlay step
@@ -367,9 +422,10 @@ def main() -> int:
               "as (built/total). The ratio counts imageforge's verification (issue 25): median / median, best / "
               "best in brackets.")
     table = ["| scenario | imageforge, verification counted (steps redone) | imageforge without verification | "
-             "emitted tree, docker build (steps redone) | emitted tree again (A/A) | ratio | "
-             "ratio without verification | A/A ratio | goal |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "emitted tree, docker build (steps redone) | emitted tree again (A/A) | Dockerfile.cpu (steps redone) | "
+             "ratio to the tree | without verification | ratio to Dockerfile.cpu (without verification) | "
+             "A/A ratio | goal |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     table += ["| " + " | ".join(sc.row()) + " |" for sc in scenarios.values()]
     lines = [
         f"Verification (imageforge only; counted in the ratio column): best {min(verify):.2f} s (median "
