@@ -45,7 +45,7 @@ from .base import (
     discover_package,
     missing_variable_error,
 )
-from .base.identity import discovery_cache_dir
+from .base.identity import committed_ids_file, discovery_cache_dir
 from .docker_engine import client, daemon_errors, ensure_daemon
 from .docker_engine.containers import (
     Containers,
@@ -185,6 +185,7 @@ class Builder:
                     hint="a base image with neither ENTRYPOINT nor CMD cannot keep them empty through "
                     "`docker commit`; give the base a CMD",
                 )
+        _remember_committed(str(image.id))
         return str(image.id)
 
     # -- steps: each kind's apply (imageforge.steps), written into a step container and committed ----------
@@ -296,6 +297,16 @@ class Builder:
             finally:
                 self.scope.remove(container)
         return image_id, f"{changes.summary}; CMD {json.dumps(conf['Cmd'])}"
+
+
+def _remember_committed(image_id: str) -> None:
+    """Note a layer this build committed (author and message imageforge's) where the cache probe looks first, so
+    the next no-op build does not inspect each layer once to learn it (see DaemonProbe._committed_by_imageforge)."""
+    with contextlib.suppress(OSError):
+        path = committed_ids_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:  # one short line per ID: concurrent builds append whole lines
+            f.write(image_id + "\n")
 
 
 class BuildFS(ContainerFS):

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 import tarfile
 import textwrap
 from collections.abc import Iterator
@@ -162,6 +163,46 @@ def test_first_build_then_all_hit_and_plan_agrees(project: Path) -> None:
     plan = make_plan(r, environ={}, probe=DaemonProbe())
     assert [s["cache"] for s in plan.to_json()["steps"]] == ["HIT"] * 5
     assert (first.run_dir / "summary.json").exists() and (first.run_dir / "plan.json").exists()
+
+
+NO_OP_PROBE = """
+import json, sys
+import requests.sessions
+calls = []
+send = requests.sessions.Session.send
+def counting(self, request, **kwargs):
+    calls.append(f"{request.method} {request.path_url}")
+    return send(self, request, **kwargs)
+requests.sessions.Session.send = counting
+from imageforge.build import build_target
+from imageforge.manifest_load import load_manifest
+from imageforge.resolve import resolve
+import imageforge.docker_engine as de
+r = resolve(load_manifest(sys.argv[1]), None, None, environ={})
+result = build_target(r, environ={}, echo=lambda _line: None)
+print(json.dumps({"calls": calls, "clients": len(de.CLIENTS_MADE), "states": [s.cache for s in result.steps],
+                  "paramiko": "paramiko" in sys.modules}))
+"""
+
+
+def test_a_no_op_build_makes_one_client_one_ping_and_no_container(project: Path) -> None:
+    """Issue 25: the no-op path is one SDK client whose API version comes from the one /_ping (no GET /version,
+    no second client for the ping), no container and no write to the daemon; paramiko (the ssh transport) is not
+    imported for a local socket. A fresh process, as `invoke build` is."""
+    do_build(project)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run([sys.executable, "-c", NO_OP_PROBE, str(project / "build.yaml")], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["states"] == ["HIT"] * 5
+    assert got["clients"] == 1
+    calls: list[str] = got["calls"]
+    assert [c for c in calls if c.endswith("/_ping")] == ["GET /_ping"], calls
+    assert not [c for c in calls if "/version" in c or "/containers" in c or not c.startswith("GET ")], calls
+    assert len(calls) <= 4, calls  # the ping, the base image, one listing of every cache key, the final image:
+    # no inspect per layer (the build noted the layers it committed)
+    assert got["paramiko"] is False
 
 
 def test_an_image_built_from_ours_is_never_taken_for_a_cached_layer(project: Path) -> None:

@@ -118,3 +118,35 @@ def test_resolving_first_in_a_fresh_process_imports_the_sdk_cleanly(tmp_path: Pa
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "default"
+
+
+def test_the_sdk_is_imported_without_its_ssh_transport_until_an_ssh_endpoint_asks(tmp_path: Path) -> None:
+    """Issue 25: paramiko (+ cryptography, PyNaCl, bcrypt: ~55 ms) stays out of a process whose daemon is a socket;
+    an ssh:// endpoint later in the same process still gets the SDK's ssh adapter. A fresh process, as a command."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("paramiko") is None:
+        pytest.skip("paramiko is not installed here: nothing to keep out")
+    code = (
+        "import sys\n"
+        "from imageforge.docker_engine.endpoint import Endpoint, client_kwargs, resolve_endpoint, sdk\n"
+        "ep = resolve_endpoint()\n"
+        "docker = sdk(ssh=ep.is_ssh)\n"
+        "import docker.transport\n"
+        "print(ep.source, 'paramiko' in sys.modules, hasattr(docker.transport, 'SSHHTTPAdapter'))\n"
+        "kwargs = client_kwargs(Endpoint('ssh://me@box', 'DOCKER_HOST'), {'DOCKER_HOST': 'ssh://me@box'})\n"
+        "import docker.api.client\n"
+        "print('paramiko' in sys.modules, docker.api.client.SSHHTTPAdapter is docker.transport.SSHHTTPAdapter,"
+        " kwargs['use_ssh_client'])\n"
+    )
+    env = {**os.environ, "DOCKER_CONFIG": str(tmp_path)}
+    env.pop("DOCKER_HOST", None)
+    env.pop("DOCKER_CONTEXT", None)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first, second = proc.stdout.strip().splitlines()
+    assert first == "default False False"
+    assert second == "True True True"

@@ -11,14 +11,16 @@ systemd here); every other command without a daemon stops at once (exit 5) namin
 errors (exit 5, infrastructure), never a traceback.  Reading and writing files of containers
 (``get_archive``/``put_archive``) is in :mod:`imageforge.docker_engine.containers`.
 
-The ``docker`` package is imported lazily inside the functions: the CLI's fast paths
-(``--help``, ``validate``) must not pay for it.
+The ``docker`` package is imported lazily inside the functions (through
+:func:`~imageforge.docker_engine.endpoint.sdk`): the CLI's fast paths (``--help``, ``validate``) must not
+pay for it. A process makes one SDK client per endpoint (:func:`client`), and its API version is
+negotiated by the ``/_ping`` that tells the daemon answers (its ``API-Version`` header), not by a second
+``GET /version``: a no-op build makes one client and one ping (issue 25).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import shutil
 import subprocess
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imageforge.docker_engine.endpoint import DEFAULT_SOCKETS, Endpoint, client_kwargs, resolve_endpoint
+from imageforge.docker_engine.endpoint import DEFAULT_SOCKETS, Endpoint, client_kwargs, resolve_endpoint, sdk
 from imageforge.errors import BuildError, InfraError
 from imageforge.labels import L_KIND, L_RECIPE_KEY, L_TOOL, TOOL
 from imageforge.rundirs import file_lock
@@ -48,6 +50,10 @@ DOCKERD_LOG = Path("/var/log/imageforge-dockerd.log")
 DOCKERD_LOCK = Path("/run/imageforge-dockerd.lock")
 #: Seconds an SDK call may take (commits and imports of multi-GB images are slow on 2 cores).
 CLIENT_TIMEOUT = 900
+#: Seconds the ping that makes a client (and negotiates its API version) may take.
+PING_TIMEOUT = 5
+#: SDK clients made in this process (one per endpoint and timeout; tests count them).
+CLIENTS_MADE: list[Endpoint] = []
 
 GiB = 1024**3
 MiB = 1024**2
@@ -76,10 +82,33 @@ def endpoint() -> Endpoint:
     return resolve_endpoint(os.environ)
 
 
-def _new_client(ep: Endpoint, timeout: int) -> docker.DockerClient:
-    import docker  # lazy
+def _new_client(ep: Endpoint, timeout: int, ping_timeout: float = PING_TIMEOUT) -> docker.DockerClient:
+    """An SDK client for ``ep`` whose API version comes from the daemon's answer to one ``/_ping``.
 
-    return docker.DockerClient(timeout=timeout, **client_kwargs(ep, os.environ))
+    The SDK's own negotiation (``version="auto"``) costs a ``GET /version`` on top of the ping that
+    :func:`ensure_daemon` needs anyway; the ping's ``API-Version`` header is the same number (the SDK
+    reads ``ApiVersion`` of /version). A daemon too old to send the header is asked /version as before.
+    Failures are the SDK's own ``DockerException`` ("Error while fetching server API version"), as with
+    ``version="auto"``.
+    """
+    sdk_ = sdk(ssh=ep.is_ssh)
+    from docker.constants import MINIMUM_DOCKER_API_VERSION
+
+    kwargs = client_kwargs(ep, os.environ)
+    c: docker.DockerClient = sdk_.DockerClient(timeout=timeout, version=MINIMUM_DOCKER_API_VERSION, **kwargs)
+    api = c.api
+    try:
+        response = api._get(api._url("/_ping", versioned_api=False), timeout=ping_timeout)
+        api._raise_for_status(response)
+        version = response.headers.get("API-Version") or api._retrieve_server_version()
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            c.close()
+        raise sdk_.errors.DockerException(f"Error while fetching server API version: {exc}") from exc
+    api._version = str(version)
+    CLIENTS_MADE.append(ep)
+    _ANSWERED.add(ep)
+    return c
 
 
 def tail_lines(text: str | bytes, n: int = 30) -> list[str]:
@@ -270,26 +299,24 @@ def _which_sbin(executable: str) -> str | None:
 _ANSWERED: set[Endpoint] = set()
 
 
-def _ping(timeout: float = 5) -> str | None:
-    """None when a daemon answers, else a short reason (a daemon that answered once is trusted)."""
-    from docker.errors import DockerException
+def _ping(timeout: float = PING_TIMEOUT) -> str | None:
+    """None when a daemon answers, else a short reason (a daemon that answered once is trusted).
 
+    The ping is the one that makes the process's shared client (:func:`client`): no client of its own.
+    """
     ep = endpoint()
     if ep in _ANSWERED:
         return None
+    sdk(ssh=ep.is_ssh)
+    from docker.errors import DockerException
+
     try:
-        c = _new_client(ep, max(1, int(timeout)))
+        _client_for(ep, CLIENT_TIMEOUT, timeout)  # a client already made for ep counts as its answer
+        return None
     except DockerException as exc:
         return str(exc)
-    try:
-        c.ping()
-        _ANSWERED.add(ep)
-        return None
-    except Exception as exc:  # requests' connection errors and DockerException alike
-        return str(exc)
-    finally:
-        with contextlib.suppress(Exception):
-            c.close()
+    except InfraError as exc:  # the ssh extra missing (client_kwargs)
+        return exc.message
 
 
 def _dockerd_running() -> bool:
@@ -417,6 +444,7 @@ def daemon_errors(what: str, *, hint: str | None = None) -> Iterator[None]:
     task, whether a build step, a serving container or a clean-up asked.  ``what`` completes
     "lost the Docker daemon while ..." and "Docker refused ..."; ``hint`` goes with a refusal.
     """
+    sdk()
     import docker.errors
     import requests.exceptions
 
@@ -443,9 +471,23 @@ def explanation(exc: BaseException) -> str:
     return str(getattr(exc, "explanation", None) or exc)
 
 
-@functools.lru_cache(maxsize=4)
-def _client_for(ep: Endpoint, timeout: int) -> docker.DockerClient:
-    return _new_client(ep, timeout)
+class _Clients:
+    """The process's SDK clients, one per (endpoint, timeout); ``cache_clear`` forgets them (tests switch daemons)."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[Endpoint, int], docker.DockerClient] = {}
+
+    def __call__(self, ep: Endpoint, timeout: int, ping_timeout: float = PING_TIMEOUT) -> docker.DockerClient:
+        c = self._made.get((ep, timeout))
+        if c is None:
+            c = self._made[(ep, timeout)] = _new_client(ep, timeout, ping_timeout)
+        return c
+
+    def cache_clear(self) -> None:
+        self._made.clear()
+
+
+_client_for = _Clients()
 
 
 def client(timeout: int = CLIENT_TIMEOUT) -> docker.DockerClient:

@@ -20,15 +20,24 @@ through the same binary and configuration. The SDK still *imports* paramiko for 
 (docker/transport/sshconn.py), so ssh hosts need the ``imageforge[ssh]`` extra (``docker[ssh]``);
 the core install stays without paramiko, cryptography, bcrypt and PyNaCl, and
 :func:`client_kwargs` says so (exit 5) when the extra is missing.
+
+:func:`sdk` is the one import of the SDK: where the endpoint is not ``ssh://`` it imports ``docker``
+without its ssh transport (paramiko, cryptography, PyNaCl, bcrypt: ~55 ms of a no-op build's ~125 ms SDK
+import, issue 25) and attaches that transport later in the same process only if an ssh endpoint asks.
+The default context is recognised without importing the SDK at all (``currentContext`` read as the SDK
+reads it); only another context's endpoint is read through ``ContextAPI``.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import ipaddress
+import json
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -88,14 +97,13 @@ def resolve_endpoint(environ: Mapping[str, str] | None = None) -> Endpoint:
     host = env.get("DOCKER_HOST", "").strip()
     if host:
         return Endpoint(host, "DOCKER_HOST")
-    import docker  # noqa: F401  lazy, and first: docker.context alone is a circular import in the SDK
+    name = env.get("DOCKER_CONTEXT", "").strip() or current_context_name()
+    if name == "default":
+        return Endpoint(DEFAULT_SOCKET, "default")  # no SDK import: a no-op build needs none for this
+    sdk()  # lazy, and first: docker.context alone is a circular import in the SDK
     from docker.context import ContextAPI
-    from docker.context.config import get_current_context_name
     from docker.errors import DockerException
 
-    name = env.get("DOCKER_CONTEXT", "").strip() or _current_context_name(get_current_context_name)
-    if name == "default":
-        return Endpoint(DEFAULT_SOCKET, "default")
     try:
         kwargs = ContextAPI.kwargs_from_context(name, environment=dict(env))
     except DockerException as exc:
@@ -110,15 +118,60 @@ def resolve_endpoint(environ: Mapping[str, str] | None = None) -> Endpoint:
     return Endpoint(base_url, f"context {name}", kwargs.get("tls"))
 
 
-def _current_context_name(reader: Any) -> str:
-    name = reader()
-    return str(name or "default")
+def current_context_name() -> str:
+    """``currentContext`` of the Docker config, read as the SDK's ``get_current_context_name`` reads it.
+
+    The first of ``$DOCKER_CONFIG/config.json``, ``~/.docker/config.json``, ``~/.dockercfg`` that exists
+    (the SDK's ``find_config_file``, from the process's environment as the SDK does); ``default`` when there
+    is none, it cannot be read or it names none.
+    """
+    home = os.path.expanduser("~")
+    candidates = [os.path.join(os.environ["DOCKER_CONFIG"], "config.json")] if os.environ.get("DOCKER_CONFIG") else []
+    candidates += [os.path.join(home, ".docker", "config.json"), os.path.join(home, ".dockercfg")]
+    for path in candidates:
+        if os.path.exists(path):
+            try:
+                with open(path) as fh:
+                    return str(json.load(fh).get("currentContext") or "default")
+            except Exception:  # as the SDK: an unreadable config is the default context
+                return "default"
+    return "default"
+
+
+def sdk(*, ssh: bool = False) -> ModuleType:
+    """The ``docker`` package, imported once per process; its ssh transport only when ``ssh``.
+
+    The SDK's ``docker.transport`` imports paramiko (and with it cryptography, PyNaCl, bcrypt) whenever
+    paramiko is installed, for any endpoint. Where the endpoint is not ``ssh://`` the first import hides
+    paramiko (``sys.modules["paramiko"] = None`` makes the SDK's own ``try: import`` skip the transport);
+    an ssh endpoint later in the process imports the transport then and hands it to the SDK where its
+    ``try`` would have put it (``docker.transport`` and ``docker.api.client``).
+    """
+    if "docker" not in sys.modules and not ssh and "paramiko" not in sys.modules:
+        sys.modules["paramiko"] = None  # type: ignore[assignment]
+        try:
+            import docker
+        finally:
+            if sys.modules.get("paramiko", 0) is None:
+                del sys.modules["paramiko"]
+    import docker
+    import docker.transport
+
+    if ssh and not hasattr(docker.transport, "SSHHTTPAdapter") and importlib.util.find_spec("paramiko"):
+        import docker.api.client
+        from docker.transport.sshconn import SSHHTTPAdapter
+
+        docker.transport.SSHHTTPAdapter = SSHHTTPAdapter
+        docker.api.client.SSHHTTPAdapter = SSHHTTPAdapter
+    module: ModuleType = sys.modules["docker"]
+    return module
 
 
 def client_kwargs(endpoint: Endpoint, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """``docker.DockerClient(**kwargs)`` for ``endpoint`` (TLS from the environment or the context; ssh binary)."""
     env = os.environ if environ is None else environ
     if endpoint.source == "DOCKER_HOST":
+        sdk(ssh=endpoint.is_ssh)
         from docker.utils import kwargs_from_env
 
         kwargs: dict[str, Any] = dict(kwargs_from_env(environment=dict(env)))
