@@ -94,7 +94,7 @@ def _file_prompts(texts: list[str]) -> None:
     of them as its warm-up (what vLLM's initial test run sends).  The request loop, timing and accounting stay
     imageforge's own: only the prompt source changes."""
     from imageforge.bench.client import BenchClient
-    from imageforge.bench.workload import Prompt
+    from imageforge.workload import Prompt
 
     async def prompts(self: BenchClient, model: str, indexes: Any, *, shared: bool = True) -> tuple[list[Prompt], str]:
         return [Prompt(i, texts[max(i, 0)], None) for i in indexes], "text"

@@ -23,6 +23,7 @@ from invoke.tasks import task as _invoke_task
 
 from . import app
 from .cli import command_io
+from .workload import Workload
 
 if TYPE_CHECKING:
     pass
@@ -97,8 +98,6 @@ def _option(name: str, default: object) -> inspect.Parameter:
 
 def _workload_fields() -> dict[str, object]:
     """The workload options and their defaults, from the Workload dataclass (``model``: "" = discover it)."""
-    from .bench import Workload  # lazy, as app's imports: `imageforge --help` stays fast
-
     return {f.name: ("" if f.default is None else f.default) for f in dataclasses.fields(Workload)}
 
 
@@ -147,8 +146,6 @@ def command(*, json: bool = False, manifest: bool = True, host: bool = False, wo
                     out.in_place = app.in_place(s, enabled=bool(given["in_place"]), root=str(given["root"]),
                                                 python=str(given["python"]))
                 if workload:
-                    from .bench import Workload
-
                     options["workload"] = Workload(**{**w, "model": w["model"] or None})
                 body(c, out, **options)
 

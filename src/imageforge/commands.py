@@ -26,9 +26,9 @@ from . import __version__, app
 from .cli import EXIT_CLOSED_PIPE, Output, closed_pipe_quiet
 from .command_options import PROFILE_HELP, RESOLVE_HELP, SET_HELP, TARGET_HELP, command
 from .errors import BuildError, ConfigError
+from .workload import Workload
 
 if TYPE_CHECKING:
-    from .bench import Workload
     from .smoke import SmokeReport
 
 
@@ -223,7 +223,7 @@ def bench(c: Context, cmd: Output, url: str = "", target: str = "", profile: str
     --replay: the evaluator's workload one request at a time, its metrics and PASS/FAIL lines, bench.json + PNG.
     Workload options also answer to `vllm bench serve`'s names: --num-prompts, --max-concurrency,
     --random-input-len, --random-output-len, --request-rate (Poisson arrivals); the report adds p99s and ITL."""
-    from .bench import Workload, replay_options
+    from .bench import replay_options
 
     w = workload or Workload()
     options = replay_options(replay, replay_out, requests=w.requests, seed=w.seed, max_model_len=max_model_len,
@@ -250,8 +250,6 @@ def bench(c: Context, cmd: Output, url: str = "", target: str = "", profile: str
 def sweep(c: Context, cmd: Output, target: str = "", profile: str = "", param: list[str] | None = None,
           set_: list[str] | None = None, interleave: bool = True, workload: Workload | None = None) -> None:
     """For each --param combination: build (config layer only), serve, bench, remove; table, sweep.json/.md/.png."""
-    from .bench import Workload
-
     w = workload or Workload()
     requests_given, concurrency_given = bool(w.requests), bool(w.concurrency)  # 0: from the swept values
     defaults = Workload()
@@ -323,8 +321,6 @@ def ablate(c: Context, cmd: Output, target: str = "", profile: str = "", steps: 
     """For each step: the image without it, benched ABAB against the full image, and its equiv verdict; a table.
 
     --in-place: one server at a time on this machine (full, each variant, full)."""
-    from .bench import Workload
-
     result = app.ablate(cmd.settings, target or None, profile or None, set_ or [], workload=workload or Workload(),
                         steps=steps, repeat=repeat, out=out, equiv=not no_equiv, in_place=cmd.in_place)
     cmd.result(result.text(), result.to_json(), logged=True)

@@ -23,7 +23,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     # pure helpers; run directories and locks; HTTP wire formats and the health wait; equiv tolerances
     ("yaml_messages", "yamldoc", "yaml_schema",  # YAML: the problems' words, the loader, the schemas and their check
      "patching", "pycheck", "patchfrom", "rundirs", "cli", "serving_client", "waits", "tolerances", "starter",
-     "progress", "wheelhouse_join", "wheelhouse",  # wheelhouse_join: the stdlib joiner shipped beside the parts
+     "progress", "workload", "wheelhouse_join", "wheelhouse",  # wheelhouse_join: the stdlib joiner beside the parts
      "inimage"),  # the programs run inside an image (verify, the flag listing, the tree's step runtime), as text
     ("docker_engine",),  # the daemon: engine setup, SDK client, the one error translator, container files
     ("manifest",),  # the frozen model of build.yaml

@@ -33,6 +33,7 @@ A bench fails (SmokeError, exit 4) when its error rate exceeds the threshold or 
 
 from __future__ import annotations
 
+from ..workload import APIS, Prompt, Workload, prompt_words
 from .client import BenchClient
 from .evaluator import EvalReport, RequestRecord, TargetLine, classify_error, evaluate
 from .metrics import (
@@ -68,7 +69,6 @@ from .sweeps import (
     sweep_image,
     sweep_workload,
 )
-from .workload import APIS, Prompt, Workload, prompt_words
 
 __all__ = [
     "APIS",

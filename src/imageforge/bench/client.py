@@ -17,9 +17,9 @@ from httpx_sse import SSEError
 
 from ..errors import SmokeError
 from ..serving_client import StreamReader, open_stream
+from ..workload import Prompt, Workload
 from .metrics import metrics_counters
 from .results import RequestResult
-from .workload import Prompt, Workload
 
 
 class BenchClient:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, Location
-from .workload import bound_problems
+from ..workload import bound_problems
 
 #: Counts the tokens of a text (no special tokens).
 TokenCounter = Callable[[str], int]

@@ -18,13 +18,13 @@ from ..rundirs import new_run_id
 from ..serve.container import serving
 from ..serving_client import check_url
 from ..waits import await_until
+from ..workload import Prompt, Workload
 from .client import BenchClient
 from .metrics import CACHED_TOKEN_COUNTERS, GENERATION_TOKEN_COUNTERS, PROMPT_TOKEN_COUNTERS, counter_delta
 from .plots import NO_PLOTS
 from .replay import replay_bench, replay_verdict, write_replay
 from .report import write_bench
 from .results import BenchResult, RequestResult
-from .workload import Prompt, Workload
 
 Log = Callable[[str], None]
 

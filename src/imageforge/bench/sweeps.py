@@ -24,13 +24,13 @@ from ..errors import ConfigError, ImageforgeError, SmokeError
 from ..resolve import resolve
 from ..rundirs import new_run_id
 from ..serve.container import serving
+from ..workload import Workload
 from .metrics import PLATEAU_TOLERANCE, SCORE_CACHE_WEIGHT, SCORE_INPUT_WEIGHT, SCORE_OUTPUT_WEIGHT, plateau_index
 from .plots import NO_PLOTS, plot_sweep
 from .plots import available as plots_available
 from .report import fmt, make_console, ms, write_bench
 from .results import rounded
 from .runner import bench_target, median_run, run_bench, verdict
-from .workload import Workload
 
 Log = Callable[[str], None]
 

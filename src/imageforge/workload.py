@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 APIS = ("completions", "chat")
 
