@@ -1,4 +1,4 @@
-"""The repository's invoke tasks: the `imageforge` command's collection, plus `test` (repository-only).
+"""The repository's invoke tasks: the `imageforge` command's collection, plus `test` and `schema` (repository-only).
 
 The tasks live in the package (`src/imageforge/commands.py`), so `pip install` gives the same
 `imageforge` command; this file re-exports them so that `invoke TASK` here works the same. Run
@@ -68,4 +68,13 @@ def _test_with_coverage(c: Context, args: str) -> None:
         raise Exit(code=result.return_code if result else 1)
 
 
-ns = commands.collection(test)
+@task()
+def schema(c: Context) -> None:
+    """Rewrite schema/build.schema.json's step kinds from the registry (one module per kind in steps/)."""
+    from imageforge.steps.schema import write_schema  # the registry: not imported for every task
+
+    path = ROOT / "schema" / "build.schema.json"
+    print(f"{path}: {'rewritten' if write_schema(path) else 'already the registry'}'s step kinds")
+
+
+ns = commands.collection(test, schema)

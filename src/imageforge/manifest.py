@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from . import settings
 from .errors import ConfigError, Location
@@ -20,8 +20,10 @@ from .yaml_messages import did_you_mean
 from .yamldoc import YamlDocument
 
 DEFAULT_MANIFEST = settings.DEFAULT_MANIFEST
-#: The names of the step kinds (their behaviour: the classes of :mod:`imageforge.steps`, registered by name).
-StepKindName = Literal["overlay", "patch", "script", "symlink"]
+#: A step kind's name: a key of the registry in :mod:`imageforge.steps` (each kind's class, registered by name).
+#: A plain str on purpose: the names are the registry's, checked when build.yaml is loaded (the schema's kind
+#: enum is made from the registry), so adding a kind edits no list of names here.
+StepKindName = str
 
 
 def frozen_map(data: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -77,9 +79,76 @@ class RunOptions:
     port: int = 8000
 
 
+SpecT = TypeVar("SpecT", bound="StepSpec")
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """A step kind's fields, typed: each kind's frozen subclass (``steps/<kind>.py``) names them with their defaults.
+
+    What the manifest set or the kind defaulted is the step's definition (its cache key); a field left None is
+    one the manifest left out (no kind's field takes None as a value).
+    """
+
+    @property
+    def host_file(self) -> str | None:
+        """The host file the step reads (``source``, relative to the manifest, normalised): a cache-key input."""
+        return None
+
+    @property
+    def host_directory(self) -> str | None:
+        """The host folder the step copies (``directory`` as written: a path or a whole ``${VAR}``)."""
+        return None
+
+    def definition(self) -> dict[str, Any]:
+        """The fields that are set, by name, as JSON values (tuples as lists, mappings as dicts)."""
+        out: dict[str, Any] = {}
+        for name in sorted(f.name for f in fields(self)):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out[name] = value
+        return out
+
+    # Transitional: key access for the consumers not yet on attributes (removed once they are).
+    def __getitem__(self, key: str) -> Any:
+        value = getattr(self, key, None)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: str) -> bool:
+        return getattr(self, key, None) is not None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = getattr(self, key, None)
+        return default if value is None else value
+
+    def items(self) -> Any:
+        return self.definition().items()
+
+    def keys(self) -> Any:
+        return self.definition().keys()
+
+    def __iter__(self) -> Any:
+        return iter(self.definition())
+
+    @classmethod
+    def of(cls: type[SpecT], step: Step) -> SpecT:
+        """``step``'s spec as this kind's class (a ConfigError when the step is of another kind)."""
+        if not isinstance(step.spec, cls):
+            raise ConfigError(f"step {step.id!r} is a {step.kind} step: it has no {cls.__name__}",
+                              location=step.location, key_path=step.key_path)
+        return step.spec
+
+
 @dataclass(frozen=True)
 class Step:
-    """One ordered build step. ``spec`` holds the kind's fields (already validated)."""
+    """One ordered build step. ``spec`` holds the kind's fields (already validated), typed by the kind."""
 
     id: str
     kind: StepKindName
@@ -87,7 +156,7 @@ class Step:
     location: Location
     key_path: str
     profile: str | None
-    spec: Mapping[str, Any]
+    spec: StepSpec
     source_path: Path | None = None  # absolute host path of an overlay/script source
     field_locations: Mapping[str, Location] = field(default_factory=lambda: frozen_map({}))
     # Forensics metadata (bisect/ablate): not in ``spec``, so not in the cache key -- they change no image.
@@ -120,14 +189,7 @@ class Step:
 
     def definition(self) -> dict[str, Any]:
         """Canonical definition (what enters the cache key): no locations, no host paths."""
-        out: dict[str, Any] = {"id": self.id, "kind": self.kind}
-        for key, value in sorted(self.spec.items()):
-            if isinstance(value, tuple):
-                value = list(value)
-            elif isinstance(value, Mapping):
-                value = dict(value)
-            out[key] = value
-        return out
+        return {"id": self.id, "kind": self.kind, **self.spec.definition()}
 
 
 ServingStyle = Literal["config", "argv"]

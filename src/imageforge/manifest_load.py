@@ -45,6 +45,7 @@ from .manifest import (
     package_relative,
 )
 from .steps import kind
+from .steps.schema import manifest_schema
 from .tolerances import equiv_settings
 from .yaml_messages import did_you_mean
 from .yaml_schema import validate_schema
@@ -137,7 +138,7 @@ class _Builder:
     def step(
         self, kp: tuple[str | int, ...], raw: Mapping[str, Any], package: PackageSpec, profile: str | None
     ) -> Step:
-        name: StepKindName = raw["kind"]
+        name: StepKindName = raw["kind"]  # one of the registry's (the schema's enum is made from it)
         spec: dict[str, Any] = {k: v for k, v in raw.items() if k not in ("id", "kind", "why", "requires", "required")}
         source_path: Path | None = None
         if "source" in raw:
@@ -151,7 +152,7 @@ class _Builder:
             location=self.doc.location(kp),
             key_path=".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in kp).replace(".[", "["),
             profile=profile,
-            spec=frozen_map(loaded.spec),
+            spec=loaded.spec,
             source_path=source_path,
             field_locations=frozen_map({k: self.doc.location((*kp, k)) for k in raw}),
             requires=tuple(raw.get("requires", ())),
@@ -436,7 +437,7 @@ def load_manifest(path: Path | str = DEFAULT_MANIFEST) -> Manifest:
             expected="keys version, default_target, targets",
             found=type(doc.data).__name__,
         )
-    validate_schema(doc, "build.schema.json", what="manifest")
+    validate_schema(doc, manifest_schema(), what="manifest")  # the shipped schema, its step kinds the registry's
     builder = _Builder(doc)
     targets = {name: builder.target(name, raw) for name, raw in doc.data["targets"].items()}
     default = doc.data["default_target"]

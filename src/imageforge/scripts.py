@@ -1,6 +1,7 @@
-"""Script steps' files and execution: the one place that copies a script (or a directory) into a running
-container and runs it there. ``build`` commits what it leaves; ``check-patches`` runs it in a throwaway
-container and checks the later steps against the result.
+"""Script steps' host side and execution: a directory step's host folder, a folder as tar entries, and the exec
+in a running container (the script kind, :func:`imageforge.steps.script.exec_script`, puts its files there and runs
+it through :func:`exec_argv`). ``build`` commits what it leaves; ``check-patches`` runs it in a throwaway container
+and checks the later steps against the result.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from .docker_engine import client
-from .docker_engine.containers import FIXED_MTIME, file_entry, symlink_entry, tar_of
-from .errors import BuildError, InfraError
+from .docker_engine.containers import FIXED_MTIME, file_entry, symlink_entry
+from .errors import InfraError
 from .manifest import Step
 
 Log = Callable[[str], None]
@@ -67,30 +68,16 @@ def script_directory(step: Step, environ: Mapping[str, str]) -> Path:
     return directory
 
 
-def exec_script(container: Any, step: Step, environ: Mapping[str, str], *,
-                echo: Log | None = None) -> tuple[int | None, list[str]]:
-    """Put a script step's files into a running ``container`` and exec it; (exit code, output lines).
+def exec_argv(container: Any, argv: list[str], env: Mapping[str, str], user: str, workdir: str | None,
+              echo: Log | None = None) -> tuple[int | None, list[str]]:
+    """Exec ``argv`` in a running ``container`` as ``user`` in ``workdir``; (exit code, output lines as they came).
 
-    A ``source`` script goes to a scratch directory and runs with its ``args``; a ``directory`` is
-    copied to ``dest`` and ``command`` runs there (``workdir``, default ``dest``).
+    What a script step runs (:func:`imageforge.steps.script.exec_script` puts its files there first).
     """
-    spec = step.spec
-    if "directory" in spec:
-        entries, payloads = directory_entries(script_directory(step, environ), str(spec["dest"]))
-        argv = list(spec["command"])
-    else:
-        name = posixpath.basename(spec["source"])
-        data = step.source.read_bytes()
-        entries = [file_entry(f"{SCRIPT_SCRATCH}/{name}", data, mode=0o755)]
-        payloads = {entries[0].name: data}
-        argv = [f"{SCRIPT_SCRATCH}/{name}", *spec.get("args", ())]
-    if not container.put_archive("/", tar_of(entries, payloads)):
-        raise BuildError(f"the daemon refused to write the files of step {step.id}")
-    env = {k: str(v) for k, v in spec.get("env", {}).items()}
     api = client().api
-    options: dict[str, Any] = {"environment": env, "user": spec.get("user", "root")}
-    if spec.get("workdir"):
-        options["workdir"] = spec["workdir"]
+    options: dict[str, Any] = {"environment": dict(env), "user": user}
+    if workdir:
+        options["workdir"] = workdir
     exec_id = api.exec_create(container.id, argv, **options)["Id"]
     lines: list[str] = []
     pending = ""

@@ -218,11 +218,11 @@ def _dates(data: Any, path: KeyPath = ()) -> Iterator[tuple[KeyPath, Any]]:
             yield from _dates(value, (*path, index))
 
 
-def validate_schema(doc: YamlDocument, schema_name: str, *, what: str) -> None:
-    """Validate ``doc.data`` against the package's ``schema/<schema_name>``; report every error at once."""
+def validate_schema(doc: YamlDocument, schema: str | Mapping[str, Any], *, what: str) -> None:
+    """Validate ``doc.data`` against the package's ``schema/<schema>`` (or the schema given); report every error."""
     from jsonschema import Draft202012Validator
 
-    validator = Draft202012Validator(load_schema(schema_name))
+    validator = Draft202012Validator(load_schema(schema) if isinstance(schema, str) else schema)
     errors = sorted(validator.iter_errors(doc.data), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
     collector = ErrorCollector()
     seen: set[tuple[str | None, str]] = set()

@@ -17,6 +17,7 @@ from imageforge.patchfrom import apply_steps, derive_patch_steps, occurrences, r
 from imageforge.patchfrom_image import package_file
 from imageforge.patching import apply_patch
 from imageforge.resolve import resolve
+from imageforge.steps import PatchSpec, SymlinkSpec, kind
 
 SITE = "/opt/venv/lib/python3.11/site-packages"
 
@@ -152,9 +153,9 @@ def test_already_applied_patch_and_links() -> None:
     from imageforge.manifest import Step
 
     loc = Location("build.yaml", 1)
-    patch = Step("p", "patch", None, loc, "steps[0]", None, {"file": "vllm/y.py", "old": "A = 1", "new": "A = 2"})
-    link = Step("l", "symlink", None, loc, "steps[1]", None, {"link": "/usr/local/lib/libx.so",
-                                                                "target": "/opt/libx.so"})
+    patch = Step("p", "patch", None, loc, "steps[0]", None, PatchSpec(file="vllm/y.py", old="A = 1", new="A = 2"))
+    link = Step("l", "symlink", None, loc, "steps[1]", None, SymlinkSpec(link="/usr/local/lib/libx.so",
+                                                                           target="/opt/libx.so"))
     fs = DictFS(files={f"{SITE}/vllm/y.py": b"A = 2\n", "/opt/libx.so": b""},
                 links={"/usr/local/lib/libx.so": "/opt/libx.so"})
     rows, _ = check_steps([patch, link], {}, fs, SITE)
@@ -166,9 +167,9 @@ def test_symlink_conflict_and_link_path() -> None:
     from imageforge.manifest import Step
 
     loc = Location("build.yaml", 1)
-    link = Step("l", "symlink", None, loc, "steps[0]", None, {"link": "/usr/local/lib/libx.so",
-                                                               "target": "/opt/libx.so"})
-    through = Step("o", "patch", None, loc, "steps[1]", None, {"file": "vllm/linked/a.py", "old": "a", "new": "b"})
+    link = Step("l", "symlink", None, loc, "steps[0]", None, SymlinkSpec(link="/usr/local/lib/libx.so",
+                                                                          target="/opt/libx.so"))
+    through = Step("o", "patch", None, loc, "steps[1]", None, PatchSpec(file="vllm/linked/a.py", old="a", new="b"))
     fs = DictFS(files={"/usr/local/lib/libx.so": b"real file", "/opt/libx.so": b"", "/real/a.py": b"a"},
                 links={f"{SITE}/vllm/linked": "/real"})
     rows, _ = check_steps([link, through], {}, fs, SITE)
@@ -306,7 +307,8 @@ def _step(ident: str, kind_name: str, spec: dict[str, object], index: int = 0) -
     from imageforge.errors import Location
     from imageforge.manifest import Step
 
-    return Step(ident, kind_name, None, Location("build.yaml", 1 + index), f"steps[{index}]", None, spec)  # type: ignore[arg-type]
+    return Step(ident, kind_name, None, Location("build.yaml", 1 + index), f"steps[{index}]", None,
+                kind(kind_name).spec_type(**spec))
 
 
 MOE_PY = ("def f(x, T):\n    if T == 1:\n        out = x\n    else:\n        out = x * 0\n        uniq = x + 1\n"

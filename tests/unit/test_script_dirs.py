@@ -15,6 +15,7 @@ from imageforge.manifest_load import load_manifest
 from imageforge.plan import make_plan, step_inputs
 from imageforge.resolve import resolve
 from imageforge.serving import serving_argv
+from imageforge.steps import PatchSpec, ScriptSpec
 from tests.unit.conftest import MINIMAL
 
 SCRIPT_STEP = """\
@@ -128,11 +129,11 @@ def test_check_steps_runs_scripts_through_the_runner() -> None:
     site = "/site"
     fs = DictFS(files={"/site/vllm/a.py": b"X = 1\n"})
     script = Step("s", "script", None, None, "targets.t.steps[1]", None,  # type: ignore[arg-type]
-                  {"dest": "/work", "command": ("sh", "x"), "directory": "${D}"})
+                  ScriptSpec(dest="/work", command=("sh", "x"), directory="${D}"))
     first = Step("p1", "patch", None, None, "targets.t.steps[0]", None,  # type: ignore[arg-type]
-                 {"file": "vllm/a.py", "old": "X = 1", "new": "X = 2", "count": 1})
+                 PatchSpec(file="vllm/a.py", old="X = 1", new="X = 2", count=1))
     after = Step("p2", "patch", None, None, "targets.t.steps[2]", None,  # type: ignore[arg-type]
-                 {"file": "vllm/b.py", "old": "Y = 1", "new": "Y = 2", "count": 1})
+                 PatchSpec(file="vllm/b.py", old="Y = 1", new="Y = 2", count=1))
     seen: list[bytes | None] = []
 
     def runner(step: Step, state: Overlay) -> ScriptOutcome:

@@ -1,111 +1,76 @@
-"""The step kinds are defined once: the registry in steps/ (one class per kind) is what the schema and the
-manifest's kind-name Literal say (issue 26 item 4).
+"""The step kinds are defined once, each in its module of steps/ (issue 26 item 4): its typed frozen spec (fields,
+defaults), its manifest keys as a JSON Schema fragment, its load.
 
-The schema (top-level schema/build.schema.json) names the kinds in ``$defs.step``'s ``kind`` enum, sends each
-kind to its ``$defs.<kind>_step`` through one ``if kind == NAME then`` branch, and lists that kind's keys there;
-those keys, less the ones every step has, are the kind class's ``fields``. ``manifest.StepKindName`` lists the
-same names, and every step the repository's build.yaml loads holds only its kind's fields in ``Step.spec``.
+The schema's step parts are made from the registry (``imageforge.steps.schema``): the loader validates against
+them, and the shipped file (top-level schema/build.schema.json) is their text (``invoke schema`` rewrites it).
+A kind defined here, in this module only, is accepted by the loader; an unknown kind is refused. The cache keys of
+a manifest using every kind's fields are the ones main's code computed before the specs were typed.
 """
 
 from __future__ import annotations
 
-import copy
 import json
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, ClassVar
 
 import pytest
 
 from imageforge.errors import ConfigError
-from imageforge.manifest import StepKindName
+from imageforge.manifest import Step, StepSpec
 from imageforge.manifest_load import load_manifest
-from imageforge.steps import KINDS, StepKind, kind
+from imageforge.plan import chain_key, make_plan, step_inputs
+from imageforge.resolve import resolve
+from imageforge.steps import KINDS, PatchSpec, StepKind, kind
+from imageforge.steps.core import register
+from imageforge.steps.schema import manifest_schema, schema_text, with_kinds
 from tests.unit.conftest import MINIMAL
 
 REPO = Path(__file__).resolve().parents[2]
+SHIPPED = REPO / "schema" / "build.schema.json"
 #: The keys of every step, whatever its kind (the schema's $defs.step and the Step dataclass's own fields).
 COMMON = {"id", "kind", "why", "required", "requires"}
 
 
-def build_schema() -> dict[str, Any]:
-    schema: dict[str, Any] = json.loads((REPO / "schema" / "build.schema.json").read_text())
-    return schema
+def test_the_shipped_schema_is_the_registrys() -> None:
+    text = SHIPPED.read_text()
+    assert schema_text(with_kinds(json.loads(text), KINDS)) == text, "run `invoke schema` (it rewrites the file)"
+    assert json.loads(text) == manifest_schema(), "the loader validates against what is shipped"
+    defs = json.loads(text)["$defs"]
+    assert defs["step"]["properties"]["kind"]["enum"] == sorted(KINDS) == ["overlay", "patch", "script", "symlink"]
+    for name, cls in KINDS.items():
+        part = defs[f"{name}_step"]
+        assert part["additionalProperties"] is False and set(part["properties"]) - COMMON == set(cls.fields), name
 
 
-def schema_mismatches(schema: Mapping[str, Any], kinds: Mapping[str, StepKind]) -> list[str]:
-    """What the schema says about the step kinds that the registry ``kinds`` does not (empty: they agree)."""
-    defs = schema["$defs"]
-    step = defs["step"]
-    out = []
-    enum = sorted(step["properties"]["kind"]["enum"])
-    if enum != sorted(kinds):
-        out.append(f"$defs.step kind enum {enum} != the registry {sorted(kinds)}")
-    branches = {b["if"]["properties"]["kind"]["const"]: b["then"]["$ref"] for b in step["allOf"]}
-    if branches != {name: f"#/$defs/{name}_step" for name in kinds}:
-        out.append(f"$defs.step branches {branches}")
-    for name, cls in sorted(kinds.items()):
-        part = defs.get(f"{name}_step")
-        if part is None:
-            out.append(f"no $defs.{name}_step")
-            continue
-        if part.get("additionalProperties") is not False:
-            out.append(f"$defs.{name}_step takes unknown keys")
-        keys = set(part.get("properties", {}))
-        if keys - COMMON != set(cls.fields):
-            out.append(f"$defs.{name}_step keys {sorted(keys - COMMON)} != {name} fields {sorted(cls.fields)}")
-        if not (COMMON - {"kind"} <= keys and {"id", "kind"} <= set(part.get("required", ()))):
-            out.append(f"$defs.{name}_step lacks a key every step has")
-    return out
-
-
-def test_the_schema_step_kinds_are_the_registry() -> None:
-    assert schema_mismatches(build_schema(), KINDS) == []
-
-
-def test_the_kind_name_literal_is_the_registry() -> None:
-    assert sorted(get_args(StepKindName)) == sorted(KINDS)
-    assert all(isinstance(k, StepKind) and k.name == n for n, k in KINDS.items())
-
-
-def test_every_loaded_step_holds_only_its_kinds_fields() -> None:
+def test_each_kinds_spec_holds_its_manifest_keys_typed() -> None:
+    for name, cls in KINDS.items():
+        assert cls.name == name and issubclass(cls.spec_type, StepSpec), name
+        assert {f.name for f in fields(cls.spec_type)} <= set(cls.fields), name
     steps = [s for t in load_manifest(REPO / "build.yaml").targets.values() for s in t.steps]
     assert {s.kind for s in steps} == set(KINDS), "the repository's build.yaml uses every kind"
     for step in steps:
-        assert set(step.spec) <= set(kind(step.kind).fields), (step.id, sorted(step.spec))
+        assert type(step.spec) is kind(step.kind).spec_type, step.id
 
 
-def test_a_kind_missing_from_the_schema_or_a_field_out_of_step_is_found() -> None:
-    schema = build_schema()
-    extra = type("Download", (StepKind,), {"name": "download", "fields": ("url",)})()
-    assert schema_mismatches(schema, {**KINDS, "download": extra}) == [
-        f"$defs.step kind enum {sorted(KINDS)} != the registry {sorted([*KINDS, 'download'])}",
-        "$defs.step branches " + str({n: f"#/$defs/{n}_step" for n in sorted(KINDS)}),
-        "no $defs.download_step",
-    ]
-    patch = copy.deepcopy(schema)
-    patch["$defs"]["patch_step"]["properties"]["encoding"] = {"type": "string"}
-    (found,) = schema_mismatches(patch, KINDS)
-    assert found.startswith("$defs.patch_step keys ['count', 'encoding', 'file', 'new', 'old', 'verified'] != patch")
+def defaults(spec_type: type[StepSpec]) -> dict[str, Any]:
+    return {f.name: f.default for f in fields(spec_type) if f.default is not MISSING}
 
 
-def test_a_kinds_defaults_are_its_own_and_fill_the_loaded_spec(write_manifest: Callable[..., Path]) -> None:
-    assert dict(kind("patch").defaults) == {"count": 1, "verified": True}
-    assert dict(kind("symlink").defaults) == {"replace": False, "replace_directory": False}
-    assert set(kind("overlay").defaults) == set() and set(kind("script").defaults) == set()
-    for name, cls in KINDS.items():
-        assert set(cls.defaults) <= set(cls.fields), name
+def test_a_kinds_defaults_are_its_specs_and_fill_the_loaded_step(write_manifest: Callable[..., Path]) -> None:
+    assert {k: v for k, v in defaults(PatchSpec).items() if v is not None} == {"count": 1, "verified": True}
+    assert defaults(kind("symlink").spec_type) == {"link": None, "target": None, "glob": None, "into": None,
+                                                    "replace": False, "replace_directory": False}
     twice = MINIMAL.replace('        new: "A = 2"\n', '        new: "A = 2"\n        count: 2\n')
-    manifest = write_manifest(twice, "two.yaml")
-    fix = load_manifest(write_manifest(MINIMAL)).targets["t"].steps[1]
-    assert (fix.spec["count"], fix.spec["verified"]) == (1, True)
-    assert load_manifest(manifest).targets["t"].steps[1].spec["count"] == 2
-    # a Step made in code may leave an optional field out: the kind's default is what it reads
-    bare = replace(fix, spec={k: v for k, v in fix.spec.items() if k not in ("count", "verified")})
-    assert kind("patch").value(bare, "count") == 1 and kind("patch").value(fix, "verified") is True
-    with pytest.raises(KeyError):
-        kind("patch").value(bare, "old-or-new")
+    fix = PatchSpec.of(load_manifest(write_manifest(MINIMAL)).targets["t"].steps[1])
+    assert (fix.count, fix.verified) == (1, True)
+    assert PatchSpec.of(load_manifest(write_manifest(twice, "two.yaml")).targets["t"].steps[1]).count == 2
+    # a spec made in code gets the same defaults: there is no second place that knows them
+    assert PatchSpec(file="vllm/y.py", old="A = 1", new="A = 2") == fix
+    over = load_manifest(write_manifest(MINIMAL)).targets["t"].steps[0]
+    with pytest.raises(ConfigError, match="'over' is a overlay step: it has no PatchSpec"):
+        PatchSpec.of(over)
 
 
 def test_a_kinds_load_reports_at_its_own_keys(write_manifest: Callable[[str], Path]) -> None:
@@ -115,3 +80,141 @@ def test_a_kinds_load_reports_at_its_own_keys(write_manifest: Callable[[str], Pa
     assert (info.value.key_path, info.value.message) == ("targets.t.steps[1].new", "patch does not change anything")
     new_line = same.splitlines().index('        new: "A = 1"') + 1
     assert info.value.location is not None and (info.value.location.line, info.value.location.column) == (new_line, 9)
+
+
+# --------------------------------------------------------------------------- a kind defined in this module only
+
+
+@dataclass(frozen=True)
+class DownloadSpec(StepSpec):
+    url: str
+    sha256: str | None = None
+    retries: int = 3
+
+
+class Download(StepKind):
+    name = "download"
+    spec_type = DownloadSpec
+    schema: ClassVar[Mapping[str, Any]] = {
+        "required": ["url"],
+        "properties": {"url": {"type": "string", "pattern": "^https://"}, "sha256": {"type": "string"},
+                       "retries": {"type": "integer", "minimum": 0}},
+    }
+
+
+@pytest.fixture
+def download() -> Iterator[StepKind]:
+    register(Download)
+    try:
+        yield KINDS["download"]
+    finally:
+        del KINDS["download"]
+
+
+DOWNLOAD = MINIMAL.replace("    serving:", """\
+      - id: fetch
+        kind: download
+        url: https://example.invalid/w.bin
+""" + "    serving:")
+
+
+def test_a_kind_in_one_module_is_accepted_and_an_unknown_kind_refused(
+        download: StepKind, write_manifest: Callable[[str], Path]) -> None:
+    target = load_manifest(write_manifest(DOWNLOAD)).targets["t"]
+    fetch = target.steps[2]
+    assert fetch.spec == DownloadSpec(url="https://example.invalid/w.bin") and kind("download") is download
+    assert fetch.definition() == {"id": "fetch", "kind": "download", "retries": 3,
+                                  "url": "https://example.invalid/w.bin"}
+    plan = make_plan(resolve(load_manifest(write_manifest(DOWNLOAD)), "t", None, environ={}), environ={}, probe=None)
+    assert [p.id for p in plan.steps if p.stage == "step"] == ["over", "fix", "fetch"]
+    assert manifest_schema()["$defs"]["step"]["properties"]["kind"]["enum"] == sorted(KINDS)
+    with pytest.raises(ConfigError) as info:  # its own keys are checked by its fragment
+        load_manifest(write_manifest(DOWNLOAD.replace("url: https://", "url: http://").replace(
+            "w.bin\n", "w.bin\n        retry: 2\n")))
+    text = info.value.render()
+    assert "targets.t.steps[2].url" in text and "unknown key 'retry'" in text and "did you mean 'retries'" in text
+    with pytest.raises(ConfigError) as info:
+        load_manifest(write_manifest(DOWNLOAD.replace("kind: download", "kind: upload")))
+    assert "targets.t.steps[2].kind" in info.value.render() and "'download'" in info.value.render()
+
+
+def test_without_the_kind_its_step_is_refused(write_manifest: Callable[[str], Path]) -> None:
+    assert "download" not in KINDS
+    with pytest.raises(ConfigError) as info:
+        load_manifest(write_manifest(DOWNLOAD))
+    assert "targets.t.steps[2].kind" in info.value.render()
+
+
+# --------------------------------------------------------------------------- cache keys as main's code made them
+
+#: Every kind with every field set and left out; paths written unnormalised where the loader normalises them.
+EVERY_FIELD = """\
+version: 1
+default_target: t
+targets:
+  t:
+    base: {image: "debian:bookworm"}
+    package: {import: vllm, distribution: vllm, version: "1.0"}
+    steps:
+      - {id: over, kind: overlay, source: overlays/x.py, dest: vllm/x.py}
+      - {id: over-mode, kind: overlay, source: ./overlays//x.py, dest: /opt/x.py, mode: "0600", owner: "1000:1000",
+         why: w, required: true}
+      - {id: fix, kind: patch, file: vllm/y.py, old: "A = 1", new: "A = 2"}
+      - {id: fix2, kind: patch, file: vllm/./y.py, old: "B = 1", new: "B = 2", count: 2, verified: false,
+         requires: [fix]}
+      - {id: run, kind: script, source: overlays/s.sh, args: [a, "1"], env: {X: 0644, Y: true, Z: "s"}, user: "1000",
+         workdir: /tmp//w}
+      - {id: run2, kind: script, source: overlays/s.sh}
+      - {id: dir, kind: script, directory: tree, dest: /opt/tree/, command: [sh, run.sh], touches: [vllm/a.py],
+         load_hint: "get it"}
+      - {id: dirvar, kind: script, directory: "${W26_DIR}", dest: /opt/t2, command: [sh, run.sh], workdir: /opt}
+      - {id: ln, kind: symlink, link: /usr/lib//a.so, target: b.so}
+      - {id: lnglob, kind: symlink, glob: /usr/lib/x/*.so, into: /usr/lib/y/, replace: true, replace_directory: true}
+    serving:
+      config_path: /etc/serve.yaml
+      args: {model: /m}
+"""
+
+#: (definition as JSON, key chained from "sha256:base") per step, computed by main's code (0416a68, Step.spec a
+#: Mapping) on EVERY_FIELD: typed specs change no key.
+MAINS = [
+    ('{"id": "over", "kind": "overlay", "dest": "vllm/x.py", "source": "overlays/x.py"}',
+     "373f49d6f38868bb698b38c637b75df9c2a61bd2ad6b595ec24e34a86bb18cbc"),
+    ('{"id": "over-mode", "kind": "overlay", "dest": "/opt/x.py", "mode": 384, "owner": "1000:1000", '
+     '"source": "overlays/x.py"}', "4d82c672b7873656f4d142370765b415d7e7a25614a726422010559b27aa89c2"),
+    ('{"id": "fix", "kind": "patch", "count": 1, "file": "vllm/y.py", "new": "A = 2", "old": "A = 1", '
+     '"verified": true}', "c39a2e66c74139724a925543a14e45446c6937ea8ba6ed34ac68e8886f4069d9"),
+    ('{"id": "fix2", "kind": "patch", "count": 2, "file": "vllm/y.py", "new": "B = 2", "old": "B = 1", '
+     '"verified": false}', "3f57fa07ce492a5c91640fbefd832f68b11b5a0d9a18b0bc815f1c6dc55550c4"),
+    ('{"id": "run", "kind": "script", "args": ["a", "1"], "env": {"X": "0644", "Y": "true", "Z": "s"}, '
+     '"source": "overlays/s.sh", "user": "1000", "workdir": "/tmp/w"}',
+     "77ea420795bc2a25f8363c4f6b242d9578a8eae97cfb0e9dc7fcc928954e3c58"),
+    ('{"id": "run2", "kind": "script", "args": [], "env": {}, "source": "overlays/s.sh"}',
+     "dbdc517343101b777998ef5f8fc5240e835fd0c9319b02aa0b0f73dcf9e42bfd"),
+    ('{"id": "dir", "kind": "script", "args": [], "command": ["sh", "run.sh"], "dest": "/opt/tree", '
+     '"directory": "tree", "env": {}, "workdir": "/opt/tree"}',
+     "fa788c7fc5f800e0d4510a7f289d363f0f6721effac8d14258740511b292733e"),
+    ('{"id": "dirvar", "kind": "script", "args": [], "command": ["sh", "run.sh"], "dest": "/opt/t2", '
+     '"directory": "${W26_DIR}", "env": {}, "workdir": "/opt"}',
+     "f321a91b7730f6a732d675cc04c6c4b1fceaf32ba75868b5b78966c1c4553062"),
+    ('{"id": "ln", "kind": "symlink", "link": "/usr/lib//a.so", "replace": false, "replace_directory": false, '
+     '"target": "b.so"}', "a995ecc2b172e900cf1e43b8a5f2700ab0ff7bcd6ee854ce0e763b7674e58c3c"),
+    ('{"id": "lnglob", "kind": "symlink", "glob": "/usr/lib/x/*.so", "into": "/usr/lib/y/", "replace": true, '
+     '"replace_directory": true}', "d92afa4af0e82bb24627241c1da474fd10ba4c4d461f8a1bcd004277b2a1fbd3"),
+]
+
+
+def test_cache_keys_are_mains(tmp_path: Path) -> None:
+    (tmp_path / "overlays").mkdir()
+    (tmp_path / "overlays" / "x.py").write_text("X = 1\n")
+    (tmp_path / "overlays" / "s.sh").write_text("#!/bin/sh\necho hi\n")
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "run.sh").write_text("echo run\n")
+    (tmp_path / "build.yaml").write_text(EVERY_FIELD)
+    steps: tuple[Step, ...] = load_manifest(tmp_path / "build.yaml").targets["t"].steps
+    parent = "sha256:base"
+    found = []
+    for step in steps:
+        parent = chain_key(parent, step.definition(), step_inputs(step, {}))
+        found.append((json.dumps(step.definition()), parent))  # json.dumps keeps the order (the in-place journal's)
+    assert found == MAINS

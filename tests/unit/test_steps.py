@@ -23,7 +23,8 @@ COMMON_KEYS = {"id", "kind", "why", "requires", "required"}
 
 
 def step(kind_name: str, spec: dict[str, object], source: Path | None = None) -> Step:
-    return Step("s1", kind_name, None, LOC, "targets.t.steps[0]", None, spec, source_path=source)  # type: ignore[arg-type]
+    return Step("s1", kind_name, None, LOC, "targets.t.steps[0]", None, kind(kind_name).spec_type(**spec),
+                source_path=source)
 
 
 def test_every_schema_kind_has_one_class_with_the_schema_keys() -> None:

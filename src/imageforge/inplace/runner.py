@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..manifest import Step
-from ..scripts import exec_script, script_directory
+from ..scripts import script_directory
+from ..steps.script import exec_script
 
 Log = Callable[[str], None]
 

@@ -9,8 +9,10 @@ One class per kind (``steps/<kind>.py``) holds, in one place:
   container and commits; check-patches records them in its in-memory overlay and reports a row;
 * ``facts``: what it leaves for the verify layer (changed ``.py`` files, overlay sha256, links);
 * ``emit``: the Dockerfile instructions that do the same with plain ``docker build``;
-* ``fields``, ``defaults`` and ``load``: the kind's manifest keys, the values of those left out, and their
-  normalisation and checks when build.yaml is loaded (:mod:`imageforge.manifest_load` asks the kind).
+* ``spec_type``, ``schema`` and ``load``: the kind's typed frozen spec (its fields and their defaults, a
+  :class:`imageforge.manifest.StepSpec`), its manifest keys as a JSON Schema fragment (build.schema.json's
+  ``$defs.<kind>_step`` is made from it: :mod:`.schema`), and their normalisation and checks when build.yaml is
+  loaded (:mod:`imageforge.manifest_load` asks the kind).
 
 A failure is a :class:`StepProblem`: the row check-patches shows (status, detail) and the error the
 build raises (:attr:`StepProblem.error`), from the same test in the same code.
@@ -22,11 +24,10 @@ import posixpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any, ClassVar, Literal, Protocol
 
 from ..errors import BuildError, ConfigError, ImageforgeError
-from ..manifest import Step, resolve_image_path
+from ..manifest import Step, StepSpec, resolve_image_path
 from ..patching import NearMatch
 from ..plan import step_inputs
 from ..pycheck import check_python
@@ -160,35 +161,36 @@ class SpecChecks(Protocol):
 class LoadedSpec:
     """What :meth:`StepKind.load` makes of a step's manifest keys: its spec, and a directory step's host folder."""
 
-    spec: dict[str, Any]
+    spec: StepSpec
     directory_env: str | None = None
     directory_path: Path | None = None
 
 
 class StepKind:
-    """One step kind. Subclasses set ``name`` and ``fields`` and are registered with :func:`register`."""
+    """One step kind. Subclasses set ``name``, ``spec_type`` and ``schema`` and are registered with :func:`register`."""
 
     name: ClassVar[str]
-    #: the manifest keys of the kind (what its spec may hold; the schema's $defs.NAME_step says the same)
-    fields: ClassVar[tuple[str, ...]]
-    #: the value of an optional field the manifest leaves out (the loaded spec holds it; :meth:`value` reads it)
-    defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    #: the kind's typed frozen spec: its fields, their defaults (``Step.spec`` is one of these)
+    spec_type: ClassVar[type[StepSpec]]
+    #: the kind's manifest keys (beyond id, kind, why, requires, required) as JSON Schema: ``properties``,
+    #: ``required`` and any other keyword of the object (``oneOf``); build.schema.json's ``$defs.NAME_step``
+    schema: ClassVar[Mapping[str, Any]]
     #: a process kind runs in a started container (the build's step container, check-patches' sandbox)
     runs_process: ClassVar[bool] = False
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The kind's manifest keys (its schema's properties)."""
+        return tuple(self.schema["properties"])
 
     def load(self, raw: Mapping[str, Any], spec: dict[str, Any], checks: SpecChecks) -> LoadedSpec:
         """The step's spec from its manifest keys ``raw``: normalised and checked, the defaults filled in.
 
         ``spec`` is ``raw`` less the keys every step has (id, kind, why, requires, required), with a ``source``
-        already checked and normalised; what comes back is the step's definition (its cache key).
+        already checked and normalised, and less what ``load`` took out; what comes back is the step's definition
+        (its cache key).
         """
-        for key, value in self.defaults.items():
-            spec.setdefault(key, value)
-        return LoadedSpec(spec)
-
-    def value(self, step: Step, key: str) -> Any:
-        """The step's ``key``, else the kind's default (a Step made in code may leave an optional field out)."""
-        return step.spec.get(key, self.defaults[key])
+        return LoadedSpec(self.spec_type(**spec))
 
     def inputs(self, step: Step, environ: Mapping[str, str] | None = None) -> dict[str, str]:
         """sha256 of every host file the step reads (its ``source``, a script's ``directory``)."""
@@ -220,12 +222,14 @@ class StepKind:
 
 
 class OneFileKind(StepKind):
-    """A kind that writes one image file, named by the spec key ``path_key`` (relative to the package's site)."""
+    """A kind that writes one image file (:meth:`path`, relative to the package's site or absolute)."""
 
-    path_key: ClassVar[str]
+    def path(self, step: Step) -> str:
+        """The file the step writes, as its spec says."""
+        raise NotImplementedError
 
     def row_path(self, step: Step, site: str) -> str:
-        return resolve_image_path(step.spec[self.path_key], site)
+        return resolve_image_path(self.path(step), site)
 
     def touches(self, step: Step, site: str) -> tuple[str, ...]:
         return (self.row_path(step, site),)
@@ -245,7 +249,8 @@ def kind(name: str) -> StepKind:
         return KINDS[name]
     except KeyError:
         raise ConfigError(f"step kind {name!r} has no definition",
-                          hint="add one module in src/imageforge/steps/ (and its schema entry)") from None
+                          hint="add its module in src/imageforge/steps/ (CONTRIBUTING.md: Adding a step kind)"
+                          ) from None
 
 
 # --------------------------------------------------------------------------- shared by the file kinds

@@ -11,10 +11,11 @@ import hashlib
 import os
 import posixpath
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from ..errors import BuildError
-from ..manifest import Step
+from ..manifest import Step, StepSpec
 from ..patching import unified_diff
 from .core import (
     ApplyContext,
@@ -34,23 +35,52 @@ from .dockerfile import EmitContext, Emitted, applier_group, header, host_file
 from .fs import ImageFS
 
 
+@dataclass(frozen=True)
+class OverlaySpec(StepSpec):
+    """An overlay step's fields: the host file ``source`` (normalised) at ``dest``; ``mode`` as a number."""
+
+    source: str
+    dest: str
+    mode: int | None = None  # None: 0755 for an executable source, else 0644 (:func:`overlay_mode`)
+    owner: str | None = None  # "UID:GID"; None: 0:0
+
+    @property
+    def host_file(self) -> str:
+        return self.source
+
+
 def overlay_mode(step: Step) -> int:
     """The mode the file gets: the step's ``mode``, else 0755 for an executable source, else 0644."""
-    if "mode" in step.spec:
-        return int(step.spec["mode"])
+    mode = OverlaySpec.of(step).mode
+    if mode is not None:
+        return mode
     return 0o755 if os.access(step.source, os.X_OK) else 0o644
 
 
 def overlay_owner(step: Step) -> tuple[int, int]:
-    uid, gid = (int(x) for x in str(step.spec.get("owner", "0:0")).split(":"))
+    uid, gid = (int(x) for x in (OverlaySpec.of(step).owner or "0:0").split(":"))
     return uid, gid
 
 
 @register
 class Overlay(OneFileKind):
     name = "overlay"
-    path_key = "dest"
-    fields = ("source", "dest", "mode", "owner")
+    spec_type = OverlaySpec
+    schema: ClassVar[Mapping[str, Any]] = {
+        "required": ["source", "dest"],
+        "properties": {
+            "source": {"type": "string", "minLength": 1,
+                       "description": "File under overlays/ (relative to the manifest)."},
+            "dest": {"type": "string", "minLength": 1,
+                     "description": "File path (not a directory: no trailing '/') relative to the package's site "
+                                    "directory (e.g. vllm/x.py), or absolute."},
+            "mode": {"$ref": "#/$defs/mode"},
+            "owner": {"$ref": "#/$defs/owner"},
+        },
+    }
+
+    def path(self, step: Step) -> str:
+        return OverlaySpec.of(step).dest
 
     def load(self, raw: Mapping[str, Any], spec: dict[str, Any], checks: SpecChecks) -> LoadedSpec:
         spec["dest"] = checks.dest("dest", raw["dest"], raw.get("source"))
@@ -118,7 +148,7 @@ class Overlay(OneFileKind):
         dest = self.row_path(step, ctx.base.site)
         mode = overlay_mode(step)
         uid, gid = overlay_owner(step)
-        name = posixpath.basename(str(step.spec["source"]))
+        name = posixpath.basename(OverlaySpec.of(step).source)
         spec = {"op": "overlay", "step": step.id, "path": dest, "site": ctx.base.site, "source": name,
                 "mode": mode, "uid": uid, "gid": gid, "python_version": ctx.base.python_version}
         instructions, files = applier_group(ctx, spec, {f"{ctx.step_dir}/{name}": host_file(step.source)})

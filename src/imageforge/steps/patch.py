@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from ..errors import BuildError
-from ..manifest import Step
+from ..manifest import Step, StepSpec
 from ..patching import apply_patch, describe, reapplies, unified_diff
 from .core import (
     ApplyContext,
@@ -27,12 +27,42 @@ from .dockerfile import EmitContext, Emitted, applier_group, header
 from .fs import ImageFS
 
 
+@dataclass(frozen=True)
+class PatchSpec(StepSpec):
+    """A patch step's fields: ``old`` replaced by ``new`` in ``file`` (normalised), found ``count`` times."""
+
+    file: str
+    old: str
+    new: str
+    count: int = 1
+    verified: bool = True
+
+
 @register
 class Patch(OneFileKind):
     name = "patch"
-    path_key = "file"
-    fields = ("file", "old", "new", "count", "verified")
-    defaults = MappingProxyType({"count": 1, "verified": True})
+    spec_type = PatchSpec
+    schema: ClassVar[Mapping[str, Any]] = {
+        "required": ["file", "old", "new"],
+        "properties": {
+            "file": {"type": "string", "minLength": 1,
+                     "description": "File in the image: relative to the package's site directory, or absolute."},
+            "old": {"type": "string", "minLength": 1,
+                    "description": "Anchor text that must occur exactly `count` times. When `old` or `new` holds a "
+                                   "newline, a match counts only where it begins at a line start (its leading "
+                                   "spaces are the whole indentation); an `old` beginning with a newline begins at "
+                                   "a line end."},
+            "new": {"type": "string",
+                    "description": "Replacement text. Must not contain `old` where the rule would match it again "
+                                   "(the patch must apply once)."},
+            "count": {"type": "integer", "minimum": 1, "description": "Expected number of occurrences (default 1)."},
+            "verified": {"type": "boolean", "description": "false: the anchor comes from notes and was never "
+                                                           "checked against the real image."},
+        },
+    }
+
+    def path(self, step: Step) -> str:
+        return PatchSpec.of(step).file
 
     def load(self, raw: Mapping[str, Any], spec: dict[str, Any], checks: SpecChecks) -> LoadedSpec:
         spec["file"] = checks.dest("file", raw["file"])
@@ -75,7 +105,8 @@ class Patch(OneFileKind):
             raise StepProblem("conflict", path, "file is not UTF-8 text", BuildError(
                 f"patch target {path} is not UTF-8 text", location=step.where("file"),
                 key_path=f"{step.key_path}.file", hint="use an overlay step for a binary file"))
-        outcome = apply_patch(text, step.spec["old"], step.spec["new"], int(self.value(step, "count")))
+        spec = PatchSpec.of(step)
+        outcome = apply_patch(text, spec.old, spec.new, spec.count)
         lines = ", ".join(map(str, outcome.lines))
         if outcome.status == "already-applied":
             return Changes("already applied", path, f"new text at line {lines}, anchor absent",
@@ -110,8 +141,8 @@ class Patch(OneFileKind):
 
     def emit(self, step: Step, ctx: EmitContext) -> Emitted:
         path = self.row_path(step, ctx.base.site)
-        spec = {"op": "patch", "step": step.id, "path": path, "site": ctx.base.site, "old": step.spec["old"],
-                "new": step.spec["new"], "count": int(self.value(step, "count")),
-                "python_version": ctx.base.python_version}
+        patch = PatchSpec.of(step)
+        spec = {"op": "patch", "step": step.id, "path": path, "site": ctx.base.site, "old": patch.old,
+                "new": patch.new, "count": patch.count, "python_version": ctx.base.python_version}
         instructions, files = applier_group(ctx, spec)
         return Emitted((header(ctx, step.id, step.kind, step.why), *instructions), files)

@@ -20,13 +20,16 @@ import os
 import posixpath
 import shlex
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ..docker_engine import client
+from ..docker_engine.containers import file_entry, tar_of
 from ..errors import BuildError, ConfigError, InfraError
-from ..manifest import Step, normalise_image_path, resolve_image_path
-from ..scripts import SCRIPT_SCRATCH, exec_script, script_directory
+from ..manifest import Step, StepSpec, frozen_map, normalise_image_path, resolve_image_path
+from ..scripts import SCRIPT_SCRATCH, Log, exec_argv, script_directory
+from ..scripts import directory_entries as directory_tar
 from .core import ApplyContext, Changes, LoadedSpec, SpecChecks, StepKind, StepProblem, register
 from .dockerfile import ContextFile, EmitContext, Emitted, applier_group, copy, header, host_file, run
 from .fs import ImageFS
@@ -71,10 +74,103 @@ def folder_files(root: Path, into: str) -> dict[str, ContextFile]:
     return files
 
 
+@dataclass(frozen=True)
+class ScriptSpec(StepSpec):
+    """A script step's fields: a host script ``source`` run with ``args``, or a host ``directory`` copied to ``dest``
+    where ``command`` runs; ``env``, ``user``, ``workdir`` (a directory's defaults to its ``dest``).
+
+    ``load_hint`` and ``touches`` are Step fields, not these: no layer changes with them.
+    """
+
+    source: str | None = None
+    args: tuple[str, ...] = ()
+    directory: str | None = None  # a path relative to the manifest (normalised) or a whole ${VAR}
+    dest: str | None = None
+    command: tuple[str, ...] | None = None
+    workdir: str | None = None
+    env: Mapping[str, str] = field(default_factory=lambda: frozen_map({}))
+    user: str | None = None  # None: root
+
+    @property
+    def host_file(self) -> str | None:
+        return self.source
+
+    @property
+    def host_directory(self) -> str | None:
+        return self.directory
+
+    def folder(self) -> tuple[str, str, tuple[str, ...]]:
+        """(directory, dest, command) of a directory step (the schema's oneOf: all three or none)."""
+        if self.directory is None or self.dest is None or self.command is None:
+            raise ConfigError(f"a directory script step needs directory, dest and command, found {self.definition()}")
+        return self.directory, self.dest, self.command
+
+
+def exec_script(container: Any, step: Step, environ: Mapping[str, str], *,
+                echo: Log | None = None) -> tuple[int | None, list[str]]:
+    """Put a script step's files into a running ``container`` and exec it; (exit code, output lines).
+
+    A ``source`` script goes to a scratch directory and runs with its ``args``; a ``directory`` is
+    copied to ``dest`` and ``command`` runs there (``workdir``, default ``dest``).
+    """
+    spec = ScriptSpec.of(step)
+    if spec.directory is not None:
+        _, dest, command = spec.folder()
+        entries, payloads = directory_tar(script_directory(step, environ), dest)
+        argv = list(command)
+    else:
+        name = posixpath.basename(str(spec.source))
+        data = step.source.read_bytes()
+        entries = [file_entry(f"{SCRIPT_SCRATCH}/{name}", data, mode=0o755)]
+        payloads = {entries[0].name: data}
+        argv = [f"{SCRIPT_SCRATCH}/{name}", *spec.args]
+    if not container.put_archive("/", tar_of(entries, payloads)):
+        raise BuildError(f"the daemon refused to write the files of step {step.id}")
+    return exec_argv(container, argv, dict(spec.env), spec.user or "root", spec.workdir, echo)
+
+
 @register
 class Script(StepKind):
     name = "script"
-    fields = ("source", "args", "directory", "dest", "command", "workdir", "env", "user", "load_hint", "touches")
+    spec_type = ScriptSpec
+    schema: ClassVar[Mapping[str, Any]] = {
+        "required": [],
+        "properties": {
+            "source": {"type": "string", "minLength": 1,
+                       "description": "Script file under overlays/ (relative to the manifest), copied to a scratch "
+                                      "directory and run (its shebang decides the interpreter). Exactly one of "
+                                      "source or directory."},
+            "args": {"type": "array", "items": {"type": "string"}},
+            "env": {"$ref": "#/$defs/env"},
+            "user": {"type": "string", "description": "User to run the script as (default: root)."},
+            "directory": {"type": "string", "minLength": 1,
+                          "description": "A host directory copied into the image at `dest` (kept there, like a "
+                                         "Dockerfile COPY): a path relative to the manifest, or a whole '${VAR}' "
+                                         "read from the environment at plan/build time. Its files' sha256 enter the "
+                                         "cache key. Needs `command`."},
+            "load_hint": {"type": "string", "description": "How a user gets the directory when its ${VAR} is unset "
+                                                           "(printed with the exit-5 error)."},
+            "touches": {"type": "array", "items": {"type": "string", "minLength": 1},
+                        "description": "What the script may change, for `apply --in-place`: paths (absolute, or "
+                                       "relative to the package's site directory; a wildcard in the last component "
+                                       "matches names there; `{purelib}/`, `{platlib}/`, `{scripts}/` start a path "
+                                       "in the target interpreter's install scheme, where pip writes) copied before "
+                                       "it runs and diffed after. Not part of the layer's cache key."},
+            "dest": {"type": "string", "pattern": "^/",
+                     "description": "Absolute path in the image that receives `directory`."},
+            "workdir": {"type": "string", "pattern": "^/",
+                        "description": "Working directory of the script's process (default: `dest` for a directory, "
+                                       "the image's WORKDIR otherwise)."},
+            "command": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                        "description": "argv run in `workdir` for a directory step, e.g. [bash, patch_ops.sh]."},
+        },
+        "oneOf": [
+            {"required": ["source"], "not": {"anyOf": [{"required": ["directory"]}, {"required": ["command"]},
+                                                       {"required": ["dest"]}, {"required": ["load_hint"]}]}},
+            {"required": ["directory", "dest", "command"],
+             "not": {"anyOf": [{"required": ["source"]}, {"required": ["args"]}]}},
+        ],
+    }
     runs_process = True
 
     def load(self, raw: Mapping[str, Any], spec: dict[str, Any], checks: SpecChecks) -> LoadedSpec:
@@ -102,18 +198,19 @@ class Script(StepKind):
         return LoadedSpec(loaded.spec, directory_env, directory_path)
 
     def row_path(self, step: Step, site: str) -> str:
-        return str(step.spec.get("dest") or step.spec.get("source", ""))
+        spec = ScriptSpec.of(step)
+        return spec.dest or spec.source or ""
 
     def touches(self, step: Step, site: str) -> tuple[str, ...]:
         """What the script declares it may change (``touches:``; relative paths under the site directory)."""
         return tuple(resolve_image_path(p, site) for p in step.touches)
 
     def preflight(self, step: Step, environ: Mapping[str, str]) -> None:
-        if "directory" in step.spec:
+        if ScriptSpec.of(step).directory is not None:
             script_directory(step, environ)  # an unset ${VAR} or a missing folder: exit 5 before Docker
 
     def context_folder(self, step: Step, environ: Mapping[str, str]) -> Path | None:
-        return step.directory(environ) if "directory" in step.spec else None
+        return step.directory(environ) if ScriptSpec.of(step).directory is not None else None
 
     def apply(self, step: Step, fs: ImageFS, ctx: ApplyContext) -> Changes:
         """Run the step in ``ctx.container`` (started) or through ``ctx.runner``; what it changed stays there."""
@@ -138,7 +235,8 @@ class Script(StepKind):
             raise StepProblem("script failed", path,
                               f"exit code {code}" + (f": {tail[-1].strip()[:100]}" if tail else ""), error,
                               log_tail=tail, exit_code=code)
-        if "source" in step.spec and ctx.runner is None:  # a directory step's copy stays, like a Dockerfile COPY
+        # a directory step's copy stays, like a Dockerfile COPY; a source script's scratch folder goes
+        if ScriptSpec.of(step).source is not None and ctx.runner is None:
             api = client().api
             cleanup = api.exec_create(ctx.container.id, ["rm", "-rf", SCRIPT_SCRATCH], user="root")["Id"]
             api.exec_start(cleanup)
@@ -147,33 +245,34 @@ class Script(StepKind):
 
     def emit(self, step: Step, ctx: EmitContext) -> Emitted:
         """A plain ``RUN`` in the step's working directory, with the step's env, as the engine's exec does."""
-        s = step.spec
-        user = s.get("user", "root")
+        s = ScriptSpec.of(step)
+        user = s.user or "root"
         if user not in ("root", "0", "0:0"):
             raise ConfigError(f"script step {step.id!r} runs as {user!r}; the Dockerfile emitter runs scripts as "
                               "root only", key_path=f"{step.key_path}.user",
                               hint="drop `user` or extend steps/script.py")
-        env = {k: str(v) for k, v in s.get("env", {}).items()}
+        env = dict(s.env)
         head = header(ctx, step.id, step.kind, step.why)
-        if "directory" in s:
+        if s.directory is not None:
+            _, dest, command = s.folder()
             directory = step.directory(ctx.environ)
             if directory is None or not directory.is_dir():
                 raise InfraError(f"script step {step.id!r}: its directory is not there "
                                  f"(${step.directory_env} unset or not a folder)",
                                  key_path=f"{step.key_path}.directory", hint=step.load_hint)
             folder = ctx.folder_name or f"{ctx.step_dir}/{directory.name}"
-            dest = posixpath.normpath(str(s["dest"]))
+            dest = posixpath.normpath(dest)
             tree_spec = {"op": "tree", "step": step.id, "dest": dest, "entries": directory_entries(directory)}
             group, files = applier_group(ctx, tree_spec)
             files.update(folder_files(directory, folder))
-            workdir = str(s.get("workdir") or dest)
+            workdir = s.workdir or dest
             instructions = [head, copy([folder + "/"], dest + "/"), *group,
-                            run(["/bin/sh", "-c", _shell(step, list(s["command"]), env, workdir, None)])]
+                            run(["/bin/sh", "-c", _shell(step, list(command), env, workdir, None)])]
             return Emitted(tuple(instructions), files)
-        name = posixpath.basename(str(s["source"]))
+        name = posixpath.basename(str(s.source))
         scratch = f"{SCRIPT_SCRATCH}/{name}"
-        argv = [scratch, *s.get("args", ())]
-        shell = f"chmod 0755 {shlex.quote(scratch)} && " + _shell(step, argv, env, s.get("workdir"), SCRIPT_SCRATCH)
+        argv = [scratch, *s.args]
+        shell = f"chmod 0755 {shlex.quote(scratch)} && " + _shell(step, argv, env, s.workdir, SCRIPT_SCRATCH)
         files = {f"{ctx.step_dir}/{name}": ContextFile(step.source.read_bytes(),
                                                        0o755 if os.access(step.source, os.X_OK) else 0o644)}
         instructions = [head, copy([f"{ctx.step_dir}/{name}"], scratch), run(["/bin/sh", "-c", shell])]

@@ -10,19 +10,42 @@ from __future__ import annotations
 import fnmatch
 import posixpath
 from collections.abc import Mapping
-from types import MappingProxyType
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from ..errors import BuildError, ConfigError
-from ..manifest import Step, normalise_image_path
+from ..manifest import Step, StepSpec, normalise_image_path
 from .core import ApplyContext, Changes, Facts, LinkChange, LoadedSpec, SpecChecks, StepKind, StepProblem, register
 from .dockerfile import EmitContext, Emitted, applier_group, header
 from .fs import ImageFS
 
 
+@dataclass(frozen=True)
+class SymlinkSpec(StepSpec):
+    """A symlink step's fields: ``link`` -> ``target``, or one link in ``into`` per file matching ``glob``."""
+
+    link: str | None = None
+    target: str | None = None
+    glob: str | None = None
+    into: str | None = None
+    replace: bool = False
+    replace_directory: bool = False
+
+    @property
+    def globbed(self) -> bool:
+        return self.glob is not None
+
+    def ends(self) -> tuple[str, str]:
+        """(glob, into) in the glob form, (link, target) for one link (the schema's oneOf: exactly one form)."""
+        first, second = (self.glob, self.into) if self.globbed else (self.link, self.target)
+        if first is None or second is None:
+            raise ConfigError(f"a symlink step needs link + target or glob + into, found {self.definition()}")
+        return first, second
+
+
 def glob_parts(step: Step) -> tuple[str, str, str]:
     """(normalised pattern, its directory, the name pattern); ConfigError for wildcards above the last component."""
-    pattern = posixpath.normpath(step.spec["glob"])
+    pattern = posixpath.normpath(SymlinkSpec.of(step).ends()[0])
     directory, name_glob = posixpath.split(pattern)
     if any(ch in directory for ch in "*?["):
         raise ConfigError("only the last component of a symlink glob may hold wildcards",
@@ -33,8 +56,27 @@ def glob_parts(step: Step) -> tuple[str, str, str]:
 @register
 class Symlink(StepKind):
     name = "symlink"
-    fields = ("link", "target", "glob", "into", "replace", "replace_directory")
-    defaults = MappingProxyType({"replace": False, "replace_directory": False})
+    spec_type = SymlinkSpec
+    schema: ClassVar[Mapping[str, Any]] = {
+        "required": [],
+        "properties": {
+            "link": {"type": "string", "pattern": "^/",
+                     "description": "Absolute path of the link to create (single-link form)."},
+            "target": {"type": "string", "minLength": 1,
+                       "description": "What the link points to (single-link form)."},
+            "glob": {"type": "string", "pattern": "^/",
+                     "description": "Absolute glob; one link per matching file (glob form)."},
+            "into": {"type": "string", "pattern": "^/", "description": "Directory receiving the links (glob form)."},
+            "replace": {"type": "boolean", "description": "Replace existing files at link paths (never a "
+                                                         "non-empty directory unless replace_directory)."},
+            "replace_directory": {"type": "boolean",
+                                  "description": "Allow replacing a non-empty directory with a link. Dangerous."},
+        },
+        "oneOf": [
+            {"required": ["link", "target"], "description": "one link: {link: /abs/path, target: WHAT}"},
+            {"required": ["glob", "into"], "description": "one link per file: {glob: /abs/glob*, into: /abs/dir}"},
+        ],
+    }
 
     def load(self, raw: Mapping[str, Any], spec: dict[str, Any], checks: SpecChecks) -> LoadedSpec:
         for key in ("link", "glob", "into"):
@@ -44,18 +86,21 @@ class Symlink(StepKind):
         return super().load(raw, spec, checks)
 
     def row_path(self, step: Step, site: str) -> str:
-        return str(step.spec.get("glob") or step.spec.get("link") or "")
+        spec = SymlinkSpec.of(step)
+        return spec.glob or spec.link or ""
 
     def touches(self, step: Step, site: str) -> tuple[str, ...]:
-        return tuple(posixpath.normpath(step.spec[k]) for k in ("link", "into") if k in step.spec)
+        spec = SymlinkSpec.of(step)
+        return tuple(posixpath.normpath(p) for p in (spec.link, spec.into) if p is not None)
 
     def apply(self, step: Step, fs: ImageFS, ctx: ApplyContext) -> Changes:
-        spec = step.spec
-        if "glob" in spec:
+        spec = SymlinkSpec.of(step)
+        first, second = spec.ends()
+        if spec.globbed:
             try:
                 pattern, directory, name_glob = glob_parts(step)
             except ConfigError as exc:
-                raise StepProblem("conflict", str(spec["glob"]), exc.message, exc) from None
+                raise StepProblem("conflict", first, exc.message, exc) from None
             nothing = BuildError(f"symlink glob {pattern} matches nothing in the image",
                                  location=step.location, key_path=f"{step.key_path}.glob",
                                  hint="check the directory with `docker run --rm IMAGE ls DIR`")
@@ -66,11 +111,11 @@ class Symlink(StepKind):
                            if fnmatch.fnmatchcase(n, name_glob) and e.kind != "dir")
             if not names:
                 raise StepProblem("destination missing", pattern, "the glob matches nothing", nothing, blame="glob")
-            into = posixpath.normpath(spec["into"])
+            into = posixpath.normpath(second)
             pairs = [(f"{into}/{n}", f"{directory}/{n}") for n in names]
             shown = pattern + " -> " + into
         else:
-            link, target = posixpath.normpath(spec["link"]), spec["target"]
+            link, target = posixpath.normpath(first), second
             resolved = target if target.startswith("/") else posixpath.normpath(
                 posixpath.join(posixpath.dirname(link), target))
             if ctx.checking and fs.stat(resolved) is None:  # verification would fail; the build finds out there
@@ -88,7 +133,7 @@ class Symlink(StepKind):
                     skipped += 1
                     continue
                 if entry.kind == "dir":
-                    if fs.list_dir(link) and not self.value(step, "replace_directory"):
+                    if fs.list_dir(link) and not spec.replace_directory:
                         raise StepProblem(
                             "conflict", shown, f"{link} is a non-empty directory (replace_directory: true forces it)",
                             BuildError(
@@ -96,7 +141,7 @@ class Symlink(StepKind):
                                 location=step.location, key_path=step.key_path,
                                 hint="link the files inside it (glob + into) instead; replace_directory: true "
                                 "forces it"))
-                elif not self.value(step, "replace"):
+                elif not spec.replace:
                     raise StepProblem("conflict", shown, f"{link} already exists (replace: true replaces it)",
                                       BuildError(f"{link} already exists in the image",
                                                  location=step.location, key_path=step.key_path,
@@ -109,20 +154,22 @@ class Symlink(StepKind):
                        links=tuple(made))
 
     def facts(self, step: Step, inputs: Mapping[str, str], site: str) -> Facts:
-        if "glob" in step.spec:
-            return Facts(link_globs=({"glob": posixpath.normpath(step.spec["glob"]),
-                                      "into": posixpath.normpath(step.spec["into"])},))
-        return Facts(links=(posixpath.normpath(step.spec["link"]),))
+        spec = SymlinkSpec.of(step)
+        first, second = spec.ends()
+        if spec.globbed:
+            return Facts(link_globs=({"glob": posixpath.normpath(first), "into": posixpath.normpath(second)},))
+        return Facts(links=(posixpath.normpath(first),))
 
     def emit(self, step: Step, ctx: EmitContext) -> Emitted:
         """One link, or one link per glob match (matched at build time, in the image, as the engine does)."""
-        s = step.spec
-        spec: dict[str, Any] = {"op": "symlink", "step": step.id, "replace": bool(s.get("replace", False)),
-                                "replace_directory": bool(s.get("replace_directory", False))}
-        if "glob" in s:
+        s = SymlinkSpec.of(step)
+        first, second = s.ends()
+        spec: dict[str, Any] = {"op": "symlink", "step": step.id, "replace": s.replace,
+                                "replace_directory": s.replace_directory}
+        if s.globbed:
             pattern, _, _ = glob_parts(step)
-            spec.update(glob=pattern, into=posixpath.normpath(s["into"]))
+            spec.update(glob=pattern, into=posixpath.normpath(second))
         else:
-            spec.update(link=posixpath.normpath(s["link"]), target=s["target"])
+            spec.update(link=posixpath.normpath(first), target=second)
         instructions, files = applier_group(ctx, spec)
         return Emitted((header(ctx, step.id, step.kind, step.why), *instructions), files)
