@@ -79,27 +79,27 @@ DIRECTORY_MISSING = "missing"
 
 def directory_input_name(step: Step) -> str:
     """The input name of a directory script step (no '$' or braces: it becomes a label key)."""
-    return f"directory:{step.directory_env}" if step.directory_env else f"directory:{step.spec['directory']}"
+    return f"directory:{step.directory_env}" if step.directory_env else f"directory:{step.spec.host_directory}"
 
 
 def step_inputs(step: Step, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """sha256 of every host file a step reads: its ``source`` (overlay, script), a ``directory`` (script).
 
-    Kind-blind on purpose: a step kind reads host files through those two keys only (imageforge.steps'
-    classes take their inputs from here; steps sits above plan).
+    Kind-blind on purpose: a step kind reads host files through its spec's ``host_file`` and ``host_directory``
+    only (imageforge.steps' classes take their inputs from here; steps sits above plan).
 
     A directory whose ``${VAR}`` is unset (or that is not there) has no digest: the value says
     ``unset`` (``missing``); the build refuses to start then (exit 5), plan and validate still work.
     """
-    if "directory" in step.spec:
+    if step.spec.host_directory is not None:
         directory = step.directory(os.environ if environ is None else environ)
         if directory is None:
             return {directory_input_name(step): DIRECTORY_UNSET}
         if not directory.is_dir():
             return {directory_input_name(step): DIRECTORY_MISSING}
         return {directory_input_name(step): sha256_tree(directory)}
-    if step.source_path is not None:
-        return {str(step.spec["source"]): sha256_file(step.source)}
+    if step.source_path is not None and step.spec.host_file is not None:
+        return {step.spec.host_file: sha256_file(step.source)}
     return {}
 
 
@@ -323,7 +323,7 @@ def format_plan(plan: Plan) -> str:
             out.append(f"      {k}: {text}")
         for name, digest in s.inputs.items():
             if digest in (DIRECTORY_UNSET, DIRECTORY_MISSING) and s.step is not None:
-                where = f"${s.step.directory_env}" if s.step.directory_env else str(s.step.spec.get("directory"))
+                where = f"${s.step.directory_env}" if s.step.directory_env else str(s.step.spec.host_directory)
                 state = "not set" if digest == DIRECTORY_UNSET else "not a directory"
                 out.append(f"      input {name}: {where} is {state} (the build stops with exit 5)")
                 if s.step.load_hint:
