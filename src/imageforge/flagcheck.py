@@ -43,6 +43,7 @@ from .flags_check import (
 from .flags_read import FORMAT, INTROSPECT_COMMAND, STATIC_FILES, introspection_source, parse_introspection, read_static
 from .plan import canonical, chain_key, sha256_bytes, sha256_file, step_inputs
 from .settings import cache_dir
+from .steps import one_file
 from .yamldoc import load_yaml_c
 
 if TYPE_CHECKING:
@@ -89,10 +90,10 @@ def changes_parser(step: Step) -> bool:
     """A script step (it may do anything), or a file step writing a parser file."""
     if step.kind == "script":
         return True
-    key = {"patch": "file", "overlay": "dest"}.get(step.kind)
-    if key is None:
+    written = one_file(step)
+    if written is None:
         return False
-    path = _in_package(str(step.spec[key]))
+    path = _in_package(written)
     return path in PARSER_FILES or path.startswith(PARSER_DIRS)
 
 
@@ -115,8 +116,8 @@ def key_parts(steps: Sequence[Step], environ: Mapping[str, str]) -> list[Any]:
     for step in parser_steps(steps):
         if changes_parser(step):
             parts.append([step.definition(), step_inputs(step, environ)])
-        elif step.kind in ("patch", "overlay"):
-            parts.append([step.kind, str(step.spec["file" if step.kind == "patch" else "dest"])])
+        elif (written := one_file(step)) is not None:  # a patch's file, an overlay's dest
+            parts.append([step.kind, written])
         else:  # a symlink step is paths only: all of it, but its id and why
             parts.append({k: v for k, v in step.definition().items() if k not in ("id", "why")})
     return parts

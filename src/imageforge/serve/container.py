@@ -46,6 +46,7 @@ from ..errors import ConfigError, InfraError, SmokeError
 from ..labels import L_KIND, L_RUN, L_STARTED_BY, L_TARGET, L_TOOL, TOOL
 from ..resolve import Resolved
 from ..rundirs import new_run_id, run_dir
+from ..steps import one_file
 from ..waits import probe_health, wait_until
 from .spec import KIND_SERVER, container_port, container_spec
 
@@ -99,8 +100,8 @@ def steps_in_log(lines: Sequence[str], resolved: Resolved) -> list[str]:
     text = "\n".join(lines)
     found: list[str] = []
     for step in resolved.steps:
-        path = step.spec.get("dest") or step.spec.get("file")
-        if not isinstance(path, str) or not path.endswith(".py"):
+        path = one_file(step)
+        if path is None or not path.endswith(".py"):
             continue
         rel = path.lstrip("/")
         if rel and (f"/{rel}" in text or f'"{rel}' in text):

@@ -9,7 +9,18 @@ schema's kind parts are made from the registry: :mod:`.schema`). See :mod:`.core
 import importlib
 import pkgutil
 
-from .core import KINDS, ApplyContext, Changes, Facts, FileChange, LinkChange, StepKind, StepProblem, kind
+from .core import (
+    KINDS,
+    ApplyContext,
+    Changes,
+    Facts,
+    FileChange,
+    LinkChange,
+    StepKind,
+    StepProblem,
+    kind,
+    one_file,
+)
 from .fs import ContainerFS, DictFS, Entry, FileMeta, ImageFS
 from .overlay import OverlaySpec
 from .patch import PatchSpec
@@ -22,4 +33,4 @@ for _module in pkgutil.iter_modules(__path__):
 
 __all__ = ["KINDS", "SERVING_CONFIG", "ApplyContext", "Changes", "ContainerFS", "DictFS", "Entry", "Facts",
            "FileChange", "FileMeta", "ImageFS", "LinkChange", "OverlaySpec", "PatchSpec", "ScriptSpec",
-           "ServingConfig", "StepKind", "StepProblem", "SymlinkSpec", "kind"]
+           "ServingConfig", "StepKind", "StepProblem", "SymlinkSpec", "kind", "one_file"]

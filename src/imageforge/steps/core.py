@@ -235,6 +235,12 @@ class OneFileKind(StepKind):
         return (self.row_path(step, site),)
 
 
+def one_file(step: Step) -> str | None:
+    """The file a one-file kind's step writes, as its spec says (site-relative or absolute); None for other kinds."""
+    of = kind(step.kind)
+    return of.path(step) if isinstance(of, OneFileKind) else None
+
+
 KINDS: dict[str, StepKind] = {}
 
 
