@@ -33,7 +33,7 @@ from typing import Any
 from ..errors import BuildError, ConfigError
 from ..manifest import Step
 from ..resolve import Resolved
-from ..steps import ApplyContext, Changes, kind
+from ..steps import ApplyContext, Changes, ScriptSpec, kind
 from .interrupts import deferred, interruptible
 from .journal import ABSENT, Journal, State, journal_dir, same_content, state_of, walk, write_file
 from .localfs import LocalFS
@@ -233,8 +233,8 @@ class _Applier:
                              location=step.location, key_path=f"{step.key_path}.touches",
                              hint="add `touches:` (the paths it writes) to the step")
         roots = expand(self.pkg, patterns)
-        if "dest" in step.spec:
-            dest = self.pkg.host(str(step.spec["dest"]))
+        if (copy_dest := ScriptSpec.of(step).dest) is not None:
+            dest = self.pkg.host(copy_dest)
             if not under(dest, roots):
                 roots.append(dest)
         for r in roots:

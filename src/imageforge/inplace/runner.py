@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from ..manifest import Step
 from ..scripts import script_directory
-from ..steps.script import exec_script
+from ..steps.script import ScriptSpec, exec_script
 
 Log = Callable[[str], None]
 
@@ -58,25 +58,25 @@ class LocalRunner:
 
     def run_step(self, step: Step, environ: Mapping[str, str], *,
                  echo: Log | None = None) -> tuple[int | None, list[str]]:
-        spec = step.spec
+        spec = ScriptSpec.of(step)
         cleanup: Path | None = None
-        if "directory" in spec:
+        if spec.directory is not None:
+            _, copy_to, command = spec.folder()
             source = script_directory(step, environ)
-            dest = in_root(self.root, str(spec["dest"]))
+            dest = in_root(self.root, copy_to)
             shutil.copytree(source, dest, symlinks=True, dirs_exist_ok=True, copy_function=shutil.copy)
-            argv = list(spec["command"])
-            cwd = in_root(self.root, str(spec.get("workdir") or spec["dest"]))
+            argv = list(command)
+            cwd = in_root(self.root, spec.workdir or copy_to)
         else:
             cleanup = self.scratch / step.id
             cleanup.mkdir(parents=True, exist_ok=True)
-            script = cleanup / posixpath.basename(str(spec["source"]))
+            script = cleanup / posixpath.basename(str(spec.source))
             shutil.copyfile(step.source, script)
             os.chmod(script, 0o755)
-            argv = [str(script), *spec.get("args", ())]
-            cwd = in_root(self.root, str(spec["workdir"])) if spec.get("workdir") else self.root
-        env = {**self.environ, **{k: str(v) for k, v in spec.get("env", {}).items()},
-               "IMAGEFORGE_ROOT": str(self.root)}
-        user = spec.get("user")
+            argv = [str(script), *spec.args]
+            cwd = in_root(self.root, spec.workdir) if spec.workdir else self.root
+        env = {**self.environ, **spec.env, "IMAGEFORGE_ROOT": str(self.root)}
+        user = spec.user
         extra: dict[str, Any] = {}
         if user not in (None, "root", "0", "0:0") and os.geteuid() == 0:
             extra["user"] = str(user).split(":")[0]
