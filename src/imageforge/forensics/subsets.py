@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from ..build import build_target
 from ..errors import ConfigError, ImageforgeError
+from ..steps import OverlaySpec, PatchSpec, ScriptSpec, SymlinkSpec
 
 if TYPE_CHECKING:
     from ..build import BuildResult
@@ -35,9 +36,9 @@ def module_paths(module: str) -> tuple[str, str]:
 
 def provided_by(step: Step) -> str | None:
     """The package-relative file an overlay step puts into the image (None for other kinds)."""
-    if step.kind != "overlay":
+    if not isinstance(step.spec, OverlaySpec):
         return None
-    dest = str(step.spec.get("dest", ""))
+    dest = step.spec.dest
     return None if dest.startswith("/") else dest.lstrip("./")
 
 
@@ -77,18 +78,18 @@ def step_label(step: Step, k: int) -> str:
 def changed_files(step: Step) -> list[str]:
     """What the step changes, from its definition (package-relative paths are under the site directory)."""
     spec = step.spec
-    if step.kind == "patch":
-        old, new = str(spec.get("old", "")), str(spec.get("new", ""))
-        diff = difflib.unified_diff(old.splitlines(), new.splitlines(), f"a/{spec['file']}", f"b/{spec['file']}",
+    if isinstance(spec, PatchSpec):
+        diff = difflib.unified_diff(spec.old.splitlines(), spec.new.splitlines(), f"a/{spec.file}", f"b/{spec.file}",
                                     lineterm="", n=0)
-        return [f"{spec['file']} (patched x{spec.get('count', 1)})", *(f"    {line}" for line in diff)]
-    if step.kind == "overlay":
-        return [f"{spec['dest']} (overlaid from {spec.get('source')})"]
-    if step.kind == "symlink":
-        return [f"links {spec.get('glob')} into {spec.get('into')}"]
-    what = spec.get("source") or spec.get("command") or spec.get("directory")
-    return [f"script {what} {' '.join(str(a) for a in spec.get('args', ()))}".rstrip()
-            + ": its files are whatever it writes (not declared)"]
+        return [f"{spec.file} (patched x{spec.count})", *(f"    {line}" for line in diff)]
+    if isinstance(spec, OverlaySpec):
+        return [f"{spec.dest} (overlaid from {spec.source})"]
+    if isinstance(spec, SymlinkSpec):
+        return [f"links {spec.glob} into {spec.into}"]
+    if isinstance(spec, ScriptSpec):
+        what = spec.source or spec.command or spec.directory
+        return [f"script {what} {' '.join(spec.args)}".rstrip() + ": its files are whatever it writes (not declared)"]
+    return [f"{step.kind} step: its changes are not listed here"]
 
 
 def first_line(exc: ImageforgeError) -> str:
