@@ -114,10 +114,11 @@ class Imageforge:
 
     def first_overlay(self) -> tuple[str, str]:
         from imageforge.manifest_load import load_manifest
+        from imageforge.steps import OverlaySpec
 
         t = load_manifest(self.manifest).targets["cpu"]
-        step = next(s for s in t.steps if s.kind == "overlay")
-        return str(step.spec["source"]), str(step.spec["dest"])
+        spec = next(s.spec for s in t.steps if isinstance(s.spec, OverlaySpec))
+        return spec.source, spec.dest
 
     def change_profile(self) -> None:
         text = self.manifest.read_text()
@@ -192,19 +193,20 @@ class Hand:
 
     def write(self) -> None:
         from imageforge.manifest_load import load_manifest
+        from imageforge.steps import OverlaySpec, PatchSpec
 
         t = load_manifest(self.forge.manifest).targets["cpu"]
         for step in t.steps:
-            if step.kind == "overlay":
-                dest = self.ctx / "site" / str(step.spec["dest"])
+            if isinstance(step.spec, OverlaySpec):
+                dest = self.ctx / "site" / step.spec.dest
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(step.source, dest)
             elif step.kind == "script":
                 shutil.copy2(step.source, self.ctx / "ldconfig.sh")
-            elif step.kind == "patch" and "\n" in str(step.spec["old"]).strip("\n"):
+            elif isinstance(step.spec, PatchSpec) and "\n" in step.spec.old.strip("\n"):
                 (self.ctx / "patches").mkdir(exist_ok=True)
-                (self.ctx / "patches" / f"{step.id}.old").write_text(str(step.spec["old"]))
-                (self.ctx / "patches" / f"{step.id}.new").write_text(str(step.spec["new"]))
+                (self.ctx / "patches" / f"{step.id}.old").write_text(step.spec.old)
+                (self.ctx / "patches" / f"{step.id}.new").write_text(step.spec.new)
         (self.ctx / "serving.yaml").write_bytes(self.forge.serving_config())
 
     def build(self) -> Run:

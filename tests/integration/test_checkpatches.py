@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from imageforge.patchfrom import apply_steps
+from imageforge.steps import PatchSpec
 from tests.integration.forge_fixtures import (
     ATTN,
     REPO,
@@ -126,7 +127,7 @@ def test_patch_from_cpu_file_reproduces_the_edit(cpu_base: str, tmp_path: Path) 
     site = "/opt/venv/lib/python3.11/site-packages"
     pristine = read_from_image(cpu_base, f"{site}/{PREFIX_PREFILL}").decode()
     cpu = load_manifest(REPO / "build.yaml").targets["cpu"]
-    existing = [dict(s.spec) for s in cpu.steps if s.kind == "patch" and s.spec["file"] == PREFIX_PREFILL]
+    existing = [s.definition() for s in cpu.steps if isinstance(s.spec, PatchSpec) and s.spec.file == PREFIX_PREFILL]
     original = apply_steps(pristine, existing)
     lines = original.splitlines(keepends=True)
     # three edits: change a line, insert after the imports, delete one near the end

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from imageforge.manifest_load import load_manifest
 from imageforge.patchfrom import apply_steps
 from imageforge.patching import apply_patch
+from imageforge.steps import PatchSpec
 
 REPO = Path(__file__).resolve().parents[2]
 BASELINE = REPO / "tests" / "fixtures" / "bi100-baseline" / "qwen3_6_scripts"
@@ -33,8 +34,8 @@ TYPING = {name: getattr(typing, name) for name in ("Any", "Dict", "List", "Liter
 def patch_of(step_id: str) -> dict[str, Any]:
     target = load_manifest(REPO / "build.yaml").target("bi100")
     step = next(s for s in target.steps if s.id == step_id)
-    assert step.kind == "patch"
-    return {"id": step.id, "old": step.spec["old"], "new": step.spec["new"]}
+    spec = PatchSpec.of(step)
+    return {"id": step.id, "old": spec.old, "new": spec.new}
 
 
 def texts(file: str, step_id: str) -> tuple[str, str]:
@@ -250,10 +251,11 @@ def test_every_bi100_patch_applies_once_and_leaves_python_310_code_with_bound_na
 
     target = load_manifest(REPO / "build.yaml").target("bi100")
     for step in (s for s in target.steps if s.kind == "patch"):
-        file = step.spec["file"]
+        spec = PatchSpec.of(step)
+        file = spec.file
         source = AFTER_BASELINE.get(file, VENDOR_SITE / file)
         text = source.read_text()
-        first = apply_patch(text, step.spec["old"], step.spec["new"])
+        first = apply_patch(text, spec.old, spec.new)
         assert first.status == "applies" and first.result is not None, (step.id, first.status)
         assert check_python(first.result, file, python_version="3.10.12", lines=first.new_lines) is None, step.id
-        assert apply_patch(first.result, step.spec["old"], step.spec["new"]).status == "already-applied", step.id
+        assert apply_patch(first.result, spec.old, spec.new).status == "already-applied", step.id

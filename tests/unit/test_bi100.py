@@ -15,6 +15,7 @@ from imageforge.patchfrom import apply_steps
 from imageforge.plan import make_plan
 from imageforge.resolve import resolve
 from imageforge.serving import render_serving_config, serving_argv
+from imageforge.steps import OverlaySpec, PatchSpec
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -72,9 +73,11 @@ def test_default_profile_serves_one_request_at_a_time_safely() -> None:
     assert args["max-model-len"] > 230_000, "replay inputs exceed 230K tokens"
     assert args["served-model-name"] == "llm" and args["tensor-parallel-size"] == 4
     steps = r.steps
-    texts = " ".join(str(s.spec.get("new", "")) + str(s.spec.get("dest", "")) for s in steps)
+    patches = [s.spec for s in steps if isinstance(s.spec, PatchSpec)]
+    overlays = [s.spec for s in steps if isinstance(s.spec, OverlaySpec)]
+    texts = " ".join([p.new for p in patches] + [o.dest for o in overlays])
     assert "HAS_TRITON" not in texts and "triton_fallback" not in texts, "no step turns Triton on"
-    assert not any("_PYTORCH_DECODE_THRESHOLD" in str(s.spec.get("old", "")) for s in steps)
+    assert not any("_PYTORCH_DECODE_THRESHOLD" in p.old for p in patches)
     assert not any(s.kind == "symlink" for s in steps), "no corex Triton libraries linked"
     assert not any("paged_attention_v2" in str(s.spec) or "use_v1" in str(s.spec) for s in steps), "no V2 decode"
     # applied to the fixture files, the default profile leaves the baseline's hang guards as they are
@@ -82,9 +85,9 @@ def test_default_profile_serves_one_request_at_a_time_safely() -> None:
     for s in steps:
         if s.kind != "patch":
             continue
-        name = Path(s.spec["file"]).name
-        source = BASELINE / name if (BASELINE / name).exists() else VENDOR_SITE / s.spec["file"]
-        patched[name] = apply_steps(patched.get(name, source.read_text()), [dict(s.spec, id=s.id)])
+        name = Path(PatchSpec.of(s).file).name
+        source = BASELINE / name if (BASELINE / name).exists() else VENDOR_SITE / PatchSpec.of(s).file
+        patched[name] = apply_steps(patched.get(name, source.read_text()), [s.definition()])
     assert "    _PYTORCH_DECODE_THRESHOLD = 32768\n" in patched["paged_attn.py"]
     assert "HAS_TRITON = False" in (VENDOR_SITE / "vllm/triton_utils/importing.py").read_text()
 
@@ -106,8 +109,8 @@ def test_every_overlay_is_called_by_a_patch() -> None:
     overlays = [s for s in target.steps if s.kind == "overlay"]
     assert {s.id for s in overlays} == {"prefix-attention-module", "sorted-moe-module"}
     for overlay in overlays:
-        module = overlay.spec["dest"].removesuffix(".py").replace("/", ".")
-        callers = [p for p in patches if f"from {module} import" in p.spec["new"]]
+        module = OverlaySpec.of(overlay).dest.removesuffix(".py").replace("/", ".")
+        callers = [p for p in patches if f"from {module} import" in PatchSpec.of(p).new]
         assert len(callers) == 1, f"{overlay.id}: {module} is imported by no call-site patch"
         assert target.steps.index(callers[0]) > target.steps.index(overlay)
     assert target.steps[0].id == "organisers-baseline", "the baseline deploys first"

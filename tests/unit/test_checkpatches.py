@@ -269,7 +269,8 @@ def test_render_yaml_round_trips_and_pastes_into_a_manifest(tmp_path: Path) -> N
     m = load_manifest(tmp_path / "build.yaml")
     loaded = {s.id: s for s in m.targets["t"].steps}
     for s in steps:
-        assert loaded[s["id"]].spec["old"] == s["old"] and loaded[s["id"]].spec["new"] == s["new"]
+        spec = PatchSpec.of(loaded[s["id"]])
+        assert spec.old == s["old"] and spec.new == s["new"]
     assert "after" in loaded
 
 

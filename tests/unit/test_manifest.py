@@ -10,6 +10,7 @@ import pytest
 from imageforge.errors import EXIT_CONFIG, ConfigError
 from imageforge.manifest import normalise_image_path
 from imageforge.manifest_load import load_manifest
+from imageforge.steps import PatchSpec
 from tests.unit.conftest import MINIMAL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +28,7 @@ def test_minimal_manifest_loads_into_frozen_dataclasses(write_manifest: Callable
     t = m.targets["t"]
     assert [s.id for s in t.steps] == ["over", "fix"]
     assert t.steps[0].source.name == "x.py"
-    assert t.steps[1].spec["count"] == 1
+    assert PatchSpec.of(t.steps[1]).count == 1
     assert t.image == "imageforge/t"
     assert [p.name for p in t.profile_chain("big")] == ["small", "big"]
     with pytest.raises(AttributeError):

@@ -33,6 +33,7 @@ from imageforge.serve.spec import (
     device_requests,
     expand_vars,
 )
+from imageforge.steps import PatchSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -157,7 +158,7 @@ def test_exit_hints() -> None:
 def test_exit_hint_names_the_step_whose_file_is_in_the_traceback(cpu: Resolved) -> None:
     step = next(s for s in cpu.steps if s.kind == "patch")
     site = "/opt/venv/lib/python3.11/site-packages/"
-    lines = ["Traceback (most recent call last):", f'  File "{site}{step.spec["file"]}", line 3, in <module>',
+    lines = ["Traceback (most recent call last):", f'  File "{site}{PatchSpec.of(step).file}", line 3, in <module>',
              "RuntimeError: boom"]
     hint = exit_hint(lines, cpu)
     assert f"step {step.id!r} (patch, " in hint and "build.yaml:" in hint
