@@ -114,29 +114,6 @@ class StepSpec:
             out[name] = value
         return out
 
-    # Transitional: key access for the consumers not yet on attributes (removed once they are).
-    def __getitem__(self, key: str) -> Any:
-        value = getattr(self, key, None)
-        if value is None:
-            raise KeyError(key)
-        return value
-
-    def __contains__(self, key: str) -> bool:
-        return getattr(self, key, None) is not None
-
-    def get(self, key: str, default: Any = None) -> Any:
-        value = getattr(self, key, None)
-        return default if value is None else value
-
-    def items(self) -> Any:
-        return self.definition().items()
-
-    def keys(self) -> Any:
-        return self.definition().keys()
-
-    def __iter__(self) -> Any:
-        return iter(self.definition())
-
     @classmethod
     def of(cls: type[SpecT], step: Step) -> SpecT:
         """``step``'s spec as this kind's class (a ConfigError when the step is of another kind)."""
