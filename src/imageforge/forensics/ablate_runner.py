@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..bench import run_bench
 from ..equiv.client import collect_against, collect_reference
@@ -85,6 +85,29 @@ class AblationRun:
         (self.out / "ablate.txt").write_text(self.text() + "\n")
 
 
+class _Start(NamedTuple):
+    environ: Mapping[str, str]
+    plan: AblationPlan
+    run_id: str
+    out: Path
+    started_at: str
+    t0: float
+
+
+def _ablation_start(resolved: Resolved, workload: Workload, steps: Sequence[str] | None, repeats: int,
+                    out: Path | None, environ: Mapping[str, str] | None, echo: Log) -> _Start:
+    """How both ablations begin: the workload checked, the plan made and shown, a run id and folder, the clock."""
+    workload.validate()
+    plan = plan_ablation(resolved.steps, steps, repeats)
+    run_id = new_run_id()
+    out = out or resolved.manifest.root / ".imageforge" / "runs" / run_id
+    out.mkdir(parents=True, exist_ok=True)
+    start = _Start(os.environ if environ is None else environ, plan, run_id, out,
+                   _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), time.monotonic())
+    echo(plan.text())
+    return start
+
+
 def ablate_target(resolved: Resolved, workload: Workload, *, steps: Sequence[str] | None = None, repeats: int = 3,
                   out: Path | None = None, equiv: bool = True, environ: Mapping[str, str] | None = None,
                   echo: Log = print, startup_timeout: float | None = None,
@@ -93,15 +116,8 @@ def ablate_target(resolved: Resolved, workload: Workload, *, steps: Sequence[str
 
     Every server is published on and reached at ``host_address`` (default: from ``environ``).
     """
-    workload.validate()
-    environ = os.environ if environ is None else environ
-    plan = plan_ablation(resolved.steps, steps, repeats)
-    run_id = new_run_id()
-    out = out or resolved.manifest.root / ".imageforge" / "runs" / run_id
-    out.mkdir(parents=True, exist_ok=True)
-    started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    t0 = time.monotonic()
-    echo(plan.text())
+    environ, plan, run_id, out, started_at, t0 = _ablation_start(resolved, workload, steps, repeats, out, environ,
+                                                                 echo)
     images: dict[str, str] = {}
     builds: dict[str, str] = {}
     for name, keep in [(FULL, plan.full), *((v.step, v.steps) for v in plan.variants)]:
@@ -179,16 +195,9 @@ def ablate_in_place(resolved: Resolved, workload: Workload, in_place: Any, *, st
     variant is against the evidence the first full server gave (in the served dtype). The root is as before at the
     end. The table is the ABAB one's, each variant paired with the full runs around it (:func:`bracketed_results`).
     """
-    workload.validate()
-    environ = os.environ if environ is None else environ
-    plan = plan_ablation(resolved.steps, steps, repeats)
+    environ, plan, run_id, out, started_at, t0 = _ablation_start(resolved, workload, steps, repeats, out, environ,
+                                                                 echo)
     slots = in_place_slots(plan)
-    run_id = new_run_id()
-    out = out or resolved.manifest.root / ".imageforge" / "runs" / run_id
-    out.mkdir(parents=True, exist_ok=True)
-    started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    t0 = time.monotonic()
-    echo(plan.text())
     echo(f"ablate --in-place on {in_place.root}: {len(slots)} server starts, one at a time: "
          + ", ".join(slot.label for slot in slots))
     load_before = list(os.getloadavg())
