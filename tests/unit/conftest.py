@@ -8,13 +8,29 @@ from pathlib import Path
 
 import pytest
 
-MINIMAL = """\
+from imageforge.manifest_load import load_manifest
+from imageforge.resolve import Resolved, resolve
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: The head of every small test manifest: one target ``t`` on a Debian base, package vllm 1.0 (the target's other keys
+#: follow, indented four spaces: :func:`manifest_text`).
+HEAD = """\
 version: 1
 default_target: t
 targets:
   t:
     base: {image: "debian:bookworm"}
     package: {import: vllm, distribution: vllm, version: "1.0"}
+"""
+
+
+def manifest_text(body: str) -> str:
+    """A test manifest: :data:`HEAD`, then ``body`` (the rest of target ``t``, as written in the file)."""
+    return HEAD + body
+
+
+MINIMAL = manifest_text("""\
     steps:
       - id: over
         kind: overlay
@@ -32,7 +48,7 @@ targets:
     profiles:
       small: {args: {max-num-seqs: 2}}
       big: {extends: small, args: {max-num-seqs: 64, gpu-memory-utilization: 0.95}}
-"""
+""")
 
 
 @pytest.fixture
@@ -46,3 +62,16 @@ def write_manifest(tmp_path: Path) -> Callable[[str], Path]:
         return path
 
     return write
+
+
+@pytest.fixture(scope="module")
+def cpu() -> Resolved:
+    """The repository's cpu target, its default profile, no environment."""
+    return resolve(load_manifest(REPO / "build.yaml"), "cpu", None, environ={})
+
+
+@pytest.fixture(scope="module")
+def bi100(request: pytest.FixtureRequest) -> Resolved:
+    """The repository's bi100 target with the profile a test names (``@pytest.mark.parametrize("bi100", ["baseline"],
+    indirect=True)``), else its default, no environment."""
+    return resolve(load_manifest(REPO / "build.yaml"), "bi100", getattr(request, "param", None), environ={})

@@ -45,6 +45,7 @@ from imageforge.bench import (
 )
 from imageforge.bench.report import bench_rows
 from imageforge.errors import ConfigError, SmokeError
+from tests.unit.conftest import manifest_text
 
 # ----------------------------------------------------------------------------- score
 
@@ -406,13 +407,7 @@ def test_duration_limit_cuts_slow_requests(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- sweep orchestration (stubbed)
 
-SWEEP_MANIFEST = """\
-version: 1
-default_target: t
-targets:
-  t:
-    base: {image: "debian:bookworm"}
-    package: {import: vllm, distribution: vllm, version: "1.0"}
+SWEEP_MANIFEST = manifest_text("""\
     image: test/t
     serving:
       config_path: /etc/serve.yaml
@@ -420,7 +415,7 @@ targets:
     default_profile: small
     profiles:
       small: {args: {max-num-seqs: 2}}
-"""
+""")
 
 
 def test_sweep_continues_past_failing_points_and_builds_under_a_sweep_image(

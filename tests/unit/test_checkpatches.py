@@ -18,16 +18,11 @@ from imageforge.patchfrom_image import package_file
 from imageforge.patching import apply_patch
 from imageforge.resolve import resolve
 from imageforge.steps import PatchSpec, SymlinkSpec, kind
+from tests.unit.conftest import manifest_text
 
 SITE = "/opt/venv/lib/python3.11/site-packages"
 
-MANIFEST = """\
-version: 1
-default_target: t
-targets:
-  t:
-    base: {image: "debian:bookworm"}
-    package: {import: vllm, distribution: vllm, version: "1.0"}
+MANIFEST = manifest_text("""\
     steps:
       - id: first
         kind: patch
@@ -96,7 +91,7 @@ targets:
             old: "E = 0"
             new: "E = 9"
       big: {extends: small, args: {max-num-seqs: 64}}
-"""
+""")
 
 Y = "A = 1\nB = 1\nD = 0\nD = 0\nE = 0\nC = 4\n"
 

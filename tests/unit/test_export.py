@@ -24,14 +24,9 @@ from imageforge.labels import L_FINAL, L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOO
 from imageforge.manifest_load import load_manifest
 from imageforge.plan import make_plan
 from imageforge.resolve import resolve
+from tests.unit.conftest import manifest_text
 
-MANIFEST = """\
-version: 1
-default_target: t
-targets:
-  t:
-    base: {image: "debian:bookworm"}
-    package: {import: vllm, distribution: vllm, version: "1.0"}
+MANIFEST = manifest_text("""\
     image: example/t
     run:
       shm_size: 1g
@@ -59,7 +54,7 @@ targets:
             source: overlays/p.py
             dest: vllm/p.py
       big: {extends: small, args: {max-num-seqs: 64}}
-"""
+""")
 
 
 @pytest.fixture

@@ -23,16 +23,11 @@ from imageforge import inplace
 from imageforge.errors import BuildError, ConfigError
 from imageforge.manifest_load import load_manifest
 from imageforge.resolve import Resolved, resolve
+from tests.unit.conftest import manifest_text
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
-MANIFEST = """\
-version: 1
-default_target: t
-targets:
-  t:
-    base: {image: "debian:bookworm"}
-    package: {import: vllm, distribution: vllm, version: "1.0"}
+MANIFEST = manifest_text("""\
     steps:
       - id: over
         kind: overlay
@@ -73,7 +68,7 @@ targets:
             file: vllm/moe.py
             old: "TWO = 2"
             new: "TWO = 9"
-"""
+""")
 
 LDCONFIG = """\
 #!/bin/sh
@@ -406,24 +401,23 @@ def test_pythonpath_is_cut_to_imageforges_own_folder() -> None:
     assert without_caller_pythonpath({"PYTHONPATH": "/x", "IMAGEFORGE_CALLER_PYTHONPATH": "/x"}, str(SRC)) is None
 
 
-DIRECTORY_STEP = """\
-version: 1
-default_target: t
-targets:
-  t:
-    base: {image: "debian:bookworm"}
-    package: {import: vllm, distribution: vllm, version: "1.0"}
+def directory_step(touches: str) -> str:
+    """A manifest whose one step is the organisers' shape: a folder copied to ``dest``, its command run there."""
+    return manifest_text(f"""\
     steps:
       - id: baseline
         kind: script
         directory: baseline
         dest: /workspace/scripts
         command: [sh, patch_ops.sh]
-        touches: [vllm, /workspace/scripts]
+        touches: {touches}
     serving:
       config_path: /etc/serve.yaml
-      args: {model: /m}
-"""
+      args: {{model: /m}}
+""")
+
+
+DIRECTORY_STEP = directory_step("[vllm, /workspace/scripts]")
 
 
 def test_a_directory_script_is_copied_to_dest_and_run_there(box: dict[str, Any]) -> None:
@@ -446,24 +440,8 @@ def test_a_directory_script_is_copied_to_dest_and_run_there(box: dict[str, Any])
     assert not (root / "workspace").exists()
 
 
-PIP_STEP = """\
-version: 1
-default_target: t
-targets:
-  t:
-    base: {image: "debian:bookworm"}
-    package: {import: vllm, distribution: vllm, version: "1.0"}
-    steps:
-      - id: baseline
-        kind: script
-        directory: baseline
-        dest: /workspace/scripts
-        command: [sh, patch_ops.sh]
-        touches: [vllm, /workspace/scripts, "{purelib}/extra", "{purelib}/extra-*.dist-info", "{scripts}/extra*"]
-    serving:
-      config_path: /etc/serve.yaml
-      args: {model: /m}
-"""
+PIP_STEP = directory_step('[vllm, /workspace/scripts, "{purelib}/extra", "{purelib}/extra-*.dist-info", '
+                          '"{scripts}/extra*"]')
 
 #: What `pip install extra==1.0` over extra 0.9 does to the interpreter's scheme: the package's files replaced,
 #: the old dist-info removed, the new one made, the console script rewritten.

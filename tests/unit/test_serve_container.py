@@ -15,8 +15,7 @@ import pytest
 
 from imageforge.errors import InfraError, SmokeError
 from imageforge.manifest import Volume, frozen_map
-from imageforge.manifest_load import load_manifest
-from imageforge.resolve import Resolved, resolve
+from imageforge.resolve import Resolved
 from imageforge.serve.container import (
     HOST,
     Progress,
@@ -36,16 +35,6 @@ from imageforge.serve.spec import (
 from imageforge.steps import PatchSpec
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def cpu() -> Resolved:
-    return resolve(load_manifest(REPO / "build.yaml"), "cpu", None, environ={})
-
-
-@pytest.fixture(scope="module")
-def bi100() -> Resolved:
-    return resolve(load_manifest(REPO / "build.yaml"), "bi100", None, environ={})
 
 
 def rooted(resolved: Resolved, root: Path) -> Resolved:

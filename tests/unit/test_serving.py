@@ -23,16 +23,6 @@ from imageforge.serving import (
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def cpu() -> Resolved:
-    return resolve(load_manifest(REPO / "build.yaml"), "cpu", None, environ={})
-
-
-@pytest.fixture(scope="module")
-def bi100() -> Resolved:
-    return resolve(load_manifest(REPO / "build.yaml"), "bi100", "baseline", environ={})
-
-
 def test_fit_command() -> None:
     cmd = ["vllm", "serve"]
     assert fit_command(None, cmd, "/c.yaml") == ["vllm", "serve", "--config", "/c.yaml"]
@@ -86,6 +76,7 @@ def test_serving_command_style_config_names_the_file(cpu: Resolved) -> None:
     assert image_command(cpu, ("/opt/venv/bin/vllm",)) == serving_command(cpu)[1:]
 
 
+@pytest.mark.parametrize("bi100", ["baseline"], indirect=True)
 def test_serving_command_style_argv_is_every_flag(bi100: Resolved) -> None:
     assert bi100.target.serving.style == "argv"
     assert serving_command(bi100) == serving_argv(bi100) == serving_command(bi100, "/ignored.yaml")

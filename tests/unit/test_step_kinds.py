@@ -25,7 +25,7 @@ from imageforge.resolve import resolve
 from imageforge.steps import KINDS, PatchSpec, StepKind, kind
 from imageforge.steps.core import register
 from imageforge.steps.schema import manifest_schema, schema_text, with_kinds
-from tests.unit.conftest import MINIMAL
+from tests.unit.conftest import MINIMAL, manifest_text
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "schema" / "build.schema.json"
@@ -148,13 +148,7 @@ def test_without_the_kind_its_step_is_refused(write_manifest: Callable[[str], Pa
 # --------------------------------------------------------------------------- cache keys as main's code made them
 
 #: Every kind with every field set and left out; paths written unnormalised where the loader normalises them.
-EVERY_FIELD = """\
-version: 1
-default_target: t
-targets:
-  t:
-    base: {image: "debian:bookworm"}
-    package: {import: vllm, distribution: vllm, version: "1.0"}
+EVERY_FIELD = manifest_text("""\
     steps:
       - {id: over, kind: overlay, source: overlays/x.py, dest: vllm/x.py}
       - {id: over-mode, kind: overlay, source: ./overlays//x.py, dest: /opt/x.py, mode: "0600", owner: "1000:1000",
@@ -173,7 +167,7 @@ targets:
     serving:
       config_path: /etc/serve.yaml
       args: {model: /m}
-"""
+""")
 
 #: (definition as JSON, key chained from "sha256:base") per step, computed by main's code (0416a68, Step.spec a
 #: Mapping) on EVERY_FIELD: typed specs change no key.
