@@ -118,7 +118,7 @@ class StepSpec:
     def of(cls: type[SpecT], step: Step) -> SpecT:
         """``step``'s spec as this kind's class (a ConfigError when the step is of another kind)."""
         if not isinstance(step.spec, cls):
-            raise ConfigError(f"step {step.id!r} is a {step.kind} step: it has no {cls.__name__}",
+            raise ConfigError(f"step {step.id!r} (kind {step.kind}) has no {cls.__name__}",
                               location=step.location, key_path=step.key_path)
         return step.spec
 

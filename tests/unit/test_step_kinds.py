@@ -69,7 +69,7 @@ def test_a_kinds_defaults_are_its_specs_and_fill_the_loaded_step(write_manifest:
     # a spec made in code gets the same defaults: there is no second place that knows them
     assert PatchSpec(file="vllm/y.py", old="A = 1", new="A = 2") == fix
     over = load_manifest(write_manifest(MINIMAL)).targets["t"].steps[0]
-    with pytest.raises(ConfigError, match="'over' is a overlay step: it has no PatchSpec"):
+    with pytest.raises(ConfigError, match=r"'over' \(kind overlay\) has no PatchSpec"):
         PatchSpec.of(over)
 
 
