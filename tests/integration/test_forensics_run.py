@@ -1,10 +1,11 @@
 """equiv, bisect and ablate on real images and real vLLM servers of the cpu target.
 
 Each test starts real servers (30-120 s each on this machine): keep them few. vLLM starts: bisect's three probes,
-ablate's two servers, the base image in float32 once (``base_float32``: the reference of both equiv tests, compared
-through ``compare_urls``; the module's last tests, so it is up only while they run) and each equiv candidate alone
-(2): 8. ``equiv_target``'s own orchestration (build the candidate, serve both sides, compare, remove both) is
-tests/unit/test_equiv.py's, with the servers faked at that boundary.
+ablate's two servers, and each equiv candidate alone (2); both equiv tests compare (``compare_urls``) against the
+session's ``run --target cpu --base --set dtype=float32`` (conftest ``cpu_base_run``: equiv's base reference, and
+test_run's ``run --base`` under test, which removes it later). ``equiv_target``'s own orchestration (build the
+candidate, serve both sides, compare, remove both) is tests/unit/test_equiv.py's, with the servers faked at that
+boundary.
 """
 
 from __future__ import annotations
@@ -131,26 +132,11 @@ MOE_PROMPTS = (
 )
 
 
-@pytest.fixture(scope="module")
-def base_float32(cpu_resolved: Any) -> Iterator[Any]:
-    """The cpu base image served with the cpu target's serving config in float32 (``equiv --against base``'s
-    reference: nothing patched, the same config), shared by this module's equiv tests; removed at its end. Started
-    without waiting: the first test waits for it while its candidate starts too (as ``serving_pair`` does)."""
-    from imageforge.equiv.runner import sides
-    from imageforge.rundirs import new_run_id
-    from imageforge.serve.container import serving
-
-    reference = sides(cpu_resolved, "base", dtype="float32")[1]
-    assert reference.base and reference.image is None
-    with serving(reference.resolved, environ=os.environ, base=True, run_id=new_run_id() + "-ref", log=print,
-                 wait=False) as server:
-        yield server
-
-
 @contextlib.contextmanager
 def _candidate_float32(resolved: Any, base: Any) -> Iterator[tuple[str, Any]]:
-    """The image under test as ``equiv`` serves it (float32, tagged ``<image>-equiv``), alone, and ``base`` ready:
-    (label, server)."""
+    """The image under test as ``equiv`` serves it (float32, tagged ``<image>-equiv``), alone, and ``base`` (the
+    session's ``run --base`` in float32: ``equiv --against base``'s reference) up: (label, server). The candidate
+    starts first, so both start at once as in ``serving_pair`` when the base is not up yet."""
     from imageforge.build import build_target
     from imageforge.equiv.runner import sides
     from imageforge.rundirs import new_run_id
@@ -161,25 +147,30 @@ def _candidate_float32(resolved: Any, base: Any) -> Iterator[tuple[str, Any]]:
     built = build_target(candidate.resolved, environ=os.environ, echo=print)
     with serving(candidate.resolved, environ=os.environ, image=built.image_id, run_id=new_run_id() + "-cand",
                  log=print, wait=False) as server:
-        timeout = resolved.target.smoke.startup_timeout
-        wait_ready(base, timeout=timeout, log=print)
-        wait_ready(server, timeout=timeout, log=print, resolved=candidate.resolved)
+        base.up()
+        wait_ready(server, timeout=resolved.target.smoke.startup_timeout, log=print, resolved=candidate.resolved)
         yield candidate.label, server
 
 
-def test_equiv_the_shipped_cpu_image_matches_its_base(cpu_resolved: Any, base_float32: Any, tmp_path: Path) -> None:
+def test_equiv_the_shipped_cpu_image_matches_its_base(cpu_resolved: Any, cpu_base_run: Any, tmp_path: Path) -> None:
     """The shipped steps are retunes (BLOCK/NUM_WARPS) and modules (the MoE through sorted_moe): nothing flagged,
     in float32 on both sides, teacher-forced. The one home of that claim (test_cpu_moe_served served the same two
     images a second time for it; its assertions are here)."""
     import dataclasses
 
-    from imageforge.equiv.runner import compare_urls
+    from imageforge.equiv.runner import compare_urls, sides
 
     settings = _prompts(cpu_resolved, 3, 4)
     settings = dataclasses.replace(settings, prompts=(*settings.prompts, *MOE_PROMPTS))
     assert "load-format" not in cpu_resolved.serving_args()  # the tiny model's real seeded weights
-    with _candidate_float32(cpu_resolved, base_float32) as (label, served):
-        result = compare_urls(base_float32.url, served.url, settings, "float32", labels=(label, "base image"),
+    # `run --base --set dtype=float32` serves exactly what `equiv --against base` starts as its reference
+    side = sides(cpu_resolved, "base", dtype="float32")[1]
+    assert side.base and side.image is None
+    run_base = resolve(cpu_resolved.manifest, "cpu", None, environ=os.environ, sets=["dtype=float32"])
+    assert run_base.profile_name == cpu_resolved.profile_name
+    assert side.resolved.serving_args() == run_base.serving_args()
+    with _candidate_float32(cpu_resolved, cpu_base_run) as (label, served):
+        result = compare_urls(cpu_base_run.url, served.url, settings, "float32", labels=(label, "base image"),
                               run_dir=tmp_path / "equiv")
     print(result.text())
     assert result.verdict.dtype == "float32"
@@ -209,7 +200,7 @@ def test_equiv_the_shipped_cpu_image_matches_its_base(cpu_resolved: Any, base_fl
 
 
 def test_equiv_catches_a_scaled_softmax_with_exit_4(cpu_variant: Callable[..., Path], remove_images: list[str],
-                                                     cpu_resolved: Any, base_float32: Any) -> None:
+                                                     cpu_resolved: Any, cpu_base_run: Any) -> None:
     from imageforge.equiv.compare import raise_if_failed
     from imageforge.equiv.runner import compare_urls
 
@@ -218,8 +209,8 @@ def test_equiv_catches_a_scaled_softmax_with_exit_4(cpu_variant: Callable[..., P
     resolved = resolve(load_manifest(path), "cpu", "conservative", environ=os.environ)
     # the shared reference serves the cpu target's config: the variant's is the same, only its steps differ
     assert resolved.serving_args() == cpu_resolved.serving_args()
-    with _candidate_float32(resolved, base_float32) as (label, served):
-        result = compare_urls(base_float32.url, served.url, _prompts(resolved, 3, 4), "float32",
+    with _candidate_float32(resolved, cpu_base_run) as (label, served):
+        result = compare_urls(cpu_base_run.url, served.url, _prompts(resolved, 3, 4), "float32",
                               labels=(label, "base image"))
     print(result.text())
     assert not result.verdict.passed, result.text()
