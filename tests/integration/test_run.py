@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from imageforge.labels import L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL
+from tests.integration.helpers import sigint_default
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -119,7 +120,8 @@ def test_interrupted_smoke_removes_its_server(sig: signal.Signals,
                                               containers_labelled: Callable[..., list[Any]]) -> None:
     """Ctrl-C (or SIGTERM) while `invoke smoke` waits for readiness: exit 130, nothing left running."""
     proc = subprocess.Popen([str(INVOKE), "smoke", "--target", "cpu"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=sigint_default)
     assert proc.stdout is not None
     lines: list[str] = []
     run_id = None
