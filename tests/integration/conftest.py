@@ -8,6 +8,10 @@
   steps reuse the cached layers of the real target.
 * ``invoke_cli`` -- runs ``imageforge ARGS`` (in this process; ``process=True``: a child) and returns (exit
   code, output, stdout).
+* ``cpu_base_run`` -- ``imageforge run --target cpu --base --set dtype=float32`` on a free port, started on first
+  use (:meth:`RunBase.up`) and left running: the cpu base image serving the cpu config in float32, i.e.
+  ``equiv --against base``'s reference (test_forensics_run's equiv tests compare against its URL) and the
+  ``run --base`` that test_run checks and removes with ``stop``. Stopped at the session's end if still up.
 
 Other test modules may add fixtures here (each listed above). Helpers that are not fixtures (free port, the cpu
 base's references, the OS image by its computed tag, run in a directory, invoke) are in ``helpers.py``; the
@@ -79,6 +83,47 @@ def invoke_cli() -> Callable[..., Cli]:
         return Cli(proc.returncode, output, proc.stdout)
 
     return run
+
+
+@dataclass
+class RunBase:
+    """The session's ``run --target cpu --base --set dtype=float32`` (see the module)."""
+
+    invoke_cli: Callable[..., Cli]
+    port: int = 0
+    cli: Cli | None = None  # the output of the `run` that started it
+    starts: int = 0
+
+    ARGS = ("run", "--target", "cpu", "--base", "--set", "dtype=float32")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def up(self) -> Cli:
+        """Start it unless it is serving (a test before may have stopped it: then once more); its `run` output."""
+        if self.cli is not None and self.answers():
+            return self.cli
+        self.port = helpers.free_port()
+        self.cli = self.invoke_cli(*self.ARGS, "--port", str(self.port))
+        self.starts += 1
+        assert self.cli.code == 0, self.cli.output
+        return self.cli
+
+    def answers(self) -> bool:
+        import httpx
+
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{self.url}/health", timeout=5).status_code == 200
+        return False
+
+
+@pytest.fixture(scope="session")
+def cpu_base_run(invoke_cli: Callable[..., Cli], docker_ready: None) -> Iterator[RunBase]:
+    run = RunBase(invoke_cli)
+    yield run
+    if run.cli is not None and run.answers():
+        invoke_cli("stop", "--target", "cpu")
 
 
 def _copy_sources(target: dict[str, Any], root: Path) -> None:

@@ -10,6 +10,9 @@
 * :func:`imageforge` -- ``imageforge ARGS`` in this process through invoke's ``Program`` (the environment and the
   working directory given, both restored after; stdout and stderr captured apart): what the CLI tests use wherever
   a separate process is not the point (a process costs ~1-2 s of interpreter and imports here, more under coverage).
+* :func:`sigint_default` -- a ``preexec_fn`` for a child that a test interrupts with SIGINT: Ctrl-C as a terminal
+  gives it, whatever the suite was started from (a background job of a non-interactive shell, e.g. ``cmd &`` or
+  ``nohup``, inherits SIGINT *ignored*, and Python keeps an ignored SIGINT: the child would never see the Ctrl-C).
 * :func:`invoke` -- ``imageforge ARGS`` as a user runs it from the repository: in this process by default,
   ``process=True`` for ``.venv/bin/invoke`` in a child process (signals, a timeout, a fresh interpreter's state).
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -33,7 +37,13 @@ REPO = Path(__file__).resolve().parents[2]
 INVOKE = REPO / ".venv" / "bin" / "invoke"
 CPU_RECIPE = REPO / "images" / "cpu"
 
-__all__ = ["INVOKE", "REPO", "cpu_base_refs", "free_port", "imageforge", "invoke", "os_image", "run_in_dir"]
+__all__ = ["INVOKE", "REPO", "cpu_base_refs", "free_port", "imageforge", "invoke", "os_image", "run_in_dir",
+           "sigint_default"]
+
+
+def sigint_default() -> None:
+    """In the child before exec: SIGINT back to its default action (see the module)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def cpu_base_refs() -> tuple[str, str]:

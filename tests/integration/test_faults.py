@@ -31,6 +31,7 @@ from tests.integration.forge_fixtures import (
     tiny_base,
     write_manifest,
 )
+from tests.integration.helpers import sigint_default
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +58,7 @@ class Running:
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         full_env.pop("IMAGEFORGE_TRACEBACK", None)
         self.proc = subprocess.Popen([str(INVOKE), *args], cwd=REPO, env=full_env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+                                     stderr=subprocess.STDOUT, text=True, preexec_fn=sigint_default)
         self.lines: list[str] = []
         self._q: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()

@@ -1,14 +1,20 @@
 """equiv, bisect and ablate on real images and real vLLM servers of the cpu target.
 
-Each test starts real servers (30-120 s each on this machine): keep them few.
+Each test starts real servers (30-120 s each on this machine): keep them few. vLLM starts: bisect's three probes,
+ablate's two servers, and each equiv candidate alone (2); both equiv tests compare (``compare_urls``) against the
+session's ``run --target cpu --base --set dtype=float32`` (conftest ``cpu_base_run``: equiv's base reference, and
+test_run's ``run --base`` under test, which removes it later). ``equiv_target``'s own orchestration (build the
+candidate, serve both sides, compare, remove both) is tests/unit/test_equiv.py's, with the servers faked at that
+boundary.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,108 +54,29 @@ def _prompts(resolved: Any, n: int, greedy: int) -> Any:
     return dataclasses.replace(s, prompts=s.prompts[:n], greedy_tokens=greedy)
 
 
-# the prompts of the former test_cpu_moe_served (plain text, a question, a tool call's JSON, a list of steps)
-MOE_PROMPTS = (
-    "The quick brown fox jumps over the lazy dog.",
-    "What is the weather like in Paris today? Let me check the weather for you.",
-    '{"name": "get_weather", "arguments": {"location": "Paris", "unit": "celsius"}}',
-    "First, we read the input. Second, we compute the value. Finally, we return the output.",
-)
-
-
-def test_equiv_the_shipped_cpu_image_matches_its_base(cpu_resolved: Any) -> None:
-    """The shipped steps are retunes (BLOCK/NUM_WARPS) and modules (the MoE through sorted_moe): nothing flagged,
-    in float32 on both sides, teacher-forced. The one home of that claim (test_cpu_moe_served served the same two
-    images a second time for it; its assertions are here)."""
-    import dataclasses
-
-    from imageforge.equiv.runner import equiv_target
-
-    settings = _prompts(cpu_resolved, 3, 4)
-    settings = dataclasses.replace(settings, prompts=(*settings.prompts, *MOE_PROMPTS))
-    assert "load-format" not in cpu_resolved.serving_args()  # the tiny model's real seeded weights
-    result = equiv_target(cpu_resolved, settings=settings, echo=print)
-    assert result.verdict.dtype == "float32"
-    assert result.verdict.passed, result.text()
-    assert {c.name for c in result.verdict.checks} == {"max_abs", "mean_abs", "p95_abs", "top1"}
-    assert result.verdict.comparison.overall.max_abs < 1e-3
-    assert result.reference.url != result.candidate.url  # two servers, distinct ports
-    assert result.run_dir is not None
-    saved = json.loads((result.run_dir / "equiv.json").read_text())
-    assert saved["passed"] is True and saved["dtype"] == "float32"
-    assert (result.run_dir / "evidence-reference.json").is_file()
-    assert "equiv PASSED" in (result.run_dir / "equiv.txt").read_text()
-    # the weights make the logprobs mean something (dummy weights would give flat logits: nothing to compare)
-    reference = [pos for prompt in result.reference.prompts for pos in prompt.positions]
-    candidate = [pos for prompt in result.candidate.prompts for pos in prompt.positions]
-    assert len(reference) == len(candidate) > 0
-    gaps = sorted(pos.best_logprob() - pos.smallest_logprob() for pos in reference)
-    assert min(pos.best_logprob() for pos in reference) > -6.0, "near -ln(vocab): flat logits (dummy weights?)"
-    assert gaps[len(gaps) // 2] > 1.0, "top-1 and top-5 within a nat: nothing to compare"
-    # every reference top-5 token is scored by the candidate, and the top-1 agrees at every position
-    for ref, cand in zip(reference, candidate, strict=True):
-        ref_top = [token for token, _ in ref.top(5)]
-        assert set(ref_top) <= set(cand.entries), f"reference top-5 {ref_top} missing from the candidate's"
-        assert cand.top(1)[0][0] == ref_top[0]
-    overall = result.verdict.comparison.overall
-    assert overall.top1_agree == overall.positions
-
-
-def test_equiv_catches_a_scaled_softmax_with_exit_4(cpu_variant: Callable[..., Path],
-                                                     remove_images: list[str]) -> None:
-    from imageforge.equiv.compare import raise_if_failed
-    from imageforge.equiv.runner import equiv_target
-
-    remove_images += ["imageforge-test/equiv-math-equiv"]
-    path = cpu_variant("imageforge-test/equiv-math", steps=[SCALED_SOFTMAX])
-    resolved = resolve(load_manifest(path), "cpu", "conservative", environ=os.environ)
-    result = equiv_target(resolved, settings=_prompts(resolved, 3, 4), echo=print)
-    assert not result.verdict.passed, result.text()
-    failed = {c.name for c in result.verdict.checks if not c.passed}
-    assert "max_abs" in failed, result.text()
-    with pytest.raises(EquivError) as info:
-        raise_if_failed(result.verdict)
-    assert info.value.exit_code == EXIT_SMOKE == 4
-
-
-def _with_step_at(path: Path, step_id: str, index: int) -> Path:
-    data = yaml.safe_load(path.read_text())
-    steps = data["targets"]["cpu"]["steps"]
-    step = next(s for s in steps if s["id"] == step_id)
-    steps.remove(step)
-    steps.insert(index, step)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
 def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[..., Path],
                                                         remove_images: list[str]) -> None:
     from imageforge.forensics.bisect_runner import bisect_target
 
     remove_images += ["imageforge-test/bisect-bisect"]
-    path = _with_step_at(cpu_variant("imageforge-test/bisect", steps=[BROKEN_MODELS]), "break-v1-models", 2)
-    # five steps keep the test's server starts few (each 30-240 s here): the bound is ceil(log2 5) + 2 = 5
+    path = cpu_variant("imageforge-test/bisect", steps=[BROKEN_MODELS])
+    # two steps (a retune, then the planted break) keep the server starts at three: the base passes, the final image
+    # fails, the one midpoint (the retune alone) passes; the bound is ceil(log2 2) + 2 = 3 points
     data = yaml.safe_load(path.read_text())
-    dropped: set[str] = set()
-    kept = []
-    for s in data["targets"]["cpu"]["steps"]:  # no overlays, nor the steps that need one (the cpu MoE patches)
-        if s["kind"] == "overlay" or dropped & set(s.get("requires", ())):
-            dropped.add(s["id"])
-        else:
-            kept.append(s)
-    data["targets"]["cpu"]["steps"] = kept
+    data["targets"]["cpu"]["steps"] = [s for s in data["targets"]["cpu"]["steps"]
+                                       if s["id"] in ("prefill-base-block", "break-v1-models")]
     data["targets"]["cpu"]["verify"]["imports"] = ["vllm.v1.attention.ops.prefix_prefill"]
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     resolved = resolve(load_manifest(path), "cpu", "conservative", environ=os.environ)
     ids = [s.id for s in resolved.steps]
-    assert ids == ["prefill-base-block", "prefill-num-warps", "break-v1-models", "torch-libs-into-usr-local",
-                   "ldconfig"]
+    assert ids == ["prefill-base-block", "break-v1-models"]
     run = bisect_target(resolved, checks=["models-lists-served-name"], echo=print)
     result = run.result
     assert result.status == "found", run.text()
-    assert result.first_failing == 3 and result.last_passing == 2
+    assert result.first_failing == 2 and result.last_passing == 1
     assert run.culprit is not None and run.culprit.id == "break-v1-models"
-    assert result.runs <= math.ceil(math.log2(5)) + 2
+    assert [p.k for p in result.points] == [0, 2, 1]  # base, final, then the binary search's midpoint
+    assert result.bound == math.ceil(math.log2(2)) + 2 == 3 and result.runs <= result.bound
     text = run.text()
     assert f"first failing step: break-v1-models (patch) at {path}:" in text
     assert f"{MODELS_ROUTER} (patched x1)" in text
@@ -158,7 +85,7 @@ def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[...
         raise_for(result, run.culprit.id)
     assert info.value.exit_code == 4
     saved = json.loads((run.run_dir / "bisect.json").read_text())
-    assert saved["culprit"]["id"] == "break-v1-models" and saved["first_failing"] == 3
+    assert saved["culprit"]["id"] == "break-v1-models" and saved["first_failing"] == 2
 
 
 def test_ablate_benches_abab_and_skips_required_steps(cpu_variant: Callable[..., Path], remove_images: list[str],
@@ -194,3 +121,101 @@ def test_ablate_benches_abab_and_skips_required_steps(cpu_variant: Callable[...,
     assert csv_lines[2].startswith("prefill-num-warps,prefill-num-warps,")
     assert csv_lines[3].startswith("ldconfig,") and "skipped: required: true" in csv_lines[3]
     assert len(list((out / "runs").iterdir())) == 4  # one bench.json per scheduled run
+
+
+# the prompts of the former test_cpu_moe_served (plain text, a question, a tool call's JSON, a list of steps)
+MOE_PROMPTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "What is the weather like in Paris today? Let me check the weather for you.",
+    '{"name": "get_weather", "arguments": {"location": "Paris", "unit": "celsius"}}',
+    "First, we read the input. Second, we compute the value. Finally, we return the output.",
+)
+
+
+@contextlib.contextmanager
+def _candidate_float32(resolved: Any, base: Any) -> Iterator[tuple[str, Any]]:
+    """The image under test as ``equiv`` serves it (float32, tagged ``<image>-equiv``), alone, and ``base`` (the
+    session's ``run --base`` in float32: ``equiv --against base``'s reference) up: (label, server). The candidate
+    starts first, so both start at once as in ``serving_pair`` when the base is not up yet."""
+    from imageforge.build import build_target
+    from imageforge.equiv.runner import sides
+    from imageforge.rundirs import new_run_id
+    from imageforge.serve.container import serving, wait_ready
+
+    candidate = sides(resolved, "base", dtype="float32")[0]
+    assert candidate.resolved.serving_args()["dtype"] == "float32"
+    built = build_target(candidate.resolved, environ=os.environ, echo=print)
+    with serving(candidate.resolved, environ=os.environ, image=built.image_id, run_id=new_run_id() + "-cand",
+                 log=print, wait=False) as server:
+        base.up()
+        wait_ready(server, timeout=resolved.target.smoke.startup_timeout, log=print, resolved=candidate.resolved)
+        yield candidate.label, server
+
+
+def test_equiv_the_shipped_cpu_image_matches_its_base(cpu_resolved: Any, cpu_base_run: Any, tmp_path: Path) -> None:
+    """The shipped steps are retunes (BLOCK/NUM_WARPS) and modules (the MoE through sorted_moe): nothing flagged,
+    in float32 on both sides, teacher-forced. The one home of that claim (test_cpu_moe_served served the same two
+    images a second time for it; its assertions are here)."""
+    import dataclasses
+
+    from imageforge.equiv.runner import compare_urls, sides
+
+    settings = _prompts(cpu_resolved, 3, 4)
+    settings = dataclasses.replace(settings, prompts=(*settings.prompts, *MOE_PROMPTS))
+    assert "load-format" not in cpu_resolved.serving_args()  # the tiny model's real seeded weights
+    # `run --base --set dtype=float32` serves exactly what `equiv --against base` starts as its reference
+    side = sides(cpu_resolved, "base", dtype="float32")[1]
+    assert side.base and side.image is None
+    run_base = resolve(cpu_resolved.manifest, "cpu", None, environ=os.environ, sets=["dtype=float32"])
+    assert run_base.profile_name == cpu_resolved.profile_name
+    assert side.resolved.serving_args() == run_base.serving_args()
+    with _candidate_float32(cpu_resolved, cpu_base_run) as (label, served):
+        result = compare_urls(cpu_base_run.url, served.url, settings, "float32", labels=(label, "base image"),
+                              run_dir=tmp_path / "equiv")
+    print(result.text())
+    assert result.verdict.dtype == "float32"
+    assert result.verdict.passed, result.text()
+    assert {c.name for c in result.verdict.checks} == {"max_abs", "mean_abs", "p95_abs", "top1"}
+    assert result.verdict.comparison.overall.max_abs < 1e-3
+    assert result.reference.url != result.candidate.url  # two servers, distinct ports
+    assert result.run_dir is not None
+    saved = json.loads((result.run_dir / "equiv.json").read_text())
+    assert saved["passed"] is True and saved["dtype"] == "float32"
+    assert (result.run_dir / "evidence-reference.json").is_file()
+    assert "equiv PASSED" in (result.run_dir / "equiv.txt").read_text()
+    # the weights make the logprobs mean something (dummy weights would give flat logits: nothing to compare)
+    reference = [pos for prompt in result.reference.prompts for pos in prompt.positions]
+    candidate = [pos for prompt in result.candidate.prompts for pos in prompt.positions]
+    assert len(reference) == len(candidate) > 0
+    gaps = sorted(pos.best_logprob() - pos.smallest_logprob() for pos in reference)
+    assert min(pos.best_logprob() for pos in reference) > -6.0, "near -ln(vocab): flat logits (dummy weights?)"
+    assert gaps[len(gaps) // 2] > 1.0, "top-1 and top-5 within a nat: nothing to compare"
+    # every reference top-5 token is scored by the candidate, and the top-1 agrees at every position
+    for ref, cand in zip(reference, candidate, strict=True):
+        ref_top = [token for token, _ in ref.top(5)]
+        assert set(ref_top) <= set(cand.entries), f"reference top-5 {ref_top} missing from the candidate's"
+        assert cand.top(1)[0][0] == ref_top[0]
+    overall = result.verdict.comparison.overall
+    assert overall.top1_agree == overall.positions
+
+
+def test_equiv_catches_a_scaled_softmax_with_exit_4(cpu_variant: Callable[..., Path], remove_images: list[str],
+                                                     cpu_resolved: Any, cpu_base_run: Any) -> None:
+    from imageforge.equiv.compare import raise_if_failed
+    from imageforge.equiv.runner import compare_urls
+
+    remove_images += ["imageforge-test/equiv-math-equiv"]
+    path = cpu_variant("imageforge-test/equiv-math", steps=[SCALED_SOFTMAX])
+    resolved = resolve(load_manifest(path), "cpu", "conservative", environ=os.environ)
+    # the shared reference serves the cpu target's config: the variant's is the same, only its steps differ
+    assert resolved.serving_args() == cpu_resolved.serving_args()
+    with _candidate_float32(resolved, cpu_base_run) as (label, served):
+        result = compare_urls(cpu_base_run.url, served.url, _prompts(resolved, 3, 4), "float32",
+                              labels=(label, "base image"))
+    print(result.text())
+    assert not result.verdict.passed, result.text()
+    failed = {c.name for c in result.verdict.checks if not c.passed}
+    assert "max_abs" in failed, result.text()
+    with pytest.raises(EquivError) as info:
+        raise_if_failed(result.verdict)
+    assert info.value.exit_code == EXIT_SMOKE == 4

@@ -1,8 +1,8 @@
 """In-place serving rehearsed in a box (issue 21 items 4-7): no Docker inside, the server as a process.
 
 One box for the module (:mod:`box_fixture`: the cpu base image, ``--shm-size 1g``, no network, no Docker
-socket, imageforge in its own venv).  vLLM starts: eight (run, serving both the dummy suite and the evaluator
-suite's dummy-ok checks; bench --replay; equiv --record and --against; ablate over two steps: full, two variants,
+socket, imageforge in its own venv).  vLLM starts: seven (run, serving both the dummy suite and the evaluator
+suite's dummy-ok checks; bench --replay; equiv --record and --against; ablate over one step: full, the variant,
 full) -- each 30-110 s here.
 """
 
@@ -123,17 +123,18 @@ def _journal(box: Box) -> str:
 
 
 @pytest.mark.timeout(2400)
-def test_ablate_in_place_over_two_steps(box: Box) -> None:
+def test_ablate_in_place_full_variant_full(box: Box) -> None:
+    """One step ablated: three starts (full, the variant, full); the order for several variants (full, each variant,
+    full) is tests/unit/test_ablate.py's test_in_place_schedule_is_full_each_variant_full."""
     assert _journal(box) == "none"
-    code, out = box.invoke("ablate", "--target", "cpu", "--in-place", "--steps", "prefill-base-block,prefill-num-warps",
+    code, out = box.invoke("ablate", "--target", "cpu", "--in-place", "--steps", "prefill-num-warps",
                            "--repeat", "1", "--requests", "4", "--concurrency", "2", "--prompt-tokens", "64",
                            "--output-tokens", "8", "--warmup", "0", "--out", "/tmp/ablate", timeout=2300)
     assert code == 0, out
-    assert ("4 server starts, one at a time: full (before), without prefill-base-block, "
-            "without prefill-num-warps, full (after)") in out, out
+    assert "3 server starts, one at a time: full (before), without prefill-num-warps, full (after)" in out, out
     table = json.loads(box.read("/tmp/ablate/ablate.json"))
     rows = {r["step"]: r for r in table["variants"]}
-    assert set(rows) == {"prefill-base-block", "prefill-num-warps"}
+    assert set(rows) == {"prefill-num-warps"}
     for row in rows.values():
         assert row["pairs"] == 1 and row["failed_runs"] == 0 and row["delta_score"] is not None, row
         assert row["equiv"] == "pass", row  # the prefill tiles are inert on CPU: same logprobs

@@ -1,6 +1,7 @@
 """`invoke run` / `invoke stop` and the serving() lifecycle on the real daemon.
 
-One vLLM start here (``invoke run --base``); the other tests never wait for vLLM.
+One vLLM start here (``invoke run --base``: conftest's ``cpu_base_run``, shared with test_forensics_run's equiv
+tests, which run before this module); the other tests never wait for vLLM.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import httpx
 import pytest
 
 from imageforge.labels import L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL
-from tests.integration.helpers import free_port
+from tests.integration.helpers import sigint_default
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -34,16 +35,17 @@ def taken_port() -> Iterator[int]:
         yield int(sock.getsockname()[1])
 
 
-def test_run_base_prints_url_then_stop_removes_it(invoke_cli: Callable[..., Any],
+def test_run_base_prints_url_then_stop_removes_it(cpu_base_run: Any, invoke_cli: Callable[..., Any],
                                                    containers_labelled: Callable[..., list[Any]]) -> None:
+    """``run --base`` (conftest's ``cpu_base_run``: float32, so that test_forensics_run's equiv tests compare against
+    the same server before this test removes it) prints the URL, leaves the server up; ``stop`` removes it."""
     from imageforge.labels import L_STARTED_BY
     from imageforge.serve.container import STARTED_BY_RUN
 
-    port = free_port()
     run_id: str | None = None
     try:
-        cli = invoke_cli("run", "--target", "cpu", "--base", "--port", str(port))
-        assert cli.code == 0, cli.output
+        cli = cpu_base_run.up()
+        port = cpu_base_run.port
         assert f"URL=http://127.0.0.1:{port}" in cli.output.splitlines()
         assert re.search(rf"waiting for http://127\.0\.0\.1:{port}/health: \d+s", cli.output)
         match = re.search(r"started imageforge-cpu-(\S+) from imageforge/vllm-cpu-base:", cli.output)
@@ -59,6 +61,7 @@ def test_run_base_prints_url_then_stop_removes_it(invoke_cli: Callable[..., Any]
         assert container.attrs["HostConfig"]["ShmSize"] == 1024**3
         cmd = container.attrs["Config"]["Cmd"]
         assert cmd[:3] == ["vllm", "serve", "/models/tiny-qwen3-moe"] and "--max-num-seqs" in cmd
+        assert cmd[cmd.index("--dtype") + 1] == "float32"  # --set reaches the flags
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
         assert models["data"][0]["id"] == "tiny-qwen3-moe"
         # still running after the task returned: a second run on the same port is refused
@@ -69,6 +72,7 @@ def test_run_base_prints_url_then_stop_removes_it(invoke_cli: Callable[..., Any]
     assert stop.code == 0, stop.output
     assert run_id is not None and f"removed imageforge-cpu-{run_id}" in stop.output
     assert containers_labelled(**{L_RUN: run_id}) == []
+    assert not cpu_base_run.answers()
 
 
 def test_port_taken_is_refused_before_anything_starts(invoke_cli: Callable[..., Any], taken_port: int) -> None:
@@ -116,7 +120,8 @@ def test_interrupted_smoke_removes_its_server(sig: signal.Signals,
                                               containers_labelled: Callable[..., list[Any]]) -> None:
     """Ctrl-C (or SIGTERM) while `invoke smoke` waits for readiness: exit 130, nothing left running."""
     proc = subprocess.Popen([str(INVOKE), "smoke", "--target", "cpu"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=sigint_default)
     assert proc.stdout is not None
     lines: list[str] = []
     run_id = None

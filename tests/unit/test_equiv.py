@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -319,3 +320,87 @@ def test_float32_noise_of_a_pure_retune_passes_the_float32_gate() -> None:
                    DEFAULT_TOLERANCES["float32"], "float32")
     assert verdict.passed, verdict.text()
     assert verdict.comparison.overall.max_abs == pytest.approx(4e-6, rel=1e-3)
+
+
+# --------------------------------------------------------------------------- equiv_target's orchestration (fakes)
+
+
+@pytest.mark.parametrize("scale", [2.0, 2.2])  # the same model (passes), a changed one (fails: reported, no raise)
+def test_equiv_target_builds_the_candidate_serves_both_sides_compares_and_removes_both(
+        scale: float, write_manifest: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``equiv --against base`` in Docker mode with the daemon faked at the runner's boundary (build, start, wait,
+    remove; the two servers answer through fake transports): what is built, how each side is started, the order,
+    the reports and the removal of both. The comparison on real servers: tests/integration/test_forensics_run.py."""
+    from types import SimpleNamespace
+
+    from imageforge.equiv import runner
+    from imageforge.manifest_load import load_manifest
+    from imageforge.resolve import resolve
+
+    resolved = resolve(load_manifest(write_manifest()), "t", "small", environ={})
+    assert resolved.serving_args().get("dtype") is None
+    events: list[tuple[str, Any]] = []
+    servers = {"http://ref:1": FakeVllm(model_dist(2.0)), "http://cand:2": FakeVllm(model_dist(scale))}
+
+    def build(res: Any, **kw: Any) -> Any:
+        events.append(("build", (res.target.image, res.serving_args()["dtype"])))
+        return SimpleNamespace(image_id="sha256:cand")
+
+    def start(res: Any, *, base: bool = False, image: str | None = None, run_id: str = "", **kw: Any) -> Any:
+        side = "ref" if run_id.endswith("-ref") else "cand"
+        events.append(("start", (side, base, image, res.serving_args()["dtype"])))
+        return SimpleNamespace(url=f"http://{side}:{1 if side == 'ref' else 2}", side=side)
+
+    monkeypatch.setattr(runner, "build_target", build)
+    monkeypatch.setattr(runner, "start_server", start)
+    monkeypatch.setattr(runner, "wait_ready", lambda server, **kw: events.append(("ready", server.side)))
+    monkeypatch.setattr(runner, "remove_server", lambda server, **kw: events.append(("remove", server.side)))
+    monkeypatch.setattr(runner, "collect_reference", lambda url, *a, **kw: collect_reference(
+        url, *a, **kw, transport=httpx.MockTransport(servers[url])))
+    monkeypatch.setattr(runner, "collect_against", lambda url, ref, **kw: collect_against(
+        url, ref, **kw, transport=httpx.MockTransport(servers[url])))
+    settings = dataclasses.replace(resolved.target.equiv, prompts=("hello", "abc def"), top_k=3, greedy_tokens=4)
+    lines: list[str] = []
+    result = runner.equiv_target(resolved, settings=settings, echo=lines.append)
+    image = resolved.target.image
+    # the candidate is built in float32 under <image>-equiv; the base side is not built; reference started first
+    assert events == [("build", (f"{image}-equiv", "float32")), ("start", ("ref", True, None, "float32")),
+                      ("start", ("cand", False, "sha256:cand", "float32")), ("ready", "ref"), ("ready", "cand"),
+                      ("remove", "ref"), ("remove", "cand")]
+    assert result.reference.url == "http://ref:1" and result.candidate.url == "http://cand:2"
+    assert result.verdict.passed is (scale == 2.0) and result.verdict.dtype == "float32"
+    assert result.labels == ("t:small", "base image (serving config only)")
+    assert result.run_dir is not None and result.run_dir.parent == resolved.manifest.root / ".imageforge" / "runs"
+    saved = json.loads((result.run_dir / "equiv.json").read_text())
+    assert saved["passed"] is (scale == 2.0) and saved["dtype"] == "float32"
+    assert {p.name for p in result.run_dir.iterdir()} == {"equiv.txt", "equiv.json", "evidence-reference.json",
+                                                          "evidence-candidate.json"}
+    assert lines[0].startswith("equiv t:small vs base image (serving config only): 2 prompts, top-3, 4 greedy")
+    assert any(line.startswith("reports: ") for line in lines)
+
+
+def test_equiv_target_removes_both_servers_when_one_never_gets_ready(write_manifest: Callable[..., Any],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from imageforge.equiv import runner
+    from imageforge.manifest_load import load_manifest
+    from imageforge.resolve import resolve
+
+    resolved = resolve(load_manifest(write_manifest()), "t", "small", environ={})
+    removed: list[str] = []
+
+    def ready(server: Any, **kw: Any) -> None:
+        if server.side == "cand":
+            raise SmokeError("the candidate's server did not start")
+
+    monkeypatch.setattr(runner, "build_target", lambda res, **kw: SimpleNamespace(image_id="sha256:cand"))
+    def start(res: Any, *, run_id: str = "", **kw: Any) -> Any:
+        return SimpleNamespace(url="http://x", side="ref" if run_id.endswith("-ref") else "cand")
+
+    monkeypatch.setattr(runner, "start_server", start)
+    monkeypatch.setattr(runner, "wait_ready", ready)
+    monkeypatch.setattr(runner, "remove_server", lambda server, **kw: removed.append(server.side))
+    with pytest.raises(SmokeError, match="did not start"):
+        runner.equiv_target(resolved, echo=lambda _: None)
+    assert removed == ["ref", "cand"]
