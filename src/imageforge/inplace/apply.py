@@ -318,6 +318,7 @@ class _Applier:
             if not src.is_file():
                 raise BuildError(f"changed file {src} is missing after the steps")
             cache = src.parent / "__pycache__"
+            journal.note_pycache(cache)
             stem = f"{src.stem}.{tag}"
             levels = {0}
             if cache.is_dir():

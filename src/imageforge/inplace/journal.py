@@ -258,6 +258,32 @@ class Journal:
         if parent not in self.data["dirs"] and parent not in self.paths:
             self.data["dirs"][parent] = state_of(path.parent)
 
+    def note_pycache(self, cache: Path) -> None:
+        """Remember the ``.pyc`` names in ``cache`` (a ``__pycache__`` imageforge writes into) before its first
+        write there: revert removes every ``.pyc`` that appeared in it since (an import after apply compiles the
+        patched sources, or modules next to them; none of that bytecode was there before)."""
+        caches: dict[str, list[str] | None] = self.data.setdefault("pycache", {})
+        key = str(cache)
+        if key not in caches:
+            caches[key] = sorted(n for n in os.listdir(cache) if n.endswith(".pyc")) if cache.is_dir() else None
+
+    def drop_new_bytecode(self) -> list[str]:
+        """Remove the ``.pyc`` files that appeared, since apply, in the ``__pycache__`` folders imageforge wrote
+        into and that no journaled path accounts for (those are put back by :meth:`restore`)."""
+        removed: list[str] = []
+        for key, before in sorted(self.data.get("pycache", {}).items()):
+            cache = Path(key)
+            if not cache.is_dir():
+                continue
+            kept = set(before or ())
+            for name in sorted(os.listdir(cache)):
+                path = cache / name
+                if name.endswith(".pyc") and name not in kept and str(path) not in self.paths and path.is_file():
+                    with critical():
+                        os.unlink(path)
+                    removed.append(str(path))
+        return removed
+
     def push(self, path: Path, step: str, state: State) -> None:
         self.note_original(path)
         self.paths[str(path)]["stack"].append({"step": step, "state": state})

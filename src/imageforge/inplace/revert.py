@@ -1,7 +1,8 @@
 """``revert`` and ``status`` of an in-place apply.
 
 :func:`revert` puts every journaled path back as it was before the first apply (bytes, mode, owner, mtime,
-link; added files, made directories and the ``.pyc`` imageforge wrote removed; directories' mtimes put
+link; added files, made directories and the ``.pyc`` imageforge wrote removed, and every ``.pyc`` that appeared
+since apply in a ``__pycache__`` imageforge wrote into (an import after apply); directories' mtimes put
 back), then removes the journal. :func:`status` says what the journal holds, what drifted, and checks the
 package against its dist-info ``RECORD``.
 """
@@ -68,6 +69,7 @@ def revert(root: Path = Path("/"), *, force: bool = False, log: Log = _quiet) ->
         steps = tuple(a["id"] for a in journal.data["applied"])
         with deferred():
             targets = {k: dict(e["original"]) for k, e in journal.paths.items()}
+            journal.drop_new_bytecode()  # first: a __pycache__ apply made is then empty when its absence is restored
             for key in restore_order(list(targets), targets):
                 journal.restore(key, targets[key])
             dirs = set(journal.data["dirs"]) | {k for k, s in targets.items() if s["type"] == "dir"}
