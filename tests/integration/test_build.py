@@ -152,6 +152,14 @@ def states(result: Any) -> list[str]:
     return [s.cache for s in result.steps]
 
 
+def verify_row(result: Any) -> Any:
+    return next(s for s in result.steps if s.stage == "verify")
+
+
+def edit_manifest(project: Path, old: str, new: str) -> None:
+    (project / "build.yaml").write_text((project / "build.yaml").read_text().replace(old, new))
+
+
 def test_first_build_then_all_hit_and_plan_agrees(project: Path) -> None:
     first = do_build(project)
     assert states(first) == ["BUILT"] * 5
@@ -280,7 +288,7 @@ def test_imports_are_left_to_the_first_start_unless_verify_imports(project: Path
 
     (project / "overlays" / "extra.py").write_text(f"from probepkg import not_there  # {project.name}\n")
     first = do_build(project)
-    row = next(s for s in first.steps if s.stage == "verify")
+    row = verify_row(first)
     assert states(first) == ["BUILT"] * 5 and "imports: at first start" in row.detail and "imports ok" not in row.detail
     labels = docker_client().images.get(first.image_id).labels
     assert json.loads(labels[L_VERIFIED])["imports"] == "at first start"
@@ -293,27 +301,25 @@ def test_imports_are_left_to_the_first_start_unless_verify_imports(project: Path
     # Fixed: built with the check, the content recorded.
     (project / "overlays" / "extra.py").write_text(f"EXTRA = 'fixed {project.name}'\n")
     fixed = do_build(project, verify_imports=True)
-    row = next(s for s in fixed.steps if s.stage == "verify")
+    row = verify_row(fixed)
     assert row.cache == "BUILT" and "2 imports ok" in row.detail
     assert len(own_verify_facts.read_text().split()) == 1
     # New content built by default, then --verify-imports on the cached layer: checked there, then REUSED.
-    text = (project / "build.yaml").read_text().replace('new: "VALUE = 2"', 'new: "VALUE = 5"')
-    (project / "build.yaml").write_text(text)
-    assert "imports: at first start" in next(s for s in do_build(project).steps if s.stage == "verify").detail
+    edit_manifest(project, 'new: "VALUE = 2"', 'new: "VALUE = 5"')
+    assert "imports: at first start" in verify_row(do_build(project)).detail
     cached = do_build(project, verify_imports=True)
-    row = next(s for s in cached.steps if s.stage == "verify")
+    row = verify_row(cached)
     assert states(cached) == ["HIT"] * 5 and "2 imports ok" in row.detail and "on the cached layer" in row.detail
     assert len(own_verify_facts.read_text().split()) == 2
-    row = next(s for s in do_build(project, verify_imports=True).steps if s.stage == "verify")
+    row = verify_row(do_build(project, verify_imports=True))
     assert row.cache == "HIT" and "imports REUSED (content" in row.detail
     # A server start that reached /health records the content it served (serve/container.py calls this).
-    text = (project / "build.yaml").read_text().replace('new: "VALUE = 5"', 'new: "VALUE = 6"')
-    (project / "build.yaml").write_text(text)
+    edit_manifest(project, 'new: "VALUE = 5"', 'new: "VALUE = 6"')
     started = do_build(project)
     content = verify.record_started(docker_client().images.get(started.tags[0]).labels)
     assert content is not None and content in own_verify_facts.read_text().split()
     assert verify.record_started(docker_client().images.get(started.tags[0]).labels) is None  # once
-    row = next(s for s in do_build(project, verify_imports=True).steps if s.stage == "verify")
+    row = verify_row(do_build(project, verify_imports=True))
     assert row.cache == "HIT" and f"imports REUSED (content {content[:12]}" in row.detail
 
 

@@ -190,19 +190,10 @@ def test_an_in_place_process_that_fails_names_the_step(tmp_path: Path,
           p:
             base: {{image: "debian:bookworm"}}
             package: {{import: vllm, distribution: vllm, version: "1.0"}}
-            steps:
-              - id: the-fault
-                kind: overlay
-                source: overlays/x.py
-                dest: vllm/fault.py
-            serving:
-              config_path: /x.yaml
-              style: argv
-              command: [{sys.executable}, {fault}]
-              args: {{model: /model}}
+            steps: [{{id: the-fault, kind: overlay, source: overlays/x.py, dest: vllm/fault.py}}]
+            serving: {{config_path: /x.yaml, style: argv, command: [{sys.executable}, {fault}], args: {{model: /m}}}}
             default_profile: one
-            profiles:
-              one: {{}}
+            profiles: {{one: {{}}}}
             smoke: {{startup_timeout: 20}}
         """)
     resolved = resolve(load_manifest(write_manifest(text)), "p", None, environ={})
@@ -213,7 +204,7 @@ def test_an_in_place_process_that_fails_names_the_step(tmp_path: Path,
     assert err.exit_code == 4
     assert err.message == ("vLLM did not start: ImportError in vllm/fault.py line 2, written by step 'the-fault' "
                            "(overlay)")
-    assert err.location is not None and err.location.line == 8 and err.key_path == "targets.p.steps[0]"
+    assert err.location is not None and err.location.line == 7 and err.key_path == "targets.p.steps[0]"
     assert "stopped before it was ready" in (err.found or "") and "exited with code 1" in (err.found or "")
     assert "which step 'the-fault' (overlay, " in (err.hint or "") and "server.log" in (err.hint or "")
     assert any("cannot import name x" in line for line in err.log_tail)
