@@ -75,7 +75,8 @@ def test_a_traceback_behind_vllms_log_prefix_is_read_whole() -> None:
     found = tracebacks(lines)
     assert [t.exception for t in found] == ["NameError: name 'undefined' is not defined",
                                             "RuntimeError: Engine core initialization failed. See root cause above."]
-    assert found[0].frames[-1] == Frame(f"{SITE}vllm/x.py", 12, "<module>")
+    assert found[0].frames[-1] == Frame(f"{SITE}vllm/x.py", 12, "<module>", "y = undefined")
+    assert found[0].frames[0].code == "engine_core = EngineCoreProc(*args, **kwargs)"  # not the ^^^ line under it
     assert found[0].frames[-1].relative == "vllm/x.py" and found[0].type == "NameError"
     assert len(found[0].frames) == 2 and len(found[1].frames) == 1
 

@@ -148,6 +148,7 @@ class Server:
     ready_at: float | None = None
     startup_seconds: float | None = None
     image_labels: Mapping[str, str] = field(default_factory=dict)  # the served image's (its verify facts)
+    base: bool = False  # the base image with the serving config mounted: none of the steps is in it
 
     @property
     def name(self) -> str:
@@ -300,6 +301,7 @@ def start_server(resolved: Resolved, *, log: Log = print, **options: Unpack[Star
         image=ref,
         run_dir=run_dir(resolved.manifest.root, run_id),
         image_labels=dict(config.get("Labels") or {}),
+        base=base,
     )
     log(f"started {server.name} from {ref} on {server.url} (container port {container_port(resolved)})")
     return server
@@ -368,11 +370,13 @@ def wait_ready(
         progress.done("")
         tail = server.logs(LOG_TAIL)
         whole = server.logs("all")
+        with_steps = None if server.base else resolved  # the base image holds none of the steps' files
         raise start_error(
             what=f"{server.target}:{server.profile}", package=resolved.target.package.import_name if resolved else "",
             seconds=time.monotonic() - t0, state=server.describe_state(), expected=f"GET {server.url}/health -> 200",
-            hint=exit_hint(tail, resolved, log=whole), log=whole, log_tail=tail, saved=server.save_log(),
-            steps=resolved.steps if resolved else (), error_cls=InfraError if state.get("OOMKilled") else SmokeError)
+            hint=exit_hint(tail, with_steps, log=whole), log=whole, log_tail=tail, saved=server.save_log(),
+            steps=with_steps.steps if with_steps else (),
+            error_cls=InfraError if state.get("OOMKilled") else SmokeError)
 
     seconds, last = poll_health(server.url, timeout=timeout, interval=interval, started=t0, check=exited,
                                 on_poll=progress.update)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import ImageforgeError, SmokeError
@@ -43,6 +43,7 @@ class Frame:
     path: str
     line: int
     function: str = ""
+    code: str = ""  # the source line the traceback shows under it (stripped), if any
 
     @property
     def relative(self) -> str:
@@ -86,6 +87,8 @@ def tracebacks(lines: Sequence[str]) -> list[Trace]:
             frame = FRAME.match(body)
             if frame:
                 frames.append(Frame(frame.group("path"), int(frame.group("line")), frame.group("function") or ""))
+            elif frames and not frames[-1].code and body.strip() and body[:1].isspace() and body.strip()[0] not in "^~":
+                frames[-1] = replace(frames[-1], code=body.strip())
             elif body.strip() and not body[:1].isspace():
                 exception = body.strip()
                 i += 1
@@ -110,6 +113,16 @@ def writers(steps: Sequence[Step], path: str) -> list[Step]:
     return [step for step in steps if any(_matches(t, path) for t in kind(step.kind).touches(step, SITE))]
 
 
+def _blamed_last(written: Sequence[Step], frame: Frame) -> tuple[Step, ...]:
+    """``written`` with the step to blame last: of several patches to one file, the last whose new text holds the
+    failing line (the traceback shows it), else the last writer."""
+    holding = [s for s in written if frame.code and frame.code in str(s.spec.get("new") or "")]
+    if not holding or holding[-1] is written[-1]:
+        return tuple(written)
+    blamed = holding[-1]
+    return (*[s for s in written if s is not blamed], blamed)
+
+
 @dataclass(frozen=True)
 class StartFailure:
     """What stopped a start: the traceback, its frame to blame, and the steps that wrote that frame's file."""
@@ -120,7 +133,8 @@ class StartFailure:
 
     @property
     def step(self) -> Step | None:
-        """The step to blame: the last one that wrote the file (what the server ran)."""
+        """The step to blame: the patch whose new text holds the failing line, else the last one that wrote the
+        file (what the server ran)."""
         return self.steps[-1] if self.steps else None
 
     def headline(self, package: str) -> str:
@@ -136,7 +150,7 @@ class StartFailure:
         step = self.step
         if step is None:
             return ""
-        others = "".join(f"; step {s.id!r} ({s.kind}, {s.location}) wrote it before" for s in self.steps[:-1])
+        others = "".join(f"; step {s.id!r} ({s.kind}, {s.location}) writes it too" for s in self.steps[:-1])
         return (f"the traceback goes through {self.frame.relative} line {self.frame.line}, which step {step.id!r} "
                 f"({step.kind}, {step.location}) writes{others}: fix that step")
 
@@ -156,7 +170,7 @@ def diagnose(lines: Sequence[str], steps: Sequence[Step]) -> StartFailure | None
         for frame in reversed(trace.frames):
             written = writers(steps, frame.path)
             if written:
-                return StartFailure(trace, frame, tuple(written))
+                return StartFailure(trace, frame, _blamed_last(written, frame))
     if not traces:
         return None
     trace = traces[0]
