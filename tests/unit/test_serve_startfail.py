@@ -52,7 +52,8 @@ def cpu_with(tmp_path: Path, steps: list[dict[str, Any]], files: dict[str, str] 
 
 BREAK_CPU_MOE = {"id": "break-cpu-moe", "kind": "patch", "why": "a module-level AttributeError",
                  "file": "vllm/model_executor/layers/fused_moe/experts/cpu_moe.py",
-                 "old": "import math\nimport sys\n", "new": "import math\nimport sys\n\nmath.imageforge_fault_test()\n"}
+                 "old": "import math\nimport sys\n",
+                 "new": "import math\nimport sys  # imageforge: fault test\n\nmath.imageforge_fault_test()\n"}
 
 
 # --------------------------------------------------------------------------- parsing
@@ -154,7 +155,7 @@ def test_a_real_engine_start_broken_by_a_patch_names_that_patch(tmp_path: Path) 
 def test_a_real_api_server_broken_by_an_overlay_names_that_overlay(tmp_path: Path) -> None:
     resolved = cpu_with(tmp_path, [{"id": "break-serve", "kind": "overlay", "source": "faults/entry.py",
                                     "dest": "vllm/entrypoints/launchers/api_server/entry.py"}],
-                        {"faults/entry.py": 'raise RuntimeError("imageforge fault test")\n'})
+                        {"faults/entry.py": 'raise RuntimeError("imageforge fault test: the API server cannot start")\n'})
     log = lines_of("overlay-api-server.log")
     failure = diagnose(log, resolved.steps)
     assert failure is not None and failure.step is not None and failure.step.id == "break-serve"
