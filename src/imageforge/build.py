@@ -144,6 +144,11 @@ class Builder:
     def target(self) -> Target:
         return self.plan.resolved.target
 
+    @property
+    def plan_steps(self) -> list[Step]:
+        """The manifest steps of the plan, in order (verify blames a failed import on one)."""
+        return [p.step for p in self.plan.steps if p.step is not None]
+
     # -- common -------------------------------------------------------------
 
     def labels(self, planned: PlannedStep, extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -282,7 +287,7 @@ class Builder:
         spec = self.verify_spec()
         with daemon_errors("verifying"):
             report = verify_image(self.scope, parent, parent_config, self.target, self.info, spec, log=self.log,
-                                  verbose=self.verbose)
+                                  verbose=self.verbose, steps=self.plan_steps)
         image_id = self.commit(report.container, planned, parent_config,
                                extra_labels={L_VERIFIED: canonical(report.summary())})
         self.scope.remove(report.container)
@@ -301,7 +306,7 @@ class Builder:
         parent_config = client().images.get(image_id).attrs["Config"] or {}
         with daemon_errors("verifying"):
             report = verify_image(self.scope, image_id, parent_config, self.target, self.info, self.verify_spec(),
-                                  log=self.log, verbose=self.verbose)
+                                  log=self.log, verbose=self.verbose, steps=self.plan_steps)
         self.scope.remove(report.container)
         return report.text() + " (on the cached layer)"
 

@@ -23,16 +23,17 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .blame import Blame, diagnose, trace_tail
 from .docker_engine.containers import process_overrides
 from .errors import BuildError
 from .inimage import program
 from .labels import L_KIND, L_VERIFIED
-from .manifest import Target
+from .manifest import Step, Target
 from .plan import Plan
 from .settings import cache_dir
 from .steps import kind
@@ -185,7 +186,8 @@ class VerifyReport:
                 f"{c.get('symlinks', 0)} links, {imports} ({self.seconds:.1f}s)")
 
 
-def failures_of(result: Mapping[str, Any]) -> list[str]:
+def failures_of(result: Mapping[str, Any], steps: Sequence[Step] = ()) -> list[str]:
+    """One line per problem; a failed import says where its traceback ends and which of ``steps`` wrote that file."""
     out: list[str] = []
     for item in result.get("missing", []):
         out.append(f"changed file missing in the image: {item}")
@@ -198,13 +200,25 @@ def failures_of(result: Mapping[str, Any]) -> list[str]:
     for item in result.get("symlinks", []):
         out.append(f"symlink {item['link']} -> {item['target']} does not resolve")
     for item in result.get("imports", []):
-        out.append(f"import {item['module']} failed: {item['error']}")
+        blame = diagnose(trace_tail(item.get("trace", [])), steps)
+        out.append(f"import {item['module']} failed: {item['error']}" + (f" ({blame.where()})" if blame else ""))
     return out
 
 
+def _import_blame(result: Mapping[str, Any], steps: Sequence[Step]) -> Blame | None:
+    """The first failed import that a step's file explains, for the error's location."""
+    for item in result.get("imports", []):
+        blame = diagnose(trace_tail(item.get("trace", [])), steps)
+        if blame is not None and blame.step is not None:
+            return blame
+    return None
+
+
 def verify_image(scope: Containers, parent: str, parent_config: Mapping[str, Any], target: Target, info: PackageInfo,
-                 spec: VerifySpec, *, log: Callable[[str], None], verbose: bool) -> VerifyReport:
-    """Run the checks in a container from ``parent``; raise BuildError (no tag moves) on failure."""
+                 spec: VerifySpec, *, log: Callable[[str], None], verbose: bool,
+                 steps: Sequence[Step] = ()) -> VerifyReport:
+    """Run the checks in a container from ``parent``; raise BuildError (no tag moves) on failure, at the step that
+    wrote the file a failed import's traceback ends in (of ``steps``, the plan's)."""
     import time
 
     t0 = time.monotonic()
@@ -226,13 +240,16 @@ def verify_image(scope: Containers, parent: str, parent_config: Mapping[str, Any
             log_tail=output.splitlines()[-30:],
         )
     result: dict[str, Any] = json.loads(lines[-1][len(MARK):])
-    report = VerifyReport(container, result, time.monotonic() - t0, failures_of(result),
+    report = VerifyReport(container, result, time.monotonic() - t0, failures_of(result, steps),
                           checked_imports=spec.check_imports)
     if not report.failures and result.get("content") and not report.reused and spec.context and spec.check_imports:
         record_verified(str(result["content"]))
     if report.failures:
+        blamed = _import_blame(result, steps)
         raise BuildError(
             f"verification of target {target.name!r} failed ({len(report.failures)} problem(s)); no tag moved",
+            location=blamed.step.location if blamed and blamed.step else None,
+            key_path=blamed.step.key_path if blamed and blamed.step else None,
             problems=(),
             hint="fix the step that changed the file; `invoke build -v` shows the container's output",
             log_tail=report.failures + [ln for ln in output.splitlines() if not ln.startswith(MARK)][-10:],

@@ -296,7 +296,10 @@ def test_imports_are_left_to_the_first_start_unless_verify_imports(project: Path
     with pytest.raises(BuildError) as info:  # the same layers, now with the import check: on the cached layer
         do_build(project, verify_imports=True)
     assert info.value.exit_code == 3
-    assert "import probepkg.extra failed: ImportError: cannot import name 'not_there'" in "\n".join(info.value.log_tail)
+    tail = "\n".join(info.value.log_tail)
+    assert "import probepkg.extra failed: ImportError: cannot import name 'not_there'" in tail
+    assert "(ImportError in probepkg/extra.py line 1, written by step 'add-module' (overlay))" in tail
+    assert info.value.key_path == "targets.probe.steps[0]" and info.value.location is not None
     assert not own_verify_facts.exists()
     # Fixed: built with the check, the content recorded.
     (project / "overlays" / "extra.py").write_text(f"EXTRA = 'fixed {project.name}'\n")

@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 import yaml
 
+from imageforge.blame import Frame, diagnose, tracebacks, writers
 from imageforge.errors import InfraError, SmokeError
 from imageforge.manifest_load import load_manifest
 from imageforge.resolve import Resolved, resolve
 from imageforge.serve import process as sp
 from imageforge.serve.container import exit_hint, free_port
-from imageforge.serve.startfail import Frame, diagnose, start_error, tracebacks, writers
+from imageforge.serve.startfail import start_error
 
 REPO = Path(__file__).resolve().parents[2]
 CAPTURED = REPO / "tests" / "fixtures" / "start-failures"
@@ -155,7 +156,7 @@ def test_a_real_engine_start_broken_by_a_patch_names_that_patch(tmp_path: Path) 
 def test_a_real_api_server_broken_by_an_overlay_names_that_overlay(tmp_path: Path) -> None:
     resolved = cpu_with(tmp_path, [{"id": "break-serve", "kind": "overlay", "source": "faults/entry.py",
                                     "dest": "vllm/entrypoints/launchers/api_server/entry.py"}],
-                        {"faults/entry.py": 'raise RuntimeError("imageforge fault test: the API server cannot start")\n'})
+                        {"faults/entry.py": "raise RuntimeError('imageforge fault test')\n"})
     log = lines_of("overlay-api-server.log")
     failure = diagnose(log, resolved.steps)
     assert failure is not None and failure.step is not None and failure.step.id == "break-serve"
@@ -210,3 +211,21 @@ def test_an_in_place_process_that_fails_names_the_step(tmp_path: Path,
     assert "stopped before it was ready" in (err.found or "") and "exited with code 1" in (err.found or "")
     assert "which step 'the-fault' (overlay, " in (err.hint or "") and "server.log" in (err.hint or "")
     assert any("cannot import name x" in line for line in err.log_tail)
+
+
+def test_a_failed_import_of_verify_imports_names_the_step(cpu_resolved: Resolved) -> None:
+    """``build --verify-imports``: the in-image program keeps a failed import's last 6 traceback lines (header cut)."""
+    from imageforge.verify import failures_of
+
+    step = next(s for s in cpu_resolved.steps if s.kind == "overlay")
+    trace = ['  File "<frozen importlib._bootstrap_external>", line 940, in exec_module',
+             '  File "<frozen importlib._bootstrap>", line 241, in _call_with_frames_removed',
+             f'  File "{SITE}{step.spec["dest"]}", line 5, in <module>', "    import vllm.not_there",
+             "ModuleNotFoundError: No module named 'vllm.not_there'"]
+    result = {"imports": [{"module": "m", "error": "ModuleNotFoundError: No module named 'vllm.not_there'",
+                           "trace": trace}]}
+    assert failures_of(result, cpu_resolved.steps) == [
+        f"import m failed: ModuleNotFoundError: No module named 'vllm.not_there' (ModuleNotFoundError in "
+        f"{step.spec['dest']} line 5, written by step {step.id!r} (overlay))"]
+    assert failures_of(result) == ["import m failed: ModuleNotFoundError: No module named 'vllm.not_there' "
+                                   f"(ModuleNotFoundError in {step.spec['dest']} line 5)"]

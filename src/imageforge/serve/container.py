@@ -32,6 +32,7 @@ from typing_extensions import Unpack
 
 from .. import settings
 from ..base import base_reference
+from ..blame import diagnose
 from ..build import build_target
 from ..docker_engine import (
     client,
@@ -49,7 +50,7 @@ from ..rundirs import new_run_id, run_dir
 from ..verify import record_started
 from ..waits import Health, poll_health
 from .spec import KIND_SERVER, container_port, container_spec
-from .startfail import diagnose, start_error
+from .startfail import start_error
 
 Log = Callable[[str], None]
 
@@ -98,7 +99,7 @@ def port_taken_error(port: int, host: str = HOST) -> InfraError:
 
 def exit_hint(lines: Sequence[str], resolved: Resolved | None = None, *, log: Sequence[str] | None = None) -> str:
     """A hint for a server that stopped during start-up, from the last log lines (``log``: the whole log, where
-    a traceback through a file a step wrote is looked for: :mod:`imageforge.serve.startfail`)."""
+    a traceback through a file a step wrote is looked for: :mod:`imageforge.blame`)."""
     if resolved is not None:
         failure = diagnose(lines if log is None else log, resolved.steps)
         if failure is not None and failure.step is not None:
