@@ -8,7 +8,6 @@ breaks it (captured 2026-12-03 from vLLM 0.32's CPU image; see that folder's REA
 from __future__ import annotations
 
 import sys
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -186,19 +185,13 @@ def test_an_in_place_process_that_fails_names_the_step(tmp_path: Path,
     fault = tmp_path / "root" / "lib" / "python3" / "site-packages" / "vllm" / "fault.py"
     fault.parent.mkdir(parents=True)
     fault.write_text("import sys\nraise ImportError('imageforge fault test: cannot import name x')\n")
-    text = textwrap.dedent(f"""\
-        version: 1
-        default_target: p
-        targets:
-          p:
-            base: {{image: "debian:bookworm"}}
-            package: {{import: vllm, distribution: vllm, version: "1.0"}}
-            steps: [{{id: the-fault, kind: overlay, source: overlays/x.py, dest: vllm/fault.py}}]
-            serving: {{config_path: /x.yaml, style: argv, command: [{sys.executable}, {fault}], args: {{model: /m}}}}
-            default_profile: one
-            profiles: {{one: {{}}}}
-            smoke: {{startup_timeout: 20}}
-        """)
+    target = {"base": {"image": "debian:bookworm"},
+              "package": {"import": "vllm", "distribution": "vllm", "version": "1.0"},
+              "steps": [{"id": "the-fault", "kind": "overlay", "source": "overlays/x.py", "dest": "vllm/fault.py"}],
+              "serving": {"config_path": "/x.yaml", "style": "argv", "command": [sys.executable, str(fault)],
+                          "args": {"model": "/m"}},
+              "default_profile": "one", "profiles": {"one": {}}, "smoke": {"startup_timeout": 20}}
+    text = yaml.safe_dump({"version": 1, "default_target": "p", "targets": {"p": target}}, sort_keys=False)
     resolved = resolve(load_manifest(write_manifest(text)), "p", None, environ={})
     with pytest.raises(SmokeError) as info, sp.serving(resolved, sp.InPlace(python=sys.executable), port=free_port(),
                                                         log=lambda _line: None):
@@ -207,7 +200,7 @@ def test_an_in_place_process_that_fails_names_the_step(tmp_path: Path,
     assert err.exit_code == 4
     assert err.message == ("vLLM did not start: ImportError in vllm/fault.py line 2, written by step 'the-fault' "
                            "(overlay)")
-    assert err.location is not None and err.location.line == 7 and err.key_path == "targets.p.steps[0]"
+    assert err.location == resolved.steps[0].location and err.key_path == "targets.p.steps[0]"
     assert "stopped before it was ready" in (err.found or "") and "exited with code 1" in (err.found or "")
     assert "which step 'the-fault' (overlay, " in (err.hint or "") and "server.log" in (err.hint or "")
     assert any("cannot import name x" in line for line in err.log_tail)
