@@ -111,8 +111,9 @@ def base(s: Settings, target: str | None, log: Log = print) -> str:
 
 
 def build(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, verbose: bool,
-          quiet: bool, locked: bool = False) -> BuildResult:
-    """`build`: every layer of TARGET:PROFILE built or reused, verified, tagged."""
+          quiet: bool, locked: bool = False, verify_imports: bool = False) -> BuildResult:
+    """`build`: every layer of TARGET:PROFILE built or reused, verified, tagged (``verify_imports``: verify also
+    imports ``verify.imports``; by default the first server start proves them)."""
     from .build import build_target
     from .flagcheck import check_resolved
 
@@ -121,7 +122,7 @@ def build(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
     if note and not quiet:
         print(note)
     return build_target(resolved, environ=s.environ, echo=_quiet if quiet else print, verbose=verbose,
-                        locked=locked)
+                        locked=locked, verify_imports=verify_imports)
 
 
 # --------------------------------------------------------------------------- tools around the engine

@@ -14,7 +14,9 @@ Stack for ``<target>:<profile>``::
   with the key is reused without doing anything.
 * Each commit passes the parent's ENTRYPOINT/CMD/ENV/WORKDIR/USER back explicitly, so the
   base image's config survives; only the final layer changes CMD (and adds serving ENV).
-* Tags move only after verification passed, under a per-image file lock.
+* Tags move only after verification passed, under a per-image file lock. The verify layer's import check of
+  ``verify.imports`` runs with ``verify_imports`` (``build --verify-imports``) only: by default the first
+  server start proves the imports (:mod:`imageforge.verify`), and the build table says so.
 
 :func:`build` takes a plan and its base and only builds and tags; :func:`build_target` is the
 build stage for a resolved target: the run directory, the lock check, the base, the plan (under
@@ -82,7 +84,7 @@ from .rundirs import RunLog, image_lock
 from .rundirs import new_run_id as new_run_id  # smoke and bench still import it from here
 from .scripts import IDLE_LOOP
 from .steps import SERVING_CONFIG, ApplyContext, Changes, ContainerFS, Entry, StepProblem, kind
-from .verify import verified_contents, verify_context, verify_image, verify_spec
+from .verify import VerifySpec, verified_contents, verified_label_content, verify_context, verify_image, verify_spec
 
 Log = Callable[[str], None]
 
@@ -125,6 +127,7 @@ class Builder:
     base_ref: str
     base_id: str
     environ: Mapping[str, str]
+    verify_imports: bool = False  # run verify's import check (else: left to the first server start)
     info: PackageInfo | None = field(init=False, default=None)
 
     @functools.cached_property
@@ -140,6 +143,11 @@ class Builder:
     @property
     def target(self) -> Target:
         return self.plan.resolved.target
+
+    @property
+    def plan_steps(self) -> list[Step]:
+        """The manifest steps of the plan, in order (verify blames a failed import on one)."""
+        return [p.step for p in self.plan.steps if p.step is not None]
 
     # -- common -------------------------------------------------------------
 
@@ -266,19 +274,41 @@ class Builder:
 
     # -- verify / config ----------------------------------------------------
 
+    def verify_spec(self) -> VerifySpec:
+        """What verify checks on this plan, with the content's context (the imports only if ``verify_imports``)."""
+        assert self.info is not None
+        spec = verify_spec(self.plan, self.info.site)
+        return replace(spec, context=verify_context(self.plan, self.base_id, self.info.python, spec, self.environ),
+                       verified=verified_contents(), check_imports=self.verify_imports)
+
     def run_verify(self, planned: PlannedStep, parent: str) -> tuple[str, str]:
         assert self.info is not None
         parent_config = client().images.get(parent).attrs["Config"] or {}
-        spec = verify_spec(self.plan, self.info.site)
-        spec = replace(spec, context=verify_context(self.plan, self.base_id, self.info.python, spec, self.environ),
-                       verified=verified_contents())
+        spec = self.verify_spec()
         with daemon_errors("verifying"):
             report = verify_image(self.scope, parent, parent_config, self.target, self.info, spec, log=self.log,
-                                  verbose=self.verbose)
+                                  verbose=self.verbose, steps=self.plan_steps)
         image_id = self.commit(report.container, planned, parent_config,
                                extra_labels={L_VERIFIED: canonical(report.summary())})
         self.scope.remove(report.container)
         return image_id, ("REUSED " if report.reused else "") + report.text()
+
+    def imports_on_cached(self, image_id: str) -> str:
+        """``--verify-imports`` on a verify layer built before (a HIT): its content's imports, unless they passed
+        before (REUSED: no container), checked now in a container from the layer (nothing committed)."""
+        labels = client().images.get(image_id).labels or {}
+        content = verified_label_content(labels)
+        if content is not None and content in verified_contents():
+            return f"imports REUSED (content {content[:12]} verified before)"
+        if self.info is None:
+            with daemon_errors("discovering the package"):
+                self.info = discover_package(self.base_id, self.target, self.scope, self.log)
+        parent_config = client().images.get(image_id).attrs["Config"] or {}
+        with daemon_errors("verifying"):
+            report = verify_image(self.scope, image_id, parent_config, self.target, self.info, self.verify_spec(),
+                                  log=self.log, verbose=self.verbose, steps=self.plan_steps)
+        self.scope.remove(report.container)
+        return report.text() + " (on the cached layer)"
 
     def run_config(self, planned: PlannedStep, parent: str) -> tuple[str, str]:
         parent_config = client().images.get(parent).attrs["Config"] or {}
@@ -363,11 +393,14 @@ class BuildResult:
 
 
 def build(plan: Plan, base: BaseIdentity, *, runlog: RunLog, verbose: bool = False,
-          started: float | None = None, environ: Mapping[str, str] | None = None) -> BuildResult:
+          started: float | None = None, environ: Mapping[str, str] | None = None,
+          verify_imports: bool = False) -> BuildResult:
     """Build (or reuse) every layer of ``plan`` on ``base`` and move its tags; nothing else.
 
     The caller holds the image lock and owns the run directory (``runlog``); ``started`` is when the
-    whole build began (default: now), for the seconds reported.
+    whole build began (default: now), for the seconds reported. ``verify_imports``: verify imports
+    ``verify.imports`` (also on a cached verify layer whose content has not passed them yet); by default the
+    first server start proves them.
     """
     t_start = time.monotonic() if started is None else started
     resolved = plan.resolved
@@ -380,7 +413,7 @@ def build(plan: Plan, base: BaseIdentity, *, runlog: RunLog, verbose: bool = Fal
     with containers(labels) as scope:
         builder = Builder(plan=plan, log=runlog, verbose=verbose, run_id=run_id, scope=scope,
                           base_ref=base.ref, base_id=base.image_id,
-                          environ=os.environ if environ is None else environ)
+                          environ=os.environ if environ is None else environ, verify_imports=verify_imports)
         parent = base.image_id
         if any(s.cache != "HIT" for s in plan.steps):
             with daemon_errors("discovering the package"):
@@ -390,6 +423,8 @@ def build(plan: Plan, base: BaseIdentity, *, runlog: RunLog, verbose: bool = Fal
             assert planned.key is not None
             if planned.image_id is not None:
                 image_id, cache, detail = planned.image_id, "HIT", ""
+                if planned.stage == "verify" and verify_imports:
+                    detail = builder.imports_on_cached(image_id)
             else:
                 runner = {"verify": builder.run_verify, "config": builder.run_config}.get(planned.stage,
                                                                                          builder.run_step)
@@ -421,11 +456,13 @@ def build(plan: Plan, base: BaseIdentity, *, runlog: RunLog, verbose: bool = Fal
 
 
 def build_target(resolved: Resolved, *, environ: Mapping[str, str], echo: Log = print, verbose: bool = False,
-                 make_base: bool = True, locked: bool = False) -> BuildResult:
+                 make_base: bool = True, locked: bool = False, verify_imports: bool = False) -> BuildResult:
     """Build (or reuse) every layer of the resolved target/profile and move its tags.
 
     Writes ``plan.json``, ``build.log`` and ``summary.json`` in a new run directory.
     ``locked``: first compare the inputs with build.lock (ConfigError, exit 2, on any drift).
+    ``verify_imports``: verify imports the target's ``verify.imports`` (``build --verify-imports``); by default
+    they are left to the first server start.
     """
     t_start = time.monotonic()
     target = resolved.target
@@ -446,7 +483,8 @@ def build_target(resolved: Resolved, *, environ: Mapping[str, str], echo: Log = 
             with image_lock(root, target.image):
                 plan = make_plan(resolved, environ=environ, probe=FixedBase(DaemonProbe(), base.image_id))
                 runlog.write_json("plan.json", plan.to_json())
-                result = build(plan, base, runlog=runlog, verbose=verbose, started=t_start, environ=environ)
+                result = build(plan, base, runlog=runlog, verbose=verbose, started=t_start, environ=environ,
+                               verify_imports=verify_imports)
         runlog.write_json("summary.json", result.to_json())
         return result
     except ImageforgeError as exc:

@@ -57,12 +57,14 @@ def base(c: Context, cmd: Output, target: str = "cpu") -> None:
 
 @command(json=True, iterable=["set_"], help={
     **RESOLVE_HELP, "verbose": "Show script and verification output live",
-    "locked": "Fail (exit 2, nothing built) when anything differs from build.lock (see `imageforge lock`)"})
+    "locked": "Fail (exit 2, nothing built) when anything differs from build.lock (see `imageforge lock`)",
+    "verify_imports": "Also import verify.imports in the image before any tag moves (10-30 s of vLLM's start-up "
+    "on new content; by default the first server start proves them)"})
 def build(c: Context, cmd: Output, target: str = "", profile: str = "", set_: list[str] | None = None,
-          verbose: bool = False, locked: bool = False) -> None:
+          verbose: bool = False, locked: bool = False, verify_imports: bool = False) -> None:
     """Build (or reuse from cache) every layer of TARGET:PROFILE, verify it, then move its tags."""
     result = app.build(cmd.settings, target or None, profile or None, set_ or [], verbose=verbose, quiet=cmd.quiet,
-                       locked=locked)
+                       locked=locked, verify_imports=verify_imports)
     cmd.result(f"IMAGE={result.tags[0]}" if result.tags else None, result.to_json())
 
 

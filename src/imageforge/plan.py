@@ -221,7 +221,7 @@ def make_plan(resolved: Resolved, *, environ: Mapping[str, str], probe: CachePro
     for step in resolved.profile_steps:
         add("profile-step", step.id, step.kind, step.definition(), step_inputs(step, environ), step, step.why)
     add("verify", "verify", "verify", verify_definition(resolved), {}, None,
-        "stale bytecode, py_compile, imports, overlay hashes, symlinks")
+        "stale bytecode, py_compile, overlay hashes, symlinks; imports at first start (build --verify-imports: here)")
     add("config", "serving-config", "config", config_definition(resolved, rendered), {}, None,
         f"rendered {target.serving.config_path} + CMD")
     name = target.image

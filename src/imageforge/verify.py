@@ -8,26 +8,32 @@ Checks, in order:
 2. no ``.pyc`` of a changed file still claims to match it by timestamp while holding old code;
 3. the sha256 of every overlaid file in the image equals its source;
 4. every symlink made by a step resolves;
-5. the target's listed modules import.
+5. the target's listed modules import -- only with ``build --verify-imports`` (``check_imports``): by default
+   the first server start proves them (importing vLLM is its own start-up, 10-30 s), and a start that fails
+   names the step that wrote the failing file (:mod:`imageforge.serve.startfail`).
 
 The container's file changes (the fresh ``.pyc`` files) become the verify layer; its
-summary is recorded as a label, so an all-HIT build skips verification.
+summary is recorded as a label, so an all-HIT build skips verification. Whether the imports passed is a fact
+about the content (:func:`verify_context` + the changed files' bytes), kept on the host: a build with the
+imports checked, or a server start that reached ``/health``, records it; content recorded before is not
+imported again ("imports REUSED").
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .blame import Blame, diagnose, trace_tail
 from .docker_engine.containers import process_overrides
 from .errors import BuildError
 from .inimage import program
-from .labels import L_KIND
-from .manifest import Target
+from .labels import L_KIND, L_VERIFIED
+from .manifest import Step, Target
 from .plan import Plan
 from .settings import cache_dir
 from .steps import kind
@@ -37,6 +43,7 @@ if TYPE_CHECKING:
     from .docker_engine.containers import Containers
 
 MARK = "IMAGEFORGE-VERIFY "
+AT_FIRST_START = "at first start"
 
 #: The checks, run in the image: ``python -c IN_IMAGE SPEC_JSON`` (the program :mod:`imageforge.inimage.verify_image`).
 IN_IMAGE = program("verify_image")
@@ -52,11 +59,12 @@ class VerifySpec:
     import_env: Mapping[str, str]
     context: str = ""  # verify_context: what the imports depend on besides the changed files' bytes
     verified: tuple[str, ...] = ()  # contents whose imports passed before (verified_contents)
+    check_imports: bool = True  # False: the imports are left to the first server start (build's default)
 
     def to_json(self) -> dict[str, Any]:
         return {"python_files": list(self.python_files), "overlays": dict(self.overlays),
                 "links": list(self.links), "link_globs": [dict(g) for g in self.link_globs],
-                "imports": list(self.imports), "import_env": dict(self.import_env),
+                "imports": list(self.imports) if self.check_imports else [], "import_env": dict(self.import_env),
                 **({"context": self.context, "verified": list(self.verified)} if self.context else {})}
 
 
@@ -86,7 +94,8 @@ def _facts_file() -> Path:
 
 
 def verified_contents() -> tuple[str, ...]:
-    """The contents (see :func:`verify_context`) whose imports passed in an earlier build on this host."""
+    """The contents (see :func:`verify_context`) whose imports passed on this host: in a build that checked them,
+    or in a server start that reached ``/health`` (:func:`record_started`)."""
     try:
         return tuple(sorted(set(_facts_file().read_text().split())))
     except OSError:
@@ -99,6 +108,29 @@ def record_verified(content: str) -> None:
         _facts_file().parent.mkdir(parents=True, exist_ok=True)
         with _facts_file().open("a") as f:
             f.write(content + "\n")
+
+
+def verified_label_content(labels: Mapping[str, str] | None) -> str | None:
+    """The content digest an image's verify label names (its verify layer's, inherited by the final image)."""
+    raw = (labels or {}).get(L_VERIFIED)
+    if not raw:
+        return None
+    try:
+        content = json.loads(raw).get("content")
+    except (ValueError, AttributeError):
+        return None
+    return str(content) if content else None
+
+
+def record_started(labels: Mapping[str, str] | None) -> str | None:
+    """A server of an image with these labels reached ``/health``: its imports passed (vLLM imported them on
+    the way); the content is recorded as verified (a later ``build --verify-imports`` says REUSED). The
+    content, or None (not an imageforge image, or recorded before)."""
+    content = verified_label_content(labels)
+    if content is None or content in verified_contents():
+        return None
+    record_verified(content)
+    return content
 
 
 def verify_spec(plan: Plan, site: str) -> VerifySpec:
@@ -127,6 +159,7 @@ class VerifyReport:
     result: dict[str, Any]
     seconds: float
     failures: list[str] = field(default_factory=list)
+    checked_imports: bool = True  # False: left to the first server start
 
     @property
     def reused(self) -> str | None:
@@ -134,20 +167,27 @@ class VerifyReport:
         value = self.result.get("reused")
         return str(value) if value else None
 
+    @property
+    def imports(self) -> str:
+        """What the imports are: ``checked`` here, ``reused`` (passed before on this content), ``at first start``."""
+        return "reused" if self.reused else "checked" if self.checked_imports else AT_FIRST_START
+
     def summary(self) -> dict[str, Any]:
         return {"ok": not self.failures, "checked": self.result.get("checked", {}),
                 "recompiled": len(self.result.get("compiled", [])), "seconds": round(self.seconds, 1),
-                "content": self.result.get("content"), "imports_reused": bool(self.reused)}
+                "content": self.result.get("content"), "imports_reused": bool(self.reused), "imports": self.imports}
 
     def text(self) -> str:
         c = self.result.get("checked", {})
         imports = (f"imports REUSED (content {self.reused[:12]} verified before)" if self.reused
-                   else f"{c.get('imports', 0)} imports ok")
+                   else f"{c.get('imports', 0)} imports ok" if self.checked_imports
+                   else "imports: at first start (not checked at build; --verify-imports checks them)")
         return (f"{c.get('python', 0)} .py recompiled/checked, {c.get('overlays', 0)} overlay hashes, "
                 f"{c.get('symlinks', 0)} links, {imports} ({self.seconds:.1f}s)")
 
 
-def failures_of(result: Mapping[str, Any]) -> list[str]:
+def failures_of(result: Mapping[str, Any], steps: Sequence[Step] = ()) -> list[str]:
+    """One line per problem; a failed import says where its traceback ends and which of ``steps`` wrote that file."""
     out: list[str] = []
     for item in result.get("missing", []):
         out.append(f"changed file missing in the image: {item}")
@@ -160,13 +200,25 @@ def failures_of(result: Mapping[str, Any]) -> list[str]:
     for item in result.get("symlinks", []):
         out.append(f"symlink {item['link']} -> {item['target']} does not resolve")
     for item in result.get("imports", []):
-        out.append(f"import {item['module']} failed: {item['error']}")
+        blame = diagnose(trace_tail(item.get("trace", [])), steps)
+        out.append(f"import {item['module']} failed: {item['error']}" + (f" ({blame.where()})" if blame else ""))
     return out
 
 
+def _import_blame(result: Mapping[str, Any], steps: Sequence[Step]) -> Blame | None:
+    """The first failed import that a step's file explains, for the error's location."""
+    for item in result.get("imports", []):
+        blame = diagnose(trace_tail(item.get("trace", [])), steps)
+        if blame is not None and blame.step is not None:
+            return blame
+    return None
+
+
 def verify_image(scope: Containers, parent: str, parent_config: Mapping[str, Any], target: Target, info: PackageInfo,
-                 spec: VerifySpec, *, log: Callable[[str], None], verbose: bool) -> VerifyReport:
-    """Run the checks in a container from ``parent``; raise BuildError (no tag moves) on failure."""
+                 spec: VerifySpec, *, log: Callable[[str], None], verbose: bool,
+                 steps: Sequence[Step] = ()) -> VerifyReport:
+    """Run the checks in a container from ``parent``; raise BuildError (no tag moves) on failure, at the step that
+    wrote the file a failed import's traceback ends in (of ``steps``, the plan's)."""
     import time
 
     t0 = time.monotonic()
@@ -188,12 +240,16 @@ def verify_image(scope: Containers, parent: str, parent_config: Mapping[str, Any
             log_tail=output.splitlines()[-30:],
         )
     result: dict[str, Any] = json.loads(lines[-1][len(MARK):])
-    report = VerifyReport(container, result, time.monotonic() - t0, failures_of(result))
-    if not report.failures and result.get("content") and not report.reused and spec.context:
+    report = VerifyReport(container, result, time.monotonic() - t0, failures_of(result, steps),
+                          checked_imports=spec.check_imports)
+    if not report.failures and result.get("content") and not report.reused and spec.context and spec.check_imports:
         record_verified(str(result["content"]))
     if report.failures:
+        blamed = _import_blame(result, steps)
         raise BuildError(
             f"verification of target {target.name!r} failed ({len(report.failures)} problem(s)); no tag moved",
+            location=blamed.step.location if blamed and blamed.step else None,
+            key_path=blamed.step.key_path if blamed and blamed.step else None,
             problems=(),
             hint="fix the step that changed the file; `invoke build -v` shows the container's output",
             log_tail=report.failures + [ln for ln in output.splitlines() if not ln.startswith(MARK)][-10:],

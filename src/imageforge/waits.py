@@ -2,6 +2,8 @@
 
 * :func:`probe_health` -- one ``GET /health``: a :class:`Health` (the status, or why no answer came);
   run's ``wait_ready``, smoke's liveness checks and ``smoke --wait`` all ask it.
+* :func:`poll_health` -- the one readiness poll (``/health`` until 200, a check that stops it when the server
+  exited): a container's server and an in-place process wait through it, each adding only its exit check.
 * :func:`wait_until` / :func:`await_until` -- call a condition until it gives a value or the time is up,
   in the style of testcontainers' wait strategies (a condition may raise to stop waiting at once, e.g. a
   container that exited).  Used for readiness and for ``/metrics`` counters catching up.
@@ -102,12 +104,40 @@ async def await_until(condition: Callable[[], Awaitable[T | None]], *, timeout: 
         await asyncio.sleep(min(interval, max(0.0, timeout - elapsed)))
 
 
+def poll_health(url: str, *, timeout: float, interval: float = 0.5, started: float | None = None,
+                on_poll: Callable[[float], None] | None = None, check: Callable[[Health], None] | None = None,
+                probe_timeout: float = 5.0, connect_timeout: float = 2.0,
+                transport: httpx.BaseTransport | None = None) -> tuple[float | None, Health | None]:
+    """Poll ``url``'s ``/health`` until it answers 200: (seconds since ``started``, None); once ``timeout`` s
+    have passed: (None, the last answer).
+
+    The one readiness poll of a container's server and an in-place process's (:mod:`imageforge.serve`) and of
+    ``smoke --wait``: ``check(last answer)`` runs after each answer that is not 200 and raises to stop waiting
+    (the server exited); ``on_poll(elapsed)`` before each sleep (a progress line).
+    """
+    t0 = time.monotonic() if started is None else started
+    last: list[Health] = []
+
+    def ready() -> float | None:
+        health = probe_health(http, url)
+        if health.ok:
+            return time.monotonic() - t0
+        last.append(health)
+        if check is not None:
+            check(health)
+        return None
+
+    with httpx.Client(timeout=httpx.Timeout(probe_timeout, connect=connect_timeout), transport=transport) as http:
+        seconds = wait_until(ready, timeout=timeout, interval=interval, started=t0, on_poll=on_poll)
+    return seconds, (None if seconds is not None or not last else last[-1])
+
+
 def wait_healthy(url: str, *, timeout: float, interval: float = 1.0, probe_timeout: float = 3.0,
                  transport: httpx.BaseTransport | None = None) -> Health | None:
     """Poll ``url``'s ``/health`` until it answers 200 (that Health) or ``timeout`` s pass (None)."""
-    with httpx.Client(timeout=probe_timeout, transport=transport) as http:
-        return wait_until(lambda: (h if (h := probe_health(http, url)).ok else None), timeout=timeout,
-                          interval=interval)
+    seconds, _ = poll_health(url, timeout=timeout, interval=interval, probe_timeout=probe_timeout,
+                             connect_timeout=probe_timeout, transport=transport)
+    return Health(status=200) if seconds is not None else None
 
 
-__all__ = ["HEALTH_PATH", "Health", "await_until", "probe_health", "wait_healthy", "wait_until"]
+__all__ = ["HEALTH_PATH", "Health", "await_until", "poll_health", "probe_health", "wait_healthy", "wait_until"]

@@ -135,9 +135,10 @@ def project(tmp_path: Path, probe_base: str) -> Iterator[Path]:
             c.images.remove(tag, force=True)
 
 
-def do_build(path: Path, profile: str | None = None, sets: list[str] | None = None) -> Any:
+def do_build(path: Path, profile: str | None = None, sets: list[str] | None = None, *,
+             verify_imports: bool = False) -> Any:
     r = resolve(load_manifest(path / "build.yaml"), None, profile, environ={}, sets=sets or [])
-    return build_target(r, environ={}, echo=lambda _line: None)
+    return build_target(r, environ={}, echo=lambda _line: None, verify_imports=verify_imports)
 
 
 def run_in(image: str, *argv: str) -> str:
@@ -149,6 +150,14 @@ def run_in(image: str, *argv: str) -> str:
 
 def states(result: Any) -> list[str]:
     return [s.cache for s in result.steps]
+
+
+def verify_row(result: Any) -> Any:
+    return next(s for s in result.steps if s.stage == "verify")
+
+
+def edit_manifest(project: Path, old: str, new: str) -> None:
+    (project / "build.yaml").write_text((project / "build.yaml").read_text().replace(old, new))
 
 
 def test_first_build_then_all_hit_and_plan_agrees(project: Path) -> None:
@@ -251,13 +260,13 @@ def test_changed_overlay_rebuilds_from_that_step(project: Path) -> None:
 def test_content_verified_before_is_not_imported_again(project: Path, own_verify_facts: Path) -> None:
     """A new chain (the patch step renamed) with the same bytes: the verify layer is made, its imports reused."""
     (project / "overlays" / "extra.py").write_text(f"EXTRA = 'reuse {project.name}'\n")  # content no test built
-    first = do_build(project)
+    first = do_build(project, verify_imports=True)
     verify_row = next(s for s in first.steps if s.stage == "verify")
     assert verify_row.cache == "BUILT" and "2 imports ok" in verify_row.detail
     assert len(own_verify_facts.read_text().split()) == 1
     text = (project / "build.yaml").read_text().replace("- id: value\n", "- id: value-renamed\n")
     (project / "build.yaml").write_text(text)
-    again = do_build(project)
+    again = do_build(project)  # the default build too says REUSED for content whose imports passed
     assert states(again) == ["HIT", "BUILT", "BUILT", "REUSED", "BUILT"]
     row = next(s for s in again.steps if s.stage == "verify")
     assert "imports REUSED (content" in row.detail and "0 imports" not in row.detail
@@ -266,9 +275,55 @@ def test_content_verified_before_is_not_imported_again(project: Path, own_verify
     # Different bytes: imported again.
     text = (project / "build.yaml").read_text().replace('new: "VALUE = 2"', 'new: "VALUE = 4"')
     (project / "build.yaml").write_text(text)
-    third = do_build(project)
+    third = do_build(project, verify_imports=True)
     assert next(s for s in third.steps if s.stage == "verify").cache == "BUILT"
     assert run_in(third.tags[0], "python3", "-c", "import probepkg; print(probepkg.VALUE)") == "4"
+
+
+def test_imports_are_left_to_the_first_start_unless_verify_imports(project: Path, own_verify_facts: Path) -> None:
+    """Issue 25: a default build does not import verify.imports (the first server start does, and names the step
+    when it fails); ``--verify-imports`` imports them before any tag moves, on a cached verify layer too, and
+    fails (exit 3) on a module-level import error that compiles and binds every name."""
+    from imageforge import verify
+
+    (project / "overlays" / "extra.py").write_text(f"from probepkg import not_there  # {project.name}\n")
+    first = do_build(project)
+    row = verify_row(first)
+    assert states(first) == ["BUILT"] * 5 and "imports: at first start" in row.detail and "imports ok" not in row.detail
+    labels = docker_client().images.get(first.image_id).labels
+    assert json.loads(labels[L_VERIFIED])["imports"] == "at first start"
+    assert not own_verify_facts.exists()
+    with pytest.raises(BuildError) as info:  # the same layers, now with the import check: on the cached layer
+        do_build(project, verify_imports=True)
+    assert info.value.exit_code == 3
+    tail = "\n".join(info.value.log_tail)
+    assert "import probepkg.extra failed: ImportError: cannot import name 'not_there'" in tail
+    assert "(ImportError in probepkg/extra.py line 1, written by step 'add-module' (overlay))" in tail
+    assert info.value.key_path == "targets.probe.steps[0]" and info.value.location is not None
+    assert not own_verify_facts.exists()
+    # Fixed: built with the check, the content recorded.
+    (project / "overlays" / "extra.py").write_text(f"EXTRA = 'fixed {project.name}'\n")
+    fixed = do_build(project, verify_imports=True)
+    row = verify_row(fixed)
+    assert row.cache == "BUILT" and "2 imports ok" in row.detail
+    assert len(own_verify_facts.read_text().split()) == 1
+    # New content built by default, then --verify-imports on the cached layer: checked there, then REUSED.
+    edit_manifest(project, 'new: "VALUE = 2"', 'new: "VALUE = 5"')
+    assert "imports: at first start" in verify_row(do_build(project)).detail
+    cached = do_build(project, verify_imports=True)
+    row = verify_row(cached)
+    assert states(cached) == ["HIT"] * 5 and "2 imports ok" in row.detail and "on the cached layer" in row.detail
+    assert len(own_verify_facts.read_text().split()) == 2
+    row = verify_row(do_build(project, verify_imports=True))
+    assert row.cache == "HIT" and "imports REUSED (content" in row.detail
+    # A server start that reached /health records the content it served (serve/container.py calls this).
+    edit_manifest(project, 'new: "VALUE = 5"', 'new: "VALUE = 6"')
+    started = do_build(project)
+    content = verify.record_started(docker_client().images.get(started.tags[0]).labels)
+    assert content is not None and content in own_verify_facts.read_text().split()
+    assert verify.record_started(docker_client().images.get(started.tags[0]).labels) is None  # once
+    row = verify_row(do_build(project, verify_imports=True))
+    assert row.cache == "HIT" and f"imports REUSED (content {content[:12]}" in row.detail
 
 
 def test_profile_switch_reuses_shared_layers(project: Path) -> None:

@@ -242,6 +242,12 @@ def test_invoke_smoke_target_end_to_end(invoke_cli: Callable[..., Any],
     assert name, cli.output
     assert f"removed {name.group(1)}" in cli.output
     assert containers_labelled(**{L_RUN: name.group(2)}) == []
+    # Issue 25: a start that reached /health recorded the served content's imports as verified.
+    from imageforge.docker_engine import client
+    from imageforge.verify import verified_contents, verified_label_content
+
+    content = verified_label_content(client().images.get("imageforge/cpu:conservative").labels)
+    assert content is not None and content in verified_contents()
 
 
 def test_overlay_that_stops_vllm_serve_from_starting(cpu_variant: Callable[..., Path], invoke_cli: Callable[..., Any],
@@ -264,6 +270,12 @@ def test_overlay_that_stops_vllm_serve_from_starting(cpu_variant: Callable[..., 
     assert "RuntimeError: imageforge fault test: the API server cannot start" in cli.output
     assert "hint:" in cli.output and "server.log" in cli.output
     assert "step 'break-serve' (overlay, " in cli.output
+    # Issue 25: the build did not import (built now: "imports: at first start"; or a cached layer), the start names
+    # the step.
+    assert "imports ok" not in cli.output
+    assert re.search(r"smoke failure: \S+build\.yaml:\d+(?::\d+)?: targets\.cpu\.steps\[\d+\]: vLLM did not "
+                     r"start: RuntimeError in vllm/entrypoints/launchers/api_server/entry\.py line 1, written by "
+                     r"step 'break-serve' \(overlay\)", cli.output), cli.output
     name = re.search(r"started imageforge-cpu-(\S+) from", cli.output)
     assert name and containers_labelled(**{L_RUN: name.group(1)}) == []
     assert "Traceback (most recent call last)" not in cli.output.split("last log lines:")[0]

@@ -33,7 +33,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     # one class per step kind: fields, defaults, load, inputs, apply -> Changes, verify facts, Dockerfile emit;
     # manifest_load: build.yaml loaded and checked into the manifest (each step's keys by its kind's class)
     ("steps", "manifest_load"),
-    ("verify", "housekeeping"),  # the verify layer's checks; build.lock and clean
+    ("verify", "blame", "housekeeping"),  # the verify layer's checks; the step a traceback blames; build.lock, clean
     ("build", "checkpatches", "patchfrom_image", "flagcheck"),  # the layers; dry runs of the steps, patch-from; flags
     ("inplace",),  # the steps applied to the machine itself through a journal; revert, status
     ("serve",),  # the server runtime: the container (spec, container), the server as a process (in place)

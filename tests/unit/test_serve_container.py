@@ -252,3 +252,27 @@ def test_host_address_publishes_there_and_daemon_may_pick_the_port(cpu: Resolved
     assert spec["ports"] == {"8000/tcp": ("10.0.0.5", None)}
     assert default_host_address({}) == "127.0.0.1"
     assert default_host_address({"IMAGEFORGE_HOST_ADDRESS": " 192.0.2.7 "}) == "192.0.2.7"
+
+
+def test_an_exited_server_names_the_step_unless_it_serves_the_base(cpu: Resolved, tmp_path: Path) -> None:
+    """Issue 25: the traceback's file is a step's (the built image); the base image holds no step's file. Of two
+    patches to one file, the one whose new text holds the failing line is named (else the last writer)."""
+    first, second = [s for s in cpu.steps if isinstance(s.spec, PatchSpec)
+                     and s.spec.file == "vllm/v1/attention/ops/prefix_prefill.py"][:2]
+    rel = PatchSpec.of(first).file
+    code = PatchSpec.of(first).new.strip().splitlines()[0].strip()
+
+    def failed(base: bool, shown: str) -> str:
+        logs = (f'Traceback (most recent call last):\n  File "/opt/venv/lib/python3.11/site-packages/{rel}", line 3, '
+                f"in <module>\n{shown}RuntimeError: boom\n").encode()
+        server = replace(fake_server(FakeContainer(running=False, exit_code=1, logs=logs), free_port(), tmp_path),
+                         base=base)
+        with pytest.raises(SmokeError) as info:
+            wait_ready(server, timeout=30, log=lambda _l: None, resolved=cpu, progress_stream=io.StringIO())
+        assert "stopped before it was ready" in (info.value.found or "")
+        return info.value.message
+
+    where = f"vLLM did not start: RuntimeError in {rel} line 3"
+    assert failed(False, "") == f"{where}, written by step {second.id!r} (patch)"
+    assert failed(False, f"    {code}\n    ^^^^\n") == f"{where}, written by step {first.id!r} (patch)"
+    assert failed(True, f"    {code}\n") == where

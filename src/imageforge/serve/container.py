@@ -32,6 +32,7 @@ from typing_extensions import Unpack
 
 from .. import settings
 from ..base import base_reference
+from ..blame import diagnose
 from ..build import build_target
 from ..docker_engine import (
     client,
@@ -46,9 +47,10 @@ from ..errors import ConfigError, InfraError, SmokeError
 from ..labels import L_KIND, L_RUN, L_STARTED_BY, L_TARGET, L_TOOL, TOOL
 from ..resolve import Resolved
 from ..rundirs import new_run_id, run_dir
-from ..steps import one_file
-from ..waits import probe_health, wait_until
+from ..verify import record_started
+from ..waits import Health, poll_health
 from .spec import KIND_SERVER, container_port, container_spec
+from .startfail import start_error
 
 Log = Callable[[str], None]
 
@@ -95,27 +97,14 @@ def port_taken_error(port: int, host: str = HOST) -> InfraError:
     )
 
 
-def steps_in_log(lines: Sequence[str], resolved: Resolved) -> list[str]:
-    """``step 'id' (kind, file:line)`` for each build step whose file shows up in the log lines."""
-    text = "\n".join(lines)
-    found: list[str] = []
-    for step in resolved.steps:
-        path = one_file(step)
-        if path is None or not path.endswith(".py"):
-            continue
-        rel = path.lstrip("/")
-        if rel and (f"/{rel}" in text or f'"{rel}' in text):
-            found.append(f"step {step.id!r} ({step.kind}, {step.location})")
-    return found
-
-
-def exit_hint(lines: Sequence[str], resolved: Resolved | None = None) -> str:
-    """A hint for a server that stopped during start-up, from the last log lines."""
+def exit_hint(lines: Sequence[str], resolved: Resolved | None = None, *, log: Sequence[str] | None = None) -> str:
+    """A hint for a server that stopped during start-up, from the last log lines (``log``: the whole log, where
+    a traceback through a file a step wrote is looked for: :mod:`imageforge.blame`)."""
     if resolved is not None:
-        steps = steps_in_log(lines, resolved)
-        if steps:
-            return ("the log goes through a file that " + ", ".join(steps) + " changes: check that step "
-                    f"(`invoke run --target {resolved.target.name} --base` runs the image without the steps)")
+        failure = diagnose(lines if log is None else log, resolved.steps)
+        if failure is not None and failure.step is not None:
+            return (failure.step_hint() + f" (`invoke run --target {resolved.target.name} --base` runs the image "
+                    "without the steps)")
     text = "\n".join(lines)
     rules: list[tuple[str, str]] = [
         (r"No module named|ModuleNotFoundError|ImportError", "an import failed: check the overlays and patches "
@@ -159,6 +148,8 @@ class Server:
     forward: SSHForward | None = None  # ssh:// daemon: the ssh -L forward that makes ``url`` reach the port
     ready_at: float | None = None
     startup_seconds: float | None = None
+    image_labels: Mapping[str, str] = field(default_factory=dict)  # the served image's (its verify facts)
+    base: bool = False  # the base image with the serving config mounted: none of the steps is in it
 
     @property
     def name(self) -> str:
@@ -310,6 +301,8 @@ def start_server(resolved: Resolved, *, log: Log = print, **options: Unpack[Star
         profile="base" if base else resolved.profile_name,
         image=ref,
         run_dir=run_dir(resolved.manifest.root, run_id),
+        image_labels=dict(config.get("Labels") or {}),
+        base=base,
     )
     log(f"started {server.name} from {ref} on {server.url} (container port {container_port(resolved)})")
     return server
@@ -361,46 +354,40 @@ def wait_ready(
     resolved: Resolved | None = None,
     progress_stream: Any = None,
 ) -> float:
-    """Poll ``GET /health`` until 200; return the seconds it took.
+    """Poll ``GET /health`` until 200 (:func:`imageforge.waits.poll_health`); return the seconds it took.
 
-    The container exiting raises SmokeError (or InfraError when it was killed for memory);
-    a timeout raises SmokeError. Both carry the state, the last 50 log lines and a hint.
+    The container exiting raises SmokeError (or InfraError when it was killed for memory), naming the step that
+    wrote the file its traceback goes through (:mod:`imageforge.serve.startfail`); a timeout raises SmokeError.
+    Both carry the state, the last 50 log lines and a hint. Ready: the served content's imports passed (the
+    server imported them), recorded as verify's fact (:func:`imageforge.verify.record_started`).
     """
-    import httpx
-
     progress = Progress(f"waiting for {server.url}/health", log, stream=progress_stream)
     t0 = server.started
-    last = "no answer yet"
 
-    def ready() -> float | None:
-        """The start-up seconds once /health answers 200; None while not yet; raises when the container exited."""
-        nonlocal last
-        health = probe_health(http, server.url)
-        if health.ok:
-            server.ready_at = time.monotonic()
-            server.startup_seconds = server.ready_at - t0
-            progress.done(f"ready: {server.url}/health OK after {server.startup_seconds:.1f}s")
-            return server.startup_seconds
-        last = health.short
+    def exited(_last: Health) -> None:
         state = server.state()
-        if not state.get("Running"):
-            progress.done("")
-            tail = server.logs(LOG_TAIL)
-            saved = server.save_log()
-            error_cls = InfraError if state.get("OOMKilled") else SmokeError
-            raise error_cls(
-                f"the server of {server.target}:{server.profile} stopped before it was ready "
-                f"({time.monotonic() - t0:.0f}s after start)",
-                found=server.describe_state(),
-                expected=f"GET {server.url}/health -> 200",
-                hint=exit_hint(tail, resolved) + (f"; full log: {saved}" if saved else ""),
-                log_tail=tail,
-            )
-        return None
+        if state.get("Running"):
+            return
+        progress.done("")
+        tail = server.logs(LOG_TAIL)
+        whole = server.logs("all")
+        with_steps = None if server.base else resolved  # the base image holds none of the steps' files
+        raise start_error(
+            what=f"{server.target}:{server.profile}", package=resolved.target.package.import_name if resolved else "",
+            seconds=time.monotonic() - t0, state=server.describe_state(), expected=f"GET {server.url}/health -> 200",
+            hint=exit_hint(tail, with_steps, log=whole), log=whole, log_tail=tail, saved=server.save_log(),
+            steps=with_steps.steps if with_steps else (),
+            error_cls=InfraError if state.get("OOMKilled") else SmokeError)
 
-    with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0)) as http:
-        seconds = wait_until(ready, timeout=timeout, interval=interval, started=t0, on_poll=progress.update)
+    seconds, last = poll_health(server.url, timeout=timeout, interval=interval, started=t0, check=exited,
+                                on_poll=progress.update)
     if seconds is not None:
+        server.ready_at = time.monotonic()
+        server.startup_seconds = seconds
+        progress.done(f"ready: {server.url}/health OK after {seconds:.1f}s")
+        content = record_started(server.image_labels)
+        if content is not None:
+            log(f"imports of {server.image} passed at this start: content {content[:12]} recorded as verified")
         return seconds
     progress.done("")
     tail = server.logs(LOG_TAIL)
@@ -408,7 +395,7 @@ def wait_ready(
     raise SmokeError(
         f"the server of {server.target}:{server.profile} was not ready within {timeout:.0f}s",
         expected=f"GET {server.url}/health -> 200",
-        found=f"{last}; container {server.describe_state()}",
+        found=f"{last.short if last else 'no answer yet'}; container {server.describe_state()}",
         hint="raise targets.<target>.smoke.startup_timeout if start-up is just slow"
         + (f"; full log: {saved}" if saved else ""),
         log_tail=tail,

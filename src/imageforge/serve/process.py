@@ -37,10 +37,11 @@ from ..inplace import Journal
 from ..inplace.apply import VERIFY_STEP
 from ..resolve import Resolved, resolve
 from ..rundirs import new_run_id, run_dir, runs_dir
-from ..waits import probe_health, wait_until
+from ..waits import Health, poll_health
 from .container import Progress, exit_hint, free_port, port_in_use, sigterm_as_interrupt
 from .process_spec import ProcessSpec, parse_size, process_spec
 from .procfs import alive, group_members, port_holder, proc_stat
+from .startfail import start_error
 
 Log = Callable[[str], None]
 
@@ -296,39 +297,33 @@ def start_process(resolved: Resolved, in_place: InPlace, *, environ: Mapping[str
 
 def wait_process_ready(server: ProcessServer, *, timeout: float, log: Log = print, interval: float = 0.5,
                        resolved: Resolved | None = None) -> float:
-    """Poll ``/health`` until 200 (the seconds it took); the process exiting or the timeout raises with its log."""
-    import httpx
-
+    """Poll ``/health`` until 200 (:func:`imageforge.waits.poll_health`: the seconds it took); the process exiting
+    (naming the step that wrote the file its traceback goes through) or the timeout raises with its log."""
     progress = Progress(f"waiting for {server.url}/health", log)
-    last = "no answer yet"
 
-    def ready() -> float | None:
-        nonlocal last
-        health = probe_health(http, server.url)
-        if health.ok:
-            server.ready_at = time.monotonic()
-            server.startup_seconds = server.ready_at - server.started
-            progress.done(f"ready: {server.url}/health OK after {server.startup_seconds:.1f}s")
-            return server.startup_seconds
-        last = health.short
-        if not server.running():
-            progress.done("")
-            tail = server.logs(LOG_TAIL)
-            raise SmokeError(
-                f"the server of {server.target}:{server.profile} stopped before it was ready "
-                f"({time.monotonic() - server.started:.0f}s after start)",
-                found=server.describe_state(), expected=f"GET {server.url}/health -> 200",
-                hint=exit_hint(tail, resolved) + f"; full log: {server.log_path}", log_tail=tail)
-        return None
+    def exited(_last: Health) -> None:
+        if server.running():
+            return
+        progress.done("")
+        whole = server.logs("all")
+        tail = whole[-LOG_TAIL:]
+        raise start_error(
+            what=f"{server.target}:{server.profile}", package=resolved.target.package.import_name if resolved else "",
+            seconds=time.monotonic() - server.started, state=server.describe_state(),
+            expected=f"GET {server.url}/health -> 200", hint=exit_hint(tail, resolved, log=whole), log=whole,
+            log_tail=tail, saved=server.log_path, steps=resolved.steps if resolved else ())
 
-    with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0)) as http:
-        seconds = wait_until(ready, timeout=timeout, interval=interval, started=server.started,
-                             on_poll=progress.update)
+    seconds, last = poll_health(server.url, timeout=timeout, interval=interval, started=server.started,
+                                check=exited, on_poll=progress.update)
     if seconds is not None:
+        server.ready_at = time.monotonic()
+        server.startup_seconds = seconds
+        progress.done(f"ready: {server.url}/health OK after {seconds:.1f}s")
         return seconds
     progress.done("")
     raise SmokeError(f"the server of {server.target}:{server.profile} was not ready within {timeout:.0f}s",
-                     expected=f"GET {server.url}/health -> 200", found=f"{last}; {server.describe_state()}",
+                     expected=f"GET {server.url}/health -> 200",
+                     found=f"{last.short if last else 'no answer yet'}; {server.describe_state()}",
                      hint=f"raise targets.<target>.smoke.startup_timeout if start-up is just slow; full log: "
                      f"{server.log_path}", log_tail=server.logs(LOG_TAIL))
 

@@ -3,7 +3,8 @@
 The same script (:data:`imageforge.verify.IN_IMAGE`) runs with the image's python, so the ``.pyc``
 files it leaves are made the same way; overlay hashes and symlinks are checked and fail the build.
 Not replicated: the imports of ``verify.imports`` (importing vLLM imports torch, and the platform's
-builder may have no device): imageforge's build imported them in the image that was tested.
+builder may have no device): `imageforge build --verify-imports` imports them, and so does the first server
+start of the image that was tested.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def emit_verify(plan: Plan, ctx: EmitContext) -> Emitted:
     name, file = spec_file(ctx, spec)
     files = {name: file, VERIFIER: ContextFile(verifier_source(STAGE_DIR).encode())}
     note = (f"the imports of verify.imports ({', '.join(skipped)}): importing vLLM imports torch and the "
-            "platform's builder may have no device; imageforge's build imported them") if skipped else None
+            "platform's builder may have no device; `imageforge build --verify-imports` imports them, and the first "
+            "server start does") if skipped else None
     instructions = [
         comment(f"step {ctx.index}/{ctx.total} verify (verify): recompile the changed .py files into hash-checked "
                 ".pyc as imageforge's verify does; check overlay hashes and symlinks"),
