@@ -238,6 +238,59 @@ def test_a_script_changing_an_undeclared_path_is_stopped_and_restored(box: dict[
     assert journal["in_progress"] is None
 
 
+def test_a_same_size_rewrite_with_its_mtime_put_back_is_stopped(box: dict[str, Any]) -> None:
+    """ctime cannot be set: the undeclared-change scan sees what an mtime-and-size comparison would miss."""
+    script = box["repo"] / "overlays/ldconfig.sh"
+    script.write_text(LDCONFIG + 'f="$IMAGEFORGE_ROOT/site/vllm/__init__.py"; touch -r "$f" /tmp/ref.$$; '
+                      'echo "# 1" > "$f"; touch -r /tmp/ref.$$ "$f"; rm /tmp/ref.$$\n')
+    (box["root"] / "site/vllm/__init__.py").write_text("# 0\n")
+    with pytest.raises(BuildError) as caught:
+        apply(box)
+    assert caught.value.exit_code == 3
+    assert list(caught.value.log_tail) == [str(box["root"] / "site/vllm/__init__.py")]
+    assert (box["root"] / "etc/ld.so.cache").read_text() == "old cache\n"
+
+
+class _ClockSetBack:
+    """The clock source of the undeclared-change scan, set back 30 s while the script runs (a real one needs
+    CAP_SYS_TIME)."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+
+    def arm(self) -> bool:
+        return True
+
+    def was_set(self) -> bool:
+        self.offset = -30 * 10**9
+        return True
+
+    def offset_ns(self) -> int:
+        return self.offset
+
+    def close(self) -> None:
+        return None
+
+
+def test_a_clock_set_while_the_script_runs_stops_the_step(box: dict[str, Any],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from imageforge.inplace import changescan
+
+    monkeypatch.setattr(changescan, "KernelClock", _ClockSetBack)
+    script = box["repo"] / "overlays/ldconfig.sh"
+    script.write_text(LDCONFIG + 'echo new > "$IMAGEFORGE_ROOT/site/vllm/added.py"\n')
+    root = box["root"]
+    with pytest.raises(BuildError) as caught:
+        apply(box)
+    assert caught.value.exit_code == 3
+    assert "clock" in str(caught.value) and "-30.000 s" in str(caught.value)
+    assert str(root / "site/vllm/y.py") in caught.value.log_tail  # every scanned path counts
+    assert not (root / "site/vllm/added.py").exists()
+    assert (root / "etc/ld.so.cache").read_text() == "old cache\n"
+    journal = json.loads((root / "var/lib/imageforge/journal.json").read_text())
+    assert [a["id"] for a in journal["applied"]] == ["over", "same-size", "moe-one", "libs"]
+
+
 def test_dry_run_writes_nothing_and_prints_the_table(box: dict[str, Any]) -> None:
     before = listing(box["root"])
     report = inplace.dry_run(resolved(box), root=box["root"], python=sys.executable, environ=box["environ"])
@@ -544,25 +597,3 @@ def test_a_touches_entry_naming_no_install_path_is_refused(box: dict[str, Any]) 
         inplace.apply(resolved(box, manifest="pip.yaml"), root=box["root"], python=str(python),
                       environ=box["environ"], log=lambda _l: None, imports=False)
     assert "{bindir}" in str(caught.value)
-
-
-def test_the_stat_scan_sees_a_same_size_rewrite_and_skips_the_declared_trees(tmp_path: Path) -> None:
-    from imageforge.inplace.safety import stat_scan
-
-    top = tmp_path / "site"
-    (top / "pkg/sub").mkdir(parents=True)
-    (top / "pkg/sub/a.py").write_text("A = 1\n")
-    (top / "declared").mkdir()
-    (top / "declared/x").write_text("x")
-    (top / "link").symlink_to("pkg")
-    past = time.time_ns() - 10**11
-    for path in [top, *top.rglob("*")]:
-        os.utime(path, ns=(past, past), follow_symlinks=False)
-    before = stat_scan([top], [top / "declared"], [True])
-    assert set(before) == {str(top / p) for p in ("pkg", "pkg/sub", "pkg/sub/a.py", "link")}
-    (top / "declared/x").write_text("changed")  # declared: not looked at
-    assert stat_scan([top], [top / "declared"], [True]) == before
-    (top / "pkg/sub/a.py").write_text("A = 2\n")  # same size, new mtime
-    after = stat_scan([top], [top / "declared"], [True])
-    assert [k for k in after if after[k] != before[k]] == [str(top / "pkg/sub/a.py")]
-    assert set(stat_scan([top], [], [False])) == {str(top / p) for p in ("pkg", "declared", "link")}
