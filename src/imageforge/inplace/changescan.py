@@ -35,7 +35,7 @@ import os
 import stat as st
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -44,8 +44,9 @@ from typing import Protocol
 Loose = tuple[int, int, int, int]
 #: (type, size, mode, mtime_ns, ctime_ns, ino, nlink, uid, gid): every other path compared field by field.
 Exact = tuple[int, int, int, int, int, int, int, int, int]
-#: path -> (is a folder, is a link, d_ino): the names-only listing.
-Names = dict[str, tuple[bool, bool, int]]
+#: path -> (folder, link or other, d_ino): the names-only listing.
+Names = dict[str, tuple[int, int]]
+_OTHER, _DIR, _LINK = 0, 1, 2
 
 
 class ClockWatch(Protocol):
@@ -154,8 +155,7 @@ class ChangeScan:
     armed: bool = False
     offset0: int = 0
 
-    def _walk(self) -> list[os.DirEntry[str]]:
-        out: list[os.DirEntry[str]] = []
+    def _walk(self) -> Iterator[os.DirEntry[str]]:
         skipped = {str(p) for p in self.skip}
         for top, deep in zip(self.tops, self.recursive, strict=True):
             if not top.is_dir() or any(top == s or s in top.parents for s in self.skip):
@@ -169,13 +169,12 @@ class ChangeScan:
                 for entry in entries:
                     if entry.path in skipped:
                         continue
-                    out.append(entry)
+                    yield entry
                     try:
                         if deep and entry.is_dir(follow_symlinks=False):
                             pending.append(entry.path)
                     except OSError:
                         continue
-        return out
 
     def before(self) -> None:
         """The names listing, the exact paths' states, the clock armed, then the marker (last: nothing of
@@ -183,7 +182,8 @@ class ChangeScan:
         self.armed = self.clock.arm()
         self.offset0 = self.clock.offset_ns()
         for entry in self._walk():
-            self.names[entry.path] = (entry.is_dir(follow_symlinks=False), entry.is_symlink(), entry.inode())
+            kind = _DIR if entry.is_dir(follow_symlinks=False) else _LINK if entry.is_symlink() else _OTHER
+            self.names[entry.path] = (kind, entry.inode())
             if not self.armed:  # no word on the clock: the full state of every entry (exact, the slower way)
                 self._keep(entry.path)
         for path in [*self.exact, *self.loose]:
@@ -223,35 +223,40 @@ class ChangeScan:
     def changes(self) -> tuple[list[str], list[str], str]:
         """(changed paths, added paths, why every path is named: "" unless the clock was set)."""
         loose = self._loose
+        names, states, marker = self.names, self.states, self.marker_ns
+        coarsest = marker - 2_000_000_000  # a ctime at or below it is before the marker on any file system
         changed: list[str] = []
         added: list[str] = []
-        seen: set[str] = set()
+        known: list[str] = []
         for entry in self._walk():
             path = entry.path
             try:
                 s = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            seen.add(path)
-            old = self.names.get(path)
+            old = names.get(path)
             if old is None:
                 added.append(path)
                 continue
-            is_dir, is_link, ino = old
-            if (st.S_ISDIR(s.st_mode), st.S_ISLNK(s.st_mode)) != (is_dir, is_link) or entry.inode() != ino:
+            known.append(path)
+            fmt = s.st_mode & 0o170000
+            if (_DIR if fmt == st.S_IFDIR else _LINK if fmt == st.S_IFLNK else _OTHER, entry.inode()) != old:
                 changed.append(path)
-            elif path in self.states:
-                if self._state(path, s) != self.states[path]:
+            elif path in states:
+                if self._state(path, s) != states[path]:
                     changed.append(path)
-            elif path not in loose and s.st_ctime_ns > self.marker_ns - granularity_ns(s.st_ctime_ns):
-                changed.append(path)
-        changed += [p for p in self.names if p not in seen]
+            else:
+                c = s.st_ctime_ns
+                if c > coarsest and c > marker - granularity_ns(c) and path not in loose:
+                    changed.append(path)
+        gone = [] if len(known) == len(names) else sorted(set(names).difference(known))
+        changed += gone
         why = ""
         if self.armed and self.clock.was_set():
             step = (self.clock.offset_ns() - self.offset0) / 1e9
             why = (f"the system clock (CLOCK_REALTIME) was set while the step ran (now {step:+.3f} s against the "
                    "boot clock): a change can no longer be told by its ctime, so every scanned path counts as "
                    "changed")
-            changed = sorted({*changed, *(p for p in seen if p not in added)})
+            changed = sorted(names)
         self.clock.close()
         return sorted(changed), sorted(added), why
