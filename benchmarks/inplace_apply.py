@@ -1,7 +1,7 @@
 """apply --in-place / revert wall times in the box (issue 21's Done-when: each <= 2 s without the import check).
 
     flock /tmp/imageforge-integration.lock .venv/bin/python benchmarks/inplace_apply.py [--pairs 6] \
-        [--against /work/main] [--importtime]
+        [--against /work/main] [--importtime] [--scan-parts N]
 
 One box (``tests/integration/box_fixture.py``: a container from the cpu base, no network, imageforge installed
 offline from the cp311 wheelhouse into /opt/imageforge): this checkout's imageforge there, and the checkout given
@@ -9,7 +9,8 @@ by ``--against`` (default: main's) built into a second venv, /opt/imageforge-b, 
 Then ``--pairs`` rounds, the two sides' order alternating each round, of ``imageforge apply --target cpu
 --in-place --no-imports --json`` and ``imageforge revert``, each timed inside the box around the installed
 console script (its whole process: start-up included); the box's load average is read before each command. With
-``--importtime``, one ``-X importtime`` run of each side's apply (the modules over 5 ms cumulative). Prints one
+``--importtime``, one ``-X importtime`` run of each side's apply (the modules over 5 ms cumulative); with
+``--scan-parts N``, N rounds of the undeclared-change scan alone, one scan vs two (:func:`scan_parts`). Prints one
 JSON object (rows, medians, spreads). Removes the box.
 """
 
@@ -41,6 +42,35 @@ p = subprocess.run(sys.argv[1:], capture_output=True, text=True)
 print(json.dumps({"rc": p.returncode, "s": time.perf_counter() - t0, "load": load, "out": p.stdout[-20000:],
                   "err": p.stderr[-3000:]}))
 """
+
+
+SCAN_PARTS = """
+import json, sys, time
+from pathlib import Path
+from imageforge.inplace.changescan import ChangeScan, KernelClock
+class Unarmed(KernelClock):  # no word on the clock: the full lstat state of every entry before (two scans)
+    def arm(self): return False
+tops = [Path(sys.argv[1]), Path(sys.argv[2])]
+Path("/tmp/scan-marker").mkdir(exist_ok=True)
+rows = []
+for rep in range(int(sys.argv[3])):
+    for name, clock in (("one scan", KernelClock), ("two scans", Unarmed)):
+        s = ChangeScan(tops, [], [True, False], Path("/tmp/scan-marker"), clock=clock())
+        t0 = time.perf_counter(); s.before(); t1 = time.perf_counter(); changed = s.changes(); t2 = time.perf_counter()
+        rows.append({"way": name, "before_s": round(t1 - t0, 3), "after_s": round(t2 - t1, 3),
+                     "entries": len(s.names), "changed": len(changed[0])})
+print(json.dumps(rows))
+"""
+
+
+def scan_parts(box: Box, venv: str, repeats: int) -> list[dict[str, Any]]:
+    """The undeclared-change scan alone over the cpu box's site-packages and bin: one scan (names before, lstat
+    after) vs two (lstat before and after), alternating."""
+    code, out = box.sh(f"env -u PYTHONDONTWRITEBYTECODE {venv}/bin/python -c {shlex.quote(SCAN_PARTS)} "
+                       f"/opt/venv/lib/python3.11/site-packages /opt/venv/bin {repeats}")
+    assert code == 0, out[-3000:]
+    rows: list[dict[str, Any]] = json.loads(out.strip().splitlines()[-1])
+    return rows
 
 
 def other_wheel(checkout: Path, out: Path) -> Path:
@@ -84,6 +114,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=6)
     parser.add_argument("--against", type=Path, default=Path("/work/main"))
     parser.add_argument("--importtime", action="store_true")
+    parser.add_argument("--scan-parts", type=int, default=0, metavar="N", help="N rounds of the scan alone")
     args = parser.parse_args()
     box = make_box(log=lambda line: print(line, file=sys.stderr))
     try:
@@ -116,6 +147,8 @@ def main() -> None:
                 values = sorted(r[key] for r in mine)
                 summary[f"{name}_{key}"] = {"median": round(statistics.median(values), 3), "min": values[0],
                                             "max": values[-1]}
+        if args.scan_parts:
+            summary["scan_parts"] = scan_parts(box, BOX_VENV, args.scan_parts)
         if args.importtime:
             summary["importtime"] = {name: importtime(box, venv) for name, venv in sides.items()}
         print(json.dumps(summary, indent=1))
