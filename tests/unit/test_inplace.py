@@ -223,32 +223,33 @@ def test_drift_stops_apply_and_revert_and_force_keeps_the_copy(box: dict[str, An
     assert outside_journal(listing(root)) == outside_journal(before)
 
 
-def test_a_script_changing_an_undeclared_path_is_stopped_and_restored(box: dict[str, Any]) -> None:
-    script = box["repo"] / "overlays/ldconfig.sh"
-    script.write_text(LDCONFIG + 'echo sneaky > "$IMAGEFORGE_ROOT/site/vllm/extra.py"\n')
+def _stopped(box: dict[str, Any], more_script: str) -> BuildError:
+    """The ldconfig script with ``more_script`` appended: apply stops at it with exit 3, its declared paths
+    restored, the steps before it journaled as applied, none in progress."""
+    (box["repo"] / "overlays/ldconfig.sh").write_text(LDCONFIG + more_script)
     root = box["root"]
     with pytest.raises(BuildError) as caught:
         apply(box)
     assert caught.value.exit_code == 3
-    assert any("extra.py" in line for line in caught.value.log_tail)
-    assert not (root / "site/vllm/extra.py").exists()
     assert (root / "etc/ld.so.cache").read_text() == "old cache\n"
     journal = json.loads((root / "var/lib/imageforge/journal.json").read_text())
     assert [a["id"] for a in journal["applied"]] == ["over", "same-size", "moe-one", "libs"]
     assert journal["in_progress"] is None
+    return caught.value
+
+
+def test_a_script_changing_an_undeclared_path_is_stopped_and_restored(box: dict[str, Any]) -> None:
+    error = _stopped(box, 'echo sneaky > "$IMAGEFORGE_ROOT/site/vllm/extra.py"\n')
+    assert any("extra.py" in line for line in error.log_tail)
+    assert not (box["root"] / "site/vllm/extra.py").exists()
 
 
 def test_a_same_size_rewrite_with_its_mtime_put_back_is_stopped(box: dict[str, Any]) -> None:
     """ctime cannot be set: the undeclared-change scan sees what an mtime-and-size comparison would miss."""
-    script = box["repo"] / "overlays/ldconfig.sh"
-    script.write_text(LDCONFIG + 'f="$IMAGEFORGE_ROOT/site/vllm/__init__.py"; touch -r "$f" /tmp/ref.$$; '
-                      'echo "# 1" > "$f"; touch -r /tmp/ref.$$ "$f"; rm /tmp/ref.$$\n')
     (box["root"] / "site/vllm/__init__.py").write_text("# 0\n")
-    with pytest.raises(BuildError) as caught:
-        apply(box)
-    assert caught.value.exit_code == 3
-    assert list(caught.value.log_tail) == [str(box["root"] / "site/vllm/__init__.py")]
-    assert (box["root"] / "etc/ld.so.cache").read_text() == "old cache\n"
+    error = _stopped(box, 'f="$IMAGEFORGE_ROOT/site/vllm/__init__.py"; touch -r "$f" /tmp/ref.$$; '
+                          'echo "# 1" > "$f"; touch -r /tmp/ref.$$ "$f"; rm /tmp/ref.$$\n')
+    assert list(error.log_tail) == [str(box["root"] / "site/vllm/__init__.py")]
 
 
 class _ClockSetBack:
@@ -277,18 +278,10 @@ def test_a_clock_set_while_the_script_runs_stops_the_step(box: dict[str, Any],
     from imageforge.inplace import changescan
 
     monkeypatch.setattr(changescan, "KernelClock", _ClockSetBack)
-    script = box["repo"] / "overlays/ldconfig.sh"
-    script.write_text(LDCONFIG + 'echo new > "$IMAGEFORGE_ROOT/site/vllm/added.py"\n')
-    root = box["root"]
-    with pytest.raises(BuildError) as caught:
-        apply(box)
-    assert caught.value.exit_code == 3
-    assert "clock" in str(caught.value) and "-30.000 s" in str(caught.value)
-    assert str(root / "site/vllm/y.py") in caught.value.log_tail  # every scanned path counts
-    assert not (root / "site/vllm/added.py").exists()
-    assert (root / "etc/ld.so.cache").read_text() == "old cache\n"
-    journal = json.loads((root / "var/lib/imageforge/journal.json").read_text())
-    assert [a["id"] for a in journal["applied"]] == ["over", "same-size", "moe-one", "libs"]
+    error = _stopped(box, 'echo new > "$IMAGEFORGE_ROOT/site/vllm/added.py"\n')
+    assert "clock" in str(error) and "-30.000 s" in str(error)
+    assert str(box["root"] / "site/vllm/y.py") in error.log_tail  # every scanned path counts
+    assert not (box["root"] / "site/vllm/added.py").exists()
 
 
 def test_dry_run_writes_nothing_and_prints_the_table(box: dict[str, Any]) -> None:
