@@ -1,7 +1,7 @@
 """apply --in-place / revert wall times in the box (issue 21's Done-when: each <= 2 s without the import check).
 
     flock /tmp/imageforge-integration.lock .venv/bin/python benchmarks/inplace_apply.py [--pairs 6] \
-        [--against /work/main] [--importtime] [--scan-parts N]
+        [--against /work/main] [--importtime] [--scan-parts N] [--burn N]
 
 One box (``tests/integration/box_fixture.py``: a container from the cpu base, no network, imageforge installed
 offline from the cp311 wheelhouse into /opt/imageforge): this checkout's imageforge there, and the checkout given
@@ -10,7 +10,8 @@ Then ``--pairs`` rounds, the two sides' order alternating each round, of ``image
 --in-place --no-imports --json`` and ``imageforge revert``, each timed inside the box around the installed
 console script (its whole process: start-up included); the box's load average is read before each command. With
 ``--importtime``, one ``-X importtime`` run of each side's apply (the modules over 5 ms cumulative); with
-``--scan-parts N``, N rounds of the undeclared-change scan alone, one scan vs two (:func:`scan_parts`). Prints one
+``--scan-parts N``, N rounds of the undeclared-change scan alone, one scan vs two (:func:`scan_parts`); with
+``--burn N``, N busy loops run in the box during the timed rounds (the load of a shared machine). Prints one
 JSON object (rows, medians, spreads). Removes the box.
 """
 
@@ -24,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,21 @@ def scan_parts(box: Box, venv: str, repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
+BURN = "import os; open('/tmp/burn.%d' % os.getpid(), 'w').close()\nwhile True: pass"
+
+
+def burn(box: Box, processes: int, settle_s: float) -> None:
+    """``processes`` busy loops in the box (the machine's load, as other engineers' runs make it), then
+    ``settle_s`` for the load average to follow."""
+    for _ in range(processes):
+        box.container.exec_run(["python3", "-c", BURN], detach=True)
+    time.sleep(settle_s)
+
+
+def unburn(box: Box) -> None:
+    box.sh("for f in /tmp/burn.*; do [ -e \"$f\" ] && kill \"${f#/tmp/burn.}\"; rm -f \"$f\"; done; true")
+
+
 def other_wheel(checkout: Path, out: Path) -> Path:
     """imageforge's wheel of another checkout (its tracked files copied first: the checkout is never written)."""
     with tempfile.TemporaryDirectory(prefix="imageforge-bench-src-") as tmp:
@@ -114,6 +131,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=6)
     parser.add_argument("--against", type=Path, default=Path("/work/main"))
     parser.add_argument("--importtime", action="store_true")
+    parser.add_argument("--burn", type=int, default=0, metavar="N",
+                        help="N busy loops in the box during the timed rounds (load), after a 60 s settle")
     parser.add_argument("--scan-parts", type=int, default=0, metavar="N", help="N rounds of the scan alone")
     args = parser.parse_args()
     box = make_box(log=lambda line: print(line, file=sys.stderr))
@@ -126,6 +145,8 @@ def main() -> None:
         assert code == 0, out
         sides = {"this": BOX_VENV, "against": SIDE_B}
         rows: list[dict[str, Any]] = []
+        if args.burn:
+            burn(box, args.burn, 60.0)
         for side in sides.values():  # warm-up: the page cache, each side once (not counted)
             timed(box, side, APPLY)
             timed(box, side, "revert")
@@ -140,7 +161,8 @@ def main() -> None:
                              "inside_s": report["seconds"], "ldconfig_step_s": steps.get("ldconfig"),
                              "load": a["load"]})
                 print(json.dumps(rows[-1]), file=sys.stderr)
-        summary: dict[str, Any] = {"rows": rows}
+        unburn(box)
+        summary: dict[str, Any] = {"rows": rows, "burn": args.burn}
         for name in sides:
             mine = [r for r in rows if r["side"] == name]
             for key in ("apply_s", "revert_s", "inside_s", "ldconfig_step_s"):
