@@ -30,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import functools
 import math
 import os
 import stat as st
@@ -216,9 +217,9 @@ class ChangeScan:
         return (_type(s.st_mode), s.st_size, s.st_mode, s.st_mtime_ns, s.st_ctime_ns, s.st_ino, s.st_nlink,
                 s.st_uid, s.st_gid)
 
-    @property
-    def _loose(self) -> set[str]:
-        return {str(p) for p in self.loose}
+    @functools.cached_property
+    def _loose(self) -> frozenset[str]:
+        return frozenset(str(p) for p in self.loose)
 
     def changes(self) -> tuple[list[str], list[str], str]:
         """(changed paths, added paths, why every path is named: "" unless the clock was set)."""
