@@ -221,19 +221,65 @@ def test_drift_stops_apply_and_revert_and_force_keeps_the_copy(box: dict[str, An
     assert outside_journal(listing(root)) == outside_journal(before)
 
 
-def test_a_script_changing_an_undeclared_path_is_stopped_and_restored(box: dict[str, Any]) -> None:
-    script = box["repo"] / "overlays/ldconfig.sh"
-    script.write_text(LDCONFIG + 'echo sneaky > "$IMAGEFORGE_ROOT/site/vllm/extra.py"\n')
+def _stopped(box: dict[str, Any], more_script: str) -> BuildError:
+    """The ldconfig script with ``more_script`` appended: apply stops at it with exit 3, its declared paths
+    restored, the steps before it journaled as applied, none in progress."""
+    (box["repo"] / "overlays/ldconfig.sh").write_text(LDCONFIG + more_script)
     root = box["root"]
     with pytest.raises(BuildError) as caught:
         apply(box)
     assert caught.value.exit_code == 3
-    assert any("extra.py" in line for line in caught.value.log_tail)
-    assert not (root / "site/vllm/extra.py").exists()
     assert (root / "etc/ld.so.cache").read_text() == "old cache\n"
     journal = json.loads((root / "var/lib/imageforge/journal.json").read_text())
     assert [a["id"] for a in journal["applied"]] == ["over", "same-size", "moe-one", "libs"]
     assert journal["in_progress"] is None
+    return caught.value
+
+
+def test_a_script_changing_an_undeclared_path_is_stopped_and_restored(box: dict[str, Any]) -> None:
+    error = _stopped(box, 'echo sneaky > "$IMAGEFORGE_ROOT/site/vllm/extra.py"\n')
+    assert any("extra.py" in line for line in error.log_tail)
+    assert not (box["root"] / "site/vllm/extra.py").exists()
+
+
+def test_a_same_size_rewrite_with_its_mtime_put_back_is_stopped(box: dict[str, Any]) -> None:
+    """ctime cannot be set: the undeclared-change scan sees what an mtime-and-size comparison would miss."""
+    (box["root"] / "site/vllm/__init__.py").write_text("# 0\n")
+    error = _stopped(box, 'f="$IMAGEFORGE_ROOT/site/vllm/__init__.py"; touch -r "$f" /tmp/ref.$$; '
+                          'echo "# 1" > "$f"; touch -r /tmp/ref.$$ "$f"; rm /tmp/ref.$$\n')
+    assert list(error.log_tail) == [str(box["root"] / "site/vllm/__init__.py")]
+
+
+class _ClockSetBack:
+    """The clock source of the undeclared-change scan, set back 30 s while the script runs (a real one needs
+    CAP_SYS_TIME)."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+
+    def arm(self) -> bool:
+        return True
+
+    def was_set(self) -> bool:
+        self.offset = -30 * 10**9
+        return True
+
+    def offset_ns(self) -> int:
+        return self.offset
+
+    def close(self) -> None:
+        return None
+
+
+def test_a_clock_set_while_the_script_runs_stops_the_step(box: dict[str, Any],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from imageforge.inplace import changescan
+
+    monkeypatch.setattr(changescan, "KernelClock", _ClockSetBack)
+    error = _stopped(box, 'echo new > "$IMAGEFORGE_ROOT/site/vllm/added.py"\n')
+    assert "clock" in str(error) and "-30.000 s" in str(error)
+    assert str(box["root"] / "site/vllm/y.py") in error.log_tail  # every scanned path counts
+    assert not (box["root"] / "site/vllm/added.py").exists()
 
 
 def test_dry_run_writes_nothing_and_prints_the_table(box: dict[str, Any]) -> None:
@@ -525,25 +571,3 @@ def test_a_touches_entry_naming_no_install_path_is_refused(box: dict[str, Any]) 
         inplace.apply(resolved(box, manifest="pip.yaml"), root=box["root"], python=str(python),
                       environ=box["environ"], log=lambda _l: None, imports=False)
     assert "{bindir}" in str(caught.value)
-
-
-def test_the_stat_scan_sees_a_same_size_rewrite_and_skips_the_declared_trees(tmp_path: Path) -> None:
-    from imageforge.inplace.safety import stat_scan
-
-    top = tmp_path / "site"
-    (top / "pkg/sub").mkdir(parents=True)
-    (top / "pkg/sub/a.py").write_text("A = 1\n")
-    (top / "declared").mkdir()
-    (top / "declared/x").write_text("x")
-    (top / "link").symlink_to("pkg")
-    past = time.time_ns() - 10**11
-    for path in [top, *top.rglob("*")]:
-        os.utime(path, ns=(past, past), follow_symlinks=False)
-    before = stat_scan([top], [top / "declared"], [True])
-    assert set(before) == {str(top / p) for p in ("pkg", "pkg/sub", "pkg/sub/a.py", "link")}
-    (top / "declared/x").write_text("changed")  # declared: not looked at
-    assert stat_scan([top], [top / "declared"], [True]) == before
-    (top / "pkg/sub/a.py").write_text("A = 2\n")  # same size, new mtime
-    after = stat_scan([top], [top / "declared"], [True])
-    assert [k for k in after if after[k] != before[k]] == [str(top / "pkg/sub/a.py")]
-    assert set(stat_scan([top], [], [False])) == {str(top / p) for p in ("pkg", "declared", "link")}

@@ -12,8 +12,9 @@ smoke, bench, equiv and ablate build on::
 
 * :mod:`.journal`: the journal, the object store, the only writers of the root;
 * :mod:`.apply`: the plan against the journal, one step at a time, verification;
-* :mod:`.safety`: the root lock, the path guards, the undeclared-change scan; :mod:`.undo`: undoing a
-  step, recovery after SIGKILL, drift;
+* :mod:`.safety`: the root lock, the path guards, where the undeclared-change scan looks; :mod:`.changescan`:
+  that scan (one lstat pass after a script, by ctime); :mod:`.undo`: undoing a step, recovery after SIGKILL,
+  drift;
 * :mod:`.revert`: revert and status (with the package's dist-info RECORD);
 * :mod:`.runner`: how a script step runs (a local process here, exec in a container for the build);
 * :mod:`.localfs`: the root as the ImageFS the step kinds read; :mod:`.package`: the target interpreter's
@@ -26,14 +27,17 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..checkpatches import CheckReport, check_steps
 from ..resolve import Resolved
 from .apply import ApplyReport, StepResult, apply, select_steps
 from .journal import JOURNAL_DIR, Journal
 from .localfs import LocalFS
 from .package import LocalPackage, discover_local
 from .revert import RevertReport, StatusReport, listing, revert, status
+
+if TYPE_CHECKING:  # check-patches (and the Docker engine's modules it holds) only for --dry-run: see dry_run
+    from ..checkpatches import CheckReport
 
 __all__ = [
     "JOURNAL_DIR",
@@ -60,6 +64,8 @@ def dry_run(resolved: Resolved, *, root: Path = Path("/"), python: str = "python
             environ: Mapping[str, str] | None = None, steps: Sequence[str] = (),
             skip: Sequence[str] = ()) -> CheckReport:
     """What apply would do, as check-patches' table; nothing is written (script steps: "not checked")."""
+    from ..checkpatches import CheckReport, check_steps  # not at the top: apply's start-up does without it
+
     environ = dict(os.environ if environ is None else environ)
     root = root.resolve()
     pkg = discover_local(resolved.target, root, python, environ, check_version=False)

@@ -34,12 +34,14 @@ from ..errors import BuildError, ConfigError
 from ..manifest import Step
 from ..resolve import Resolved
 from ..steps import ApplyContext, Changes, ScriptSpec, kind
+from . import changescan
+from .changescan import ChangeScan
 from .interrupts import deferred, interruptible
 from .journal import ABSENT, Journal, State, journal_dir, same_content, state_of, walk, write_file
 from .localfs import LocalFS
 from .package import LocalPackage, discover_local
 from .runner import LocalRunner
-from .safety import expand, guard_path, root_lock, scan_tops, stat_scan, under
+from .safety import expand, guard_path, root_lock, scan_tops, under
 from .undo import recover, same_state, settle_drift, undo_step
 
 Log = Callable[[str], None]
@@ -255,27 +257,28 @@ class _Applier:
                 journal.data["dirs"][str(folder)] = state_of(folder)
         journal.begin(step.id, key, snapshot=str(snapshot_file), roots=[str(r) for r in roots])
         journal.save()
-        skip = [*roots, journal.directory]
-        tops, deep = scan_tops(self.pkg)
-        before = stat_scan(tops, skip, deep)
+        scan = self._change_scan(roots)
         runner = LocalRunner(self.pkg.root, journal.directory / "scratch", self.environ)
         changes = kind(step.kind).apply(step, LocalFS(self.pkg.root), ApplyContext(
             site=self.pkg.site, environ=self.environ, runner=runner, echo=self.echo,
             python_version=self.pkg.python_version))
-        after = stat_scan(tops, skip, deep)
+        changed, added, why = scan.changes()
         late = [p for p in expand(self.pkg, patterns) if not under(p, roots)]  # a glob's new match (a dist-info)
-        undeclared = sorted(k for k in {*before, *after} if before.get(k) != after.get(k) and not under(Path(k), late))
-        if undeclared:
-            added = [k for k in undeclared if k not in before]
+        undeclared = [k for k in changed if not under(Path(k), late)]
+        added = [k for k in added if not under(Path(k), late)]
+        if undeclared or added or why:
             for extra in sorted(added, key=lambda k: -k.count("/")):
                 with contextlib.suppress(OSError):
                     gone = Path(extra)
                     gone.unlink() if not gone.is_dir() or gone.is_symlink() else gone.rmdir()
+            named = sorted({*undeclared, *added})
             raise BuildError(
-                f"script step {step.id!r} changed {len(undeclared)} path(s) it does not declare; its declared paths "
-                "were restored" + (f", {len(added)} added path(s) removed" if added else ""),
-                location=step.location, key_path=f"{step.key_path}.touches", log_tail=undeclared[:20],
-                hint="add them to the step's `touches:` (changed files outside it cannot be restored: check them)")
+                f"script step {step.id!r} changed {len(named)} path(s) it does not declare; its declared paths "
+                "were restored" + (f", {len(added)} added path(s) removed" if added else "")
+                + (f" ({why})" if why else ""),
+                location=step.location, key_path=f"{step.key_path}.touches", log_tail=named[:20],
+                hint="add them to the step's `touches:` (changed files outside it cannot be restored: check them)"
+                + ("; run apply again once the clock is steady" if why else ""))
         candidates = dict.fromkeys([*snapshot, *(str(p) for r in {*roots, *expand(self.pkg, patterns)}
                                                  for p in walk(r))])
         count = 0
@@ -301,6 +304,18 @@ class _Applier:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(snapshot_file)
         return StepResult(step.id, step.kind, "ran", changes.detail, count, time.monotonic() - t0)
+
+    def _change_scan(self, roots: Sequence[Path]) -> ChangeScan:
+        """The undeclared-change scan's "before", taken right before the script (:mod:`.changescan`): exact
+        states for what this apply already changed and for the folders on the way to a declared path."""
+        tops, deep = scan_tops(self.pkg)
+        journal = self.journal
+        ways = {str(p) for r in roots for p in r.parents if any(t in p.parents for t in tops)}
+        scan = ChangeScan(tops, [*roots, journal.directory], deep, journal.directory,
+                          exact=[Path(k) for k in [*journal.paths, *journal.data["dirs"]] if k not in ways],
+                          loose=[Path(k) for k in sorted(ways)], clock=changescan.KernelClock())
+        scan.before()
+        return scan
 
     def verify_step(self, files: Sequence[str], key: str) -> StepResult:
         """Hash-checked ``.pyc`` for every changed ``.py`` (each optimisation level present), journaled."""

@@ -1,6 +1,6 @@
 """The in-place apply's guards: one command per root, no write leaving the root or reached through a link
-leaving the package, a script's declared paths expanded, and the stat-only scan that catches what a script
-changed without declaring it (:func:`stat_scan` over :func:`scan_tops`)."""
+leaving the package, a script's declared paths expanded, and where the scan that catches what a script changed
+without declaring it looks (:func:`scan_tops`; the scan: :mod:`.changescan`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,8 @@ import fcntl
 import fnmatch
 import os
 import posixpath
-import stat as st
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 from ..errors import BuildError
 from .package import LocalPackage
@@ -60,38 +58,6 @@ def expand(pkg: LocalPackage, patterns: Sequence[str]) -> list[Path]:
 
 def under(path: Path, roots: Sequence[Path]) -> bool:
     return any(path == r or r in path.parents for r in roots)
-
-
-def stat_scan(tops: Sequence[Path], skip: Sequence[Path], recursive: Sequence[bool]) -> dict[str, tuple[Any, ...]]:
-    """(type, size, mode, mtime_ns) of everything under ``tops``, except under ``skip``: no bytes read.
-
-    One ``lstat`` per entry through ``os.scandir``, paths as strings (a skipped directory is never entered, so
-    only the entry itself is looked up in ``skip``): ~60k site-packages entries in a fraction of a second.
-    """
-    out: dict[str, tuple[Any, ...]] = {}
-    skipped = {str(p) for p in skip}
-    for top, deep in zip(tops, recursive, strict=True):
-        if not top.is_dir() or under(top, skip):
-            continue
-        pending = [str(top)]
-        while pending:
-            try:
-                entries = list(os.scandir(pending.pop()))
-            except OSError:  # gone, or unreadable: os.walk's default too
-                continue
-            for entry in entries:
-                path = entry.path
-                if path in skipped:
-                    continue
-                try:
-                    info = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                kind_ = st.S_IFMT(info.st_mode)
-                out[path] = (kind_, info.st_size, info.st_mode, info.st_mtime_ns)
-                if deep and kind_ == st.S_IFDIR:
-                    pending.append(path)
-    return out
 
 
 def scan_tops(pkg: LocalPackage) -> tuple[list[Path], list[bool]]:
