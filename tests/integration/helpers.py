@@ -15,6 +15,10 @@
   ``nohup``, inherits SIGINT *ignored*, and Python keeps an ignored SIGINT: the child would never see the Ctrl-C).
 * :func:`invoke` -- ``imageforge ARGS`` as a user runs it from the repository: in this process by default,
   ``process=True`` for ``.venv/bin/invoke`` in a child process (signals, a timeout, a fresh interpreter's state).
+* :func:`hooks_for` -- the smoke runner's :class:`ServerHooks` (alive, log tail) of a started server.
+* :func:`kill_mid_suite` -- the smoke claim "a server killed mid-suite" run against a server a test has finished
+  with (issue 24: the claim costs no vLLM start of its own): a suite whose first check is a long generation, the
+  container killed once it generates; the caller asserts the report (after its ``serving()`` block: removal).
 """
 
 from __future__ import annotations
@@ -22,9 +26,13 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import signal
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +40,14 @@ import docker
 
 from imageforge import commands
 from imageforge.serve.container import free_port
+from imageforge.smoke import ServerHooks, SmokeReport, load_suite, run_suite
 
 REPO = Path(__file__).resolve().parents[2]
 INVOKE = REPO / ".venv" / "bin" / "invoke"
 CPU_RECIPE = REPO / "images" / "cpu"
 
-__all__ = ["INVOKE", "REPO", "cpu_base_refs", "free_port", "imageforge", "invoke", "os_image", "run_in_dir",
-           "sigint_default"]
+__all__ = ["INVOKE", "REPO", "cpu_base_refs", "free_port", "hooks_for", "imageforge", "invoke", "kill_mid_suite",
+           "os_image", "run_in_dir", "sigint_default"]
 
 
 def sigint_default() -> None:
@@ -119,3 +128,53 @@ def invoke(*args: str, expect: int | None = 0, timeout: float = 600, env: Mappin
         raise AssertionError(f"imageforge {' '.join(args)} (in {cwd}) -> {proc.returncode}, expected {expect}\n"
                              f"{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def hooks_for(server: Any) -> ServerHooks:
+    """The smoke runner's hooks for a started server (a container's :class:`Server`)."""
+    return ServerHooks(alive=lambda: None if server.running() else server.describe_state(),
+                       log_tail=lambda n: server.logs(n))
+
+
+KILL_SUITE = textwrap.dedent("""\
+    version: 1
+    setup:
+      - {id: models, request: {endpoint: /v1/models}, bind: {model: "$.data[0].id"}}
+    checks:
+      - id: long-generation
+        serial: true
+        request:
+          endpoint: /v1/completions
+          body: {model: "${model}", prompt: "long", max_tokens: 1900, ignore_eos: true, n: 4}
+          timeout: 120
+        expect: {status: 200}
+      - {id: after-1, request: {endpoint: /health}, expect: {status: 200}}
+      - {id: after-2, request: {endpoint: /v1/models}, expect: {status: 200}}
+      - {id: after-3, request: {endpoint: /version}, expect: {status: 200}}
+    """)
+
+
+def kill_mid_suite(server: Any, suite_dir: Path, echo: Callable[[str], None]) -> SmokeReport:
+    """Run :data:`KILL_SUITE` against ``server`` (a running container's :class:`Server`, results in its run dir),
+    killing its container once the long generation runs; the report (the caller asserts it)."""
+    import httpx
+
+    suite_path = suite_dir / "kill.yaml"
+    suite_path.write_text(KILL_SUITE)
+
+    def kill_when_generating() -> None:
+        # The gauge can lag on a quiet machine; 4 x 1900 tokens take far longer than this deadline.
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            metrics = httpx.get(f"{server.url}/metrics", timeout=5).text
+            if re.search(r"^vllm:num_requests_running\{[^}]*\} [1-9]", metrics, re.M):
+                break
+            time.sleep(0.1)
+        server.container.kill()
+
+    killer = threading.Thread(target=kill_when_generating, daemon=True)
+    killer.start()
+    report = run_suite(load_suite(suite_path), server.url, run_dir=server.run_dir, hooks=hooks_for(server),
+                       echo=echo, live=False)
+    killer.join(timeout=60)
+    return report

@@ -1,7 +1,8 @@
 """equiv, bisect and ablate on real images and real vLLM servers of the cpu target.
 
 Each test starts real servers (30-120 s each on this machine): keep them few. vLLM starts: bisect's three probes,
-ablate's two servers, and each equiv candidate alone (2); both equiv tests compare (``compare_urls``) against the
+ablate's two servers, and each equiv candidate alone (2; the scaled-softmax candidate, once compared, is also the
+server test_smoke's claim "a server killed mid-suite" kills); both equiv tests compare (``compare_urls``) against the
 session's ``run --target cpu --base --set dtype=float32`` (conftest ``cpu_base_run``: equiv's base reference, and
 test_run's ``run --base`` under test, which removes it later). ``equiv_target``'s own orchestration (build the
 candidate, serve both sides, compare, remove both) is tests/unit/test_equiv.py's, with the servers faked at that
@@ -24,8 +25,10 @@ import yaml
 from imageforge.equiv.compare import EquivError
 from imageforge.errors import EXIT_SMOKE, SmokeError
 from imageforge.forensics.search import raise_for
+from imageforge.labels import L_RUN
 from imageforge.manifest_load import load_manifest
 from imageforge.resolve import resolve
+from tests.integration.helpers import kill_mid_suite
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -200,7 +203,10 @@ def test_equiv_the_shipped_cpu_image_matches_its_base(cpu_resolved: Any, cpu_bas
 
 
 def test_equiv_catches_a_scaled_softmax_with_exit_4(cpu_variant: Callable[..., Path], remove_images: list[str],
-                                                     cpu_resolved: Any, cpu_base_run: Any) -> None:
+                                                     cpu_resolved: Any, cpu_base_run: Any, tmp_path: Path,
+                                                     containers_labelled: Callable[..., list[Any]]) -> None:
+    """equiv flags the math change (exit 4); then the candidate, compared and no longer needed, is the server that
+    test_smoke's claim "a server killed mid-suite" kills (``helpers.kill_mid_suite``: no vLLM start of its own)."""
     from imageforge.equiv.compare import raise_if_failed
     from imageforge.equiv.runner import compare_urls
 
@@ -212,6 +218,8 @@ def test_equiv_catches_a_scaled_softmax_with_exit_4(cpu_variant: Callable[..., P
     with _candidate_float32(resolved, cpu_base_run) as (label, served):
         result = compare_urls(cpu_base_run.url, served.url, _prompts(resolved, 3, 4), "float32",
                               labels=(label, "base image"))
+        lines: list[str] = []
+        killed = kill_mid_suite(served, tmp_path, lines.append)  # the comparison is done: the candidate may go
     print(result.text())
     assert not result.verdict.passed, result.text()
     failed = {c.name for c in result.verdict.checks if not c.passed}
@@ -219,3 +227,15 @@ def test_equiv_catches_a_scaled_softmax_with_exit_4(cpu_variant: Callable[..., P
     with pytest.raises(EquivError) as info:
         raise_if_failed(result.verdict)
     assert info.value.exit_code == EXIT_SMOKE == 4
+    # test_smoke's "a server killed mid-suite": the report names the exit, the checks after it are not run, the
+    # killed server is removed all the same (serving()), its log and the JUnit report are kept
+    assert not killed.ok and killed.passed == 0 and killed.failed == 4
+    assert killed.server_problem is not None and "exited" in killed.server_problem
+    by_id = {r.check.id: r for r in killed.results}
+    assert any("the server is down" in f for f in by_id["long-generation"].failures)
+    for check_id in ("after-1", "after-2", "after-3"):
+        assert by_id[check_id].failures[0].startswith("not run: the server is down")
+    text = "\n".join(lines)
+    assert "the server went away during the suite" in text and "0 passed, 4 failed" in text
+    assert containers_labelled(**{L_RUN: served.run_id}) == []  # always removed
+    assert (served.run_dir / "server.log").is_file() and (served.run_dir / "smoke-junit.xml").is_file()
