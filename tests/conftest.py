@@ -101,6 +101,10 @@ class VllmStarts:
                     self.processes.setdefault((pid, started), (cgroup, self.current, container_main))
 
     def start(self) -> None:
+        # the SDK imported here, not first inside the watcher thread: a test importing ``docker.types`` while that
+        # thread imports ``docker`` got the SDK's circular import half done ("partially initialized module")
+        with contextlib.suppress(ImportError):
+            import docker  # noqa: F401
         for target in (self._watch_docker, self._poll_processes):
             thread = threading.Thread(target=target, name=f"vllm-starts-{target.__name__}", daemon=True)
             thread.start()
