@@ -169,8 +169,6 @@ def diagnose(lines: Sequence[str], steps: Sequence[Step]) -> Blame | None:
     return Blame(trace, (inside or list(trace.frames))[-1], ())
 
 
-
-
 def trace_tail(lines: Sequence[str]) -> list[str]:
     """The last lines of a traceback (``traceback.format_exc()[-N:]``, as verify's in-image program keeps them) with
     their header put back when it was cut off."""

@@ -369,8 +369,8 @@ def wait_ready(
         if state.get("Running"):
             return
         progress.done("")
-        tail = server.logs(LOG_TAIL)
-        whole = server.logs("all")
+        whole = server.logs("all")  # once: the tail is its end (the daemon streams the log again for save_log)
+        tail = whole[-LOG_TAIL:]
         with_steps = None if server.base else resolved  # the base image holds none of the steps' files
         raise start_error(
             what=f"{server.target}:{server.profile}", package=resolved.target.package.import_name if resolved else "",
