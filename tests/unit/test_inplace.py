@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -278,7 +279,11 @@ def test_a_clock_set_while_the_script_runs_stops_the_step(box: dict[str, Any],
     monkeypatch.setattr(changescan, "KernelClock", _ClockSetBack)
     error = _stopped(box, 'echo new > "$IMAGEFORGE_ROOT/site/vllm/added.py"\n')
     assert "clock" in str(error) and "-30.000 s" in str(error)
-    assert str(box["root"] / "site/vllm/y.py") in error.log_tail  # every scanned path counts
+    # every scanned path counts as changed: at least every file of the box's tree (the scan also covers the
+    # interpreter's install scheme, the test venv here, whose paths may sort first in the 20 the error names)
+    counted = int(re.search(r"changed (\d+) path", str(error)).group(1))  # type: ignore[union-attr]
+    in_tree = [p for p in (box["root"] / "site").rglob("*") if p.is_file()]
+    assert len(in_tree) >= 3 and counted >= len(in_tree)
     assert not (box["root"] / "site/vllm/added.py").exists()
 
 
