@@ -15,6 +15,7 @@ from pathlib import Path
 from invoke.context import Context
 
 ROOT = Path(__file__).resolve().parent
+WORKERS = 2  # the two server groups run side by side; on 2 cores a third worker only adds contention
 sys.path.insert(0, str(ROOT / "src"))
 
 from imageforge import app, commands  # noqa: E402
@@ -39,10 +40,13 @@ def test(c: Context, unit: bool = False, k: str = "", lint: bool = True, coverag
         with user_errors():
             app.base(app.settings(manifest=str(ROOT / "build.yaml")), "cpu")
     selector = f" -k {shlex.quote(k)}" if k else ""
+    # two workers (pytest-xdist), tests sent in groups: the Docker-mode vLLM files one group, the in-place ones
+    # another, every other file its own (tests/conftest.py says why and keeps the count of vLLM starts)
+    args = f"-m pytest {paths}{selector} -n {WORKERS} --dist loadgroup --no-loadscope-reorder --durations=20"
     if not coverage:
-        c.run(f"{py} -m pytest {paths}{selector} --durations=20", pty=False)
+        c.run(f"{py} {args}", pty=False)
         return
-    _test_with_coverage(c, f"-m pytest {paths}{selector} --durations=20")
+    _test_with_coverage(c, args)
 
 
 def _test_with_coverage(c: Context, args: str) -> None:

@@ -12,6 +12,14 @@ events this daemon never sees) counts as a Docker-mode start. It counts what the
   the session runs: on a shared machine other users' servers count too (CI has the machine alone). Each start is
   put down to the test running when it was seen (session fixtures: the first test that asked for them), and the
   summary lists the starts per test file.
+* **Two workers** (``invoke test`` runs ``pytest -n 2 --dist loadgroup``: pytest-xdist): the tests go to the workers
+  in groups. The integration files whose tests start vLLM in Docker mode are one group (``VLLM_DOCKER``: they share
+  the session's servers, ``cpu_server`` and ``cpu_base_run``, started once), the files that start vLLM in place
+  another (``VLLM_INPLACE``); every other file is a group of its own, taken by whichever worker is free. The two
+  server groups are queued first, so the longest sequences start at once. Under xdist the counter runs in the
+  controller and learns each worker's current test from its ``logstart`` reports; a Docker-mode start is put down
+  to the test the ``VLLM_DOCKER`` worker is running, an in-place one to the ``VLLM_INPLACE`` worker's. A test outside
+  ``VLLM_DOCKER`` asking for a session server is refused at collection (it would start a second one on its worker).
 """
 
 from __future__ import annotations
@@ -26,12 +34,28 @@ from typing import Any
 
 import pytest
 
+VLLM_DOCKER = "vllm-docker"
+VLLM_INPLACE = "vllm-inplace"
+# the files of each server group (see the module's docstring); every other file is a group of its own
+STREAMS: dict[str, tuple[str, ...]] = {
+    VLLM_DOCKER: tuple(f"tests/integration/{name}.py" for name in (
+        "test_bench", "test_equiv_client", "test_evaluator_suite", "test_export", "test_forensics_run",
+        "test_image_contract", "test_run", "test_smoke", "test_submission")),
+    VLLM_INPLACE: tuple(f"tests/integration/{name}.py" for name in ("test_inplace_box", "test_inplace_serve")),
+}
+SESSION_SERVERS = ("cpu_server", "cpu_base_run")  # session fixtures that start a vLLM server
 SERVER_ARGV = re.compile(r"(^|\s|/)vllm(\s+serve\b|\.entrypoints\.openai\.api_server\b)")
 DOCKER_SOCKET = Path("/var/run/docker.sock")
 
 
 def runs_vllm_server(argv: list[str]) -> bool:
     return bool(SERVER_ARGV.search(" ".join(argv)))
+
+
+def split_group(nodeid: str) -> tuple[str, str]:
+    """(test, group) of a node ID: xdist's loadgroup appends ``@group`` (a server group or a file); ``""`` else."""
+    test, sep, group = nodeid.rpartition("@")
+    return (test, group) if sep and (group in STREAMS or group.endswith(".py")) else (nodeid, "")
 
 
 class VllmStarts:
@@ -44,7 +68,7 @@ class VllmStarts:
         self.containers: dict[str, str] = {}  # container id -> the test running when it started
         # (pid, start time) -> (its cgroups, test, whether it is its PID namespace's first process: a container's)
         self.processes: dict[tuple[int, str], tuple[str, str, bool]] = {}
-        self.current = "(outside any test)"
+        self.current: dict[str, str] = {}  # group ("" without xdist) -> the test running in it
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._events: Any = None
@@ -67,8 +91,7 @@ class VllmStarts:
                     attrs = client.api.inspect_container(cid)
                     argv = [*(attrs["Config"].get("Entrypoint") or []), *(attrs["Config"].get("Cmd") or [])]
                     if runs_vllm_server(argv):
-                        with self._lock:
-                            self.containers[cid] = self.current
+                        self.record_container(cid)
 
     # ------------------------------------------------------------------ in place: processes
     def _poll_processes(self) -> None:
@@ -98,7 +121,28 @@ class VllmStarts:
                               if line.startswith("NSpid:")), [])
                 container_main = len(nspid) > 1 and nspid[-1] == "1"
                 with self._lock:
-                    self.processes.setdefault((pid, started), (cgroup, self.current, container_main))
+                    if (pid, started) not in self.processes:
+                        owner = self.owner(VLLM_DOCKER if container_main else VLLM_INPLACE)
+                        self.processes[(pid, started)] = (cgroup, owner, container_main)
+
+    # ------------------------------------------------------------------ whose start it is
+    def begin(self, nodeid: str) -> None:
+        """A test starts (``nodeid`` with xdist's ``@group`` suffix under loadgroup)."""
+        test, group = split_group(nodeid)
+        with self._lock:
+            self.current[group] = test
+
+    def end(self, nodeid: str) -> None:
+        with self._lock:
+            self.current.pop(split_group(nodeid)[1], None)
+
+    def owner(self, group: str) -> str:
+        """The test a start of this kind is put down to: the one its server group is running, else any running."""
+        return self.current.get(group) or next(iter(self.current.values()), "(between tests)")
+
+    def record_container(self, cid: str) -> None:
+        with self._lock:
+            self.containers[cid] = self.owner(VLLM_DOCKER)
 
     def start(self) -> None:
         # the SDK imported here, not first inside the watcher thread: a test importing ``docker.types`` while that
@@ -136,18 +180,48 @@ class VllmStarts:
 _COUNTER = VllmStarts()
 
 
+def _in_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")  # an xdist worker: the controller counts
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
-    _COUNTER.start()
+    if not _in_worker(session.config):
+        _COUNTER.start()
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-    _COUNTER.current = item.nodeid
-    yield
-    _COUNTER.current = "(between tests)"
+def group_of(nodeid: str) -> str:
+    path = nodeid.split("::")[0]
+    return next((group for group, files in STREAMS.items() if path in files), path)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    refused = sorted({item.nodeid.split("::")[0] for item in items
+                      if group_of(item.nodeid) != VLLM_DOCKER
+                      and set(SESSION_SERVERS) & set(getattr(item, "fixturenames", ()))})
+    if refused:
+        raise pytest.UsageError(f"{', '.join(refused)}: a test asking for {' or '.join(SESSION_SERVERS)} must be in "
+                                f"tests/conftest.py's STREAMS[{VLLM_DOCKER!r}] (else a worker starts its own)")
+    if not getattr(config.option, "loadgroup", False):  # set in the workers of `--dist loadgroup`
+        return
+    for item in items:
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group_of(item.nodeid)))
+    first = list(STREAMS)  # the server groups first: the longest sequences start at once
+    items.sort(key=lambda item: first.index(group) if (group := group_of(item.nodeid)) in first else len(first))
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    _COUNTER.begin(nodeid)  # in the controller under xdist: a worker's report
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    _COUNTER.end(nodeid)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if _in_worker(config):
+        return
     _COUNTER.stop()
     terminalreporter.section("vLLM starts")
     for line in _COUNTER.lines():

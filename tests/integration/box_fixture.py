@@ -25,6 +25,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,11 +59,22 @@ def model_dir() -> Path:
     raise FileNotFoundError(f"no {MODEL_REL}: run `invoke base --target cpu`")
 
 
-def wheelhouse(python_version: str = "3.11") -> Path:
-    """imageforge's wheel (this checkout) + its dependencies for cpXY manylinux x86_64, in a folder."""
-    pip = [sys.executable, "-m", "pip", "-q"]
+@contextlib.contextmanager
+def wheelhouse(python_version: str = "3.11") -> Iterator[Path]:
+    """imageforge's wheel (this checkout) + its dependencies for cpXY manylinux x86_64, in a folder under
+    ``WHEEL_CACHE``, held under a file lock while the caller reads it (the folder is shared: another test session, or
+    the other worker of ``invoke test``, may be remaking its ``own/`` wheel)."""
+    from filelock import FileLock
+
     pyproject = (REPO / "pyproject.toml").read_bytes()
     deps = WHEEL_CACHE / f"cp{python_version.replace('.', '')}-{hashlib.sha256(pyproject).hexdigest()[:12]}"
+    deps.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(deps) + ".lock"):
+        yield _make_wheelhouse(deps, python_version)
+
+
+def _make_wheelhouse(deps: Path, python_version: str) -> Path:
+    pip = [sys.executable, "-m", "pip", "-q"]
     own = deps / "own"
     if own.exists():
         for old in own.iterdir():
@@ -130,7 +142,6 @@ def make_box(image: str | None = None, *, log: Any = _log) -> Box:
 
     t0 = time.monotonic()
     cli = docker.from_env(timeout=600)
-    wheels = wheelhouse("3.11")
     container = cli.containers.run(
         image or cpu_base_ref(), ["sleep", "infinity"], detach=True, init=True, shm_size="1g", network_mode="none",
         labels={TEST_LABEL: "in-place-box"}, name=f"imageforge-box-{os.getpid()}-{int(time.time())}")
@@ -139,10 +150,11 @@ def make_box(image: str | None = None, *, log: Any = _log) -> Box:
         entries = [(f"{BOX_REPO.lstrip('/')}/{p}", REPO / p) for p in repo_files()]
         model = model_dir()
         entries += [(f"{BOX_REPO.lstrip('/')}/{MODEL_REL}/{f.name}", f) for f in sorted(model.iterdir())]
-        wheel_files = [w for w in sorted(wheels.glob("*.whl")) if not w.name.startswith("imageforge-")]
-        wheel_files += sorted((wheels / "own").glob("imageforge-*.whl"))
-        entries += [(f"{BOX_WHEELS.lstrip('/')}/{w.name}", w) for w in wheel_files]
-        assert container.put_archive("/", _tar(entries))
+        with wheelhouse("3.11") as wheels:
+            wheel_files = [w for w in sorted(wheels.glob("*.whl")) if not w.name.startswith("imageforge-")]
+            wheel_files += sorted((wheels / "own").glob("imageforge-*.whl"))
+            entries += [(f"{BOX_WHEELS.lstrip('/')}/{w.name}", w) for w in wheel_files]
+            assert container.put_archive("/", _tar(entries))
         code, out = box.sh(f"/usr/bin/python3 -m venv {BOX_VENV} && {BOX_VENV}/bin/pip install -q --no-index "
                            f"--find-links {BOX_WHEELS} imageforge", timeout=600)
         assert code == 0, out

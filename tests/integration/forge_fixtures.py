@@ -30,7 +30,7 @@ import tempfile
 import textwrap
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -245,6 +245,15 @@ def labelled_containers(c: docker.DockerClient | None = None, **labels: str) -> 
     filters = {"label": ["org.imageforge.tool=imageforge", *(f"org.imageforge.{k.replace('_', '-')}={v}"
                                                                for k, v in labels.items())]}
     return list(c.containers.list(all=True, filters=filters))
+
+
+def settles(condition: Callable[[], bool], timeout: float = 300) -> bool:
+    """``condition`` holds, now or within ``timeout`` s: for a check over the whole daemon (no container or image of a
+    kind left behind), which a build or a server of the other worker of ``invoke test`` may make true only once it
+    has finished with its own; what a test leaked stays, and the check fails."""
+    from imageforge.waits import wait_until
+
+    return wait_until(lambda: True if condition() else None, timeout=timeout, interval=1.0) is True
 
 
 def build_containers(c: docker.DockerClient | None = None) -> set[str]:

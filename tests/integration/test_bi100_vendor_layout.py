@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.bi100_fixture import BASELINE, SITE, site_file, vendor_files, vendor_image
-from tests.integration.forge_fixtures import assert_clean_failure, build_containers, client, invoke
+from tests.integration.forge_fixtures import assert_clean_failure, build_containers, client, invoke, settles
 
 pytestmark = pytest.mark.integration
 
@@ -45,8 +45,8 @@ def test_check_patches_bi100_every_step_applies_after_the_baseline(vendor: str) 
         assert rows[step]["status"] == "applies", rows[step]
     # these anchors exist only after patch_ops.sh: the checks saw the script's result
     assert rows["sorted-moe-call"]["path"] == f"{SITE}/vllm/model_executor/models/qwen3_5.py"
-    assert set(sandbox_images()) <= before_images, "the throwaway image is removed"
-    assert build_containers() <= before_containers, "no container left behind"
+    assert settles(lambda: set(sandbox_images()) <= before_images), "the throwaway image is removed"
+    assert settles(lambda: build_containers() <= before_containers), "no container left behind"
 
     text = invoke("check-patches", "--target", "bi100", "--diff", env=env_for(vendor, BASELINE))
     assert text.returncode == 0, text.stdout + text.stderr
@@ -95,7 +95,7 @@ def test_a_failing_script_reports_its_exit_code_and_tail_and_skips_the_rest(vend
     assert tail[-1] == "pip: no network"
     for step in TEAM_STEPS:
         assert rows[step]["status"] == "not checked" and rows[step]["detail"] == "not checked (a script before failed)"
-    assert set(sandbox_images()) <= before, "a failed script leaves no image"
+    assert settles(lambda: set(sandbox_images()) <= before), "a failed script leaves no image"
     text = invoke("check-patches", "--target", "bi100", env=env_for(vendor, scripts))
     assert_clean_failure(text, 3)
     assert "| pip: no network" in text.stdout, "the log tail is printed under the row"

@@ -18,7 +18,7 @@ import pytest
 from imageforge.flagcheck import flags_cache_dir, learn_flags
 from imageforge.manifest_load import load_manifest
 from tests.integration.bi100_fixture import BASELINE, vendor_image
-from tests.integration.forge_fixtures import REPO, assert_clean_failure, client, invoke
+from tests.integration.forge_fixtures import REPO, assert_clean_failure, client, invoke, settles
 
 pytestmark = pytest.mark.integration
 
@@ -47,6 +47,7 @@ def flag_containers() -> list[object]:
     return list(client().containers.list(all=True, filters={"label": "org.imageforge.kind=flags"}))
 
 
+
 def sandbox_images() -> set[str]:
     return {i.id for i in client().images.list(all=True, filters={"label": "org.imageforge.kind=check-patches-script"})}
 
@@ -66,7 +67,7 @@ def test_bi100_flags_are_read_statically_after_the_baseline(vendor: str, tmp_pat
     assert seqs is not None and seqs.type == "int" and seqs.origin is not None
     assert seqs.origin.startswith("vllm/engine/arg_utils.py:")  # the vendor's engine args, untouched
     assert list(flags_cache_dir({"IMAGEFORGE_CACHE": str(tmp_path / "cache")}).glob("*-static.json"))
-    assert sandbox_images() <= images_before, "the baseline's throwaway image is removed"
+    assert settles(lambda: sandbox_images() <= images_before), "the baseline's throwaway image is removed"
 
     proc = invoke("validate", env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -99,7 +100,7 @@ def test_cpu_flags_by_introspection_then_validate_finds_the_issue_mistakes(tmp_p
     env = {"IMAGEFORGE_CACHE": str(tmp_path / "cache")}
     table = learn_flags(load_manifest(REPO / "build.yaml"), "cpu", environ={**os.environ, **env})
     assert table is not None and table.source.startswith("vLLM 0.32.0's parser (")
-    assert flag_containers() == [], "the introspection container is removed"
+    assert settles(lambda: flag_containers() == []), "the introspection container is removed"
 
     assert invoke("validate", env=env).returncode == 0  # the repository's cpu target passes
 

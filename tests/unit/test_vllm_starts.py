@@ -6,10 +6,11 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Collection
 
 import pytest
 
-from tests.conftest import VllmStarts, runs_vllm_server
+from tests.conftest import STREAMS, VLLM_DOCKER, VLLM_INPLACE, VllmStarts, group_of, runs_vllm_server, split_group
 
 
 @pytest.mark.parametrize(("argv", "server"), [
@@ -22,6 +23,20 @@ from tests.conftest import VllmStarts, runs_vllm_server
 ])
 def test_what_counts_as_a_server(argv: list[str], server: bool) -> None:
     assert runs_vllm_server(argv) is server
+
+
+def _ours(counter: VllmStarts, before: Collection[tuple[int, str]],
+          session: int) -> dict[tuple[int, str], tuple[str, str, bool]]:
+    """The servers the counter saw since ``before`` that belong to the test's own session (under ``invoke test``
+    the other worker may start a real server meanwhile)."""
+
+    def in_session(pid: int) -> bool:
+        try:
+            return os.getsid(pid) == session
+        except OSError:
+            return False
+
+    return {k: v for k, v in counter.processes.items() if k not in before and in_session(k[0])}
 
 
 def test_a_server_process_counts_once_and_its_workers_not() -> None:
@@ -37,13 +52,12 @@ def test_a_server_process_counts_once_and_its_workers_not() -> None:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             counter._scan_proc()
-            new = {k: v for k, v in counter.processes.items() if k not in before}
-            if new:
+            if _ours(counter, before, proc.pid):
                 break
             time.sleep(0.1)
         time.sleep(0.3)
         counter._scan_proc()
-        new = {k: v for k, v in counter.processes.items() if k not in before}
+        new = _ours(counter, before, proc.pid)
         assert [pid for pid, _ in new] == [proc.pid], new
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # its own session: the server and its worker
@@ -66,7 +80,7 @@ def test_a_server_that_is_its_pid_namespaces_first_process_counts_as_docker_mode
     counter = VllmStarts(count_fakes=True)
     counter._scan_proc()
     before = set(counter.processes)
-    counter.current = "tests/integration/test_x.py::test_y"
+    counter.begin("tests/integration/test_x.py::test_y")
     proc = subprocess.Popen(["unshare", "--pid", "--fork", "bash", "-c", 'exec -a "vllm serve /model" sleep 30'],
                             start_new_session=True, env={**os.environ, "IMAGEFORGE_TEST_FAKE_VLLM": "1"})
     try:
@@ -75,9 +89,46 @@ def test_a_server_that_is_its_pid_namespaces_first_process_counts_as_docker_mode
         while time.monotonic() < deadline and not new:
             time.sleep(0.1)
             counter._scan_proc()
-            new = {k: v for k, v in counter.processes.items() if k not in before}
+            new = _ours(counter, before, proc.pid)
         assert len(new) == 1 and next(iter(new.values()))[2] is True, new
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert "   1 in Docker,  0 in place  tests/integration/test_x.py" in counter.lines()
+
+
+def test_under_two_workers_a_start_is_put_down_to_its_server_groups_test() -> None:
+    """xdist's loadgroup suffixes node IDs with ``@group``; each kind of start goes to its group's running test."""
+    counter = VllmStarts()
+    assert split_group("tests/integration/test_smoke.py::test_a@vllm-docker") == (
+        "tests/integration/test_smoke.py::test_a", VLLM_DOCKER)
+    assert split_group("tests/unit/test_x.py::test_p[a@b]@tests/unit/test_x.py") == (
+        "tests/unit/test_x.py::test_p[a@b]", "tests/unit/test_x.py")
+    assert split_group("tests/unit/test_x.py::test_p[a@b]") == ("tests/unit/test_x.py::test_p[a@b]", "")
+    counter.begin("tests/integration/test_inplace_serve.py::test_run@vllm-inplace")
+    counter.begin("tests/integration/test_smoke.py::test_end_to_end@vllm-docker")
+    counter.record_container("c1")
+    assert counter.containers == {"c1": "tests/integration/test_smoke.py::test_end_to_end"}
+    assert counter.owner(VLLM_INPLACE) == "tests/integration/test_inplace_serve.py::test_run"
+    counter.end("tests/integration/test_smoke.py::test_end_to_end@vllm-docker")
+    counter.record_container("c2")  # no Docker-group test running: the one that is
+    assert counter.containers["c2"] == "tests/integration/test_inplace_serve.py::test_run"
+    counter.end("tests/integration/test_inplace_serve.py::test_run@vllm-inplace")
+    assert counter.owner(VLLM_DOCKER) == "(between tests)"
+
+
+def test_every_test_asking_for_a_session_server_is_in_the_docker_group() -> None:
+    """The conftest refuses, at collection, a test outside ``STREAMS[VLLM_DOCKER]`` asking for ``cpu_server`` or
+    ``cpu_base_run``; here, the other way round: the files listed exist and the groups do not overlap."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    listed = [f for files in STREAMS.values() for f in files]
+    assert len(listed) == len(set(listed)) and all((root / f).is_file() for f in listed)
+    assert group_of("tests/integration/test_smoke.py::test_x") == VLLM_DOCKER
+    assert group_of("tests/integration/test_inplace_box.py::test_x") == VLLM_INPLACE
+    assert group_of("tests/unit/test_x.py::test_y") == "tests/unit/test_x.py"
+    for path in (root / "tests/integration").glob("test_*.py"):
+        rel = str(path.relative_to(root))
+        if any(name in path.read_text() for name in ("cpu_server: ", "cpu_base_run: ")):
+            assert group_of(rel) == VLLM_DOCKER, rel
