@@ -109,13 +109,20 @@ def tiny_base(c: docker.DockerClient | None = None, *, unique: bool = False) -> 
     digest = hashlib.sha256(json.dumps({k: v.decode() for k, v in files.items()}, sort_keys=True).encode()
                             + os_image.id.encode()).hexdigest()[:12]
     ref = f"imageforge-test/tinybase:{digest}"
-    if not unique:
+    if unique:
+        files["/etc/imageforge-test-unique"] = secrets.token_hex(8).encode()
+        return _commit_tiny_base(c, os_image, files, f"imageforge-test/tinybase:{digest}-{secrets.token_hex(3)}")
+    from filelock import FileLock
+
+    # one maker at a time (the two workers of `invoke test`): a second commit would move the tag under the first
+    with FileLock(f"{tempfile.gettempdir()}/imageforge-tinybase-{digest}.lock"):
         with contextlib.suppress(docker.errors.ImageNotFound):
             c.images.get(ref)
             return ref
-    else:
-        files["/etc/imageforge-test-unique"] = secrets.token_hex(8).encode()
-        ref = f"imageforge-test/tinybase:{digest}-{secrets.token_hex(3)}"
+        return _commit_tiny_base(c, os_image, files, ref)
+
+
+def _commit_tiny_base(c: docker.DockerClient, os_image: Any, files: dict[str, bytes], ref: str) -> str:
     container = c.containers.create(os_image.id, command=["true"])
     try:
         container.put_archive("/", _tar(files))
