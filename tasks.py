@@ -40,9 +40,9 @@ def test(c: Context, unit: bool = False, k: str = "", lint: bool = True, coverag
         with user_errors():
             app.base(app.settings(manifest=str(ROOT / "build.yaml")), "cpu")
     selector = f" -k {shlex.quote(k)}" if k else ""
-    # two workers (pytest-xdist), tests sent in groups: the Docker-mode vLLM files one group, the in-place ones
-    # another, every other file its own (tests/conftest.py says why and keeps the count of vLLM starts)
-    args = f"-m pytest {paths}{selector} -n {WORKERS} --dist loadgroup --no-loadscope-reorder --durations=20"
+    # two workers (pytest-xdist), tests sent in groups by tests/conftest.py's scheduler: the Docker-mode vLLM files
+    # one group, the in-place ones another, every other file its own (it says why, and counts the vLLM starts)
+    args = f"-m pytest {paths}{selector} -n {WORKERS} --dist loadscope --no-loadscope-reorder --durations=20"
     if not coverage:
         c.run(f"{py} {args}", pty=False)
         return

@@ -12,14 +12,16 @@ events this daemon never sees) counts as a Docker-mode start. It counts what the
   the session runs: on a shared machine other users' servers count too (CI has the machine alone). Each start is
   put down to the test running when it was seen (session fixtures: the first test that asked for them), and the
   summary lists the starts per test file.
-* **Two workers** (``invoke test`` runs ``pytest -n 2 --dist loadgroup``: pytest-xdist): the tests go to the workers
-  in groups. The integration files whose tests start vLLM in Docker mode are one group (``VLLM_DOCKER``: they share
-  the session's servers, ``cpu_server`` and ``cpu_base_run``, started once), the files that start vLLM in place
-  another (``VLLM_INPLACE``); every other file is a group of its own, taken by whichever worker is free. The two
-  server groups are queued first, so the longest sequences start at once. Under xdist the counter runs in the
-  controller and learns each worker's current test from its ``logstart`` reports; a Docker-mode start is put down
-  to the test the ``VLLM_DOCKER`` worker is running, an in-place one to the ``VLLM_INPLACE`` worker's. A test outside
-  ``VLLM_DOCKER`` asking for a session server is refused at collection (it would start a second one on its worker).
+* **Two workers** (``invoke test`` runs ``pytest -n 2``: pytest-xdist, with this file's scheduler, a
+  ``LoadScopeScheduling`` whose scope is a test's group): the tests go to the workers in groups. The integration
+  files whose tests start vLLM in Docker mode are one group (``VLLM_DOCKER``: they share the session's servers,
+  ``cpu_server`` and ``cpu_base_run``, started once), the files that start vLLM in place another
+  (``VLLM_INPLACE``); every other file is a group of its own, taken by whichever worker is free. The two server
+  groups are queued first, so the longest sequences start at once. Under xdist the counter runs in the controller
+  and learns each worker's current test from its ``logstart`` reports (its group from its file); a Docker-mode
+  start is put down to the test the ``VLLM_DOCKER`` worker is running, an in-place one to the ``VLLM_INPLACE``
+  worker's. A test outside ``VLLM_DOCKER`` asking for a session server is refused at collection (it would start a
+  second one on its worker).
 """
 
 from __future__ import annotations
@@ -44,18 +46,18 @@ STREAMS: dict[str, tuple[str, ...]] = {
     VLLM_INPLACE: tuple(f"tests/integration/{name}.py" for name in ("test_inplace_box", "test_inplace_serve")),
 }
 SESSION_SERVERS = ("cpu_server", "cpu_base_run")  # session fixtures that start a vLLM server
+
+
+def group_of(nodeid: str) -> str:
+    """A test's group: its file's server group, else its file."""
+    path = nodeid.split("::")[0]
+    return next((group for group, files in STREAMS.items() if path in files), path)
 SERVER_ARGV = re.compile(r"(^|\s|/)vllm(\s+serve\b|\.entrypoints\.openai\.api_server\b)")
 DOCKER_SOCKET = Path("/var/run/docker.sock")
 
 
 def runs_vllm_server(argv: list[str]) -> bool:
     return bool(SERVER_ARGV.search(" ".join(argv)))
-
-
-def split_group(nodeid: str) -> tuple[str, str]:
-    """(test, group) of a node ID: xdist's loadgroup appends ``@group`` (a server group or a file); ``""`` else."""
-    test, sep, group = nodeid.rpartition("@")
-    return (test, group) if sep and (group in STREAMS or group.endswith(".py")) else (nodeid, "")
 
 
 class VllmStarts:
@@ -68,7 +70,7 @@ class VllmStarts:
         self.containers: dict[str, str] = {}  # container id -> the test running when it started
         # (pid, start time) -> (its cgroups, test, whether it is its PID namespace's first process: a container's)
         self.processes: dict[tuple[int, str], tuple[str, str, bool]] = {}
-        self.current: dict[str, str] = {}  # group ("" without xdist) -> the test running in it
+        self.current: dict[str, str] = {}  # group (group_of) -> the test running in it
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._events: Any = None
@@ -127,14 +129,13 @@ class VllmStarts:
 
     # ------------------------------------------------------------------ whose start it is
     def begin(self, nodeid: str) -> None:
-        """A test starts (``nodeid`` with xdist's ``@group`` suffix under loadgroup)."""
-        test, group = split_group(nodeid)
+        """A test starts (under xdist: a worker's report, read in the controller)."""
         with self._lock:
-            self.current[group] = test
+            self.current[group_of(nodeid)] = nodeid
 
     def end(self, nodeid: str) -> None:
         with self._lock:
-            self.current.pop(split_group(nodeid)[1], None)
+            self.current.pop(group_of(nodeid), None)
 
     def owner(self, group: str) -> str:
         """The test a start of this kind is put down to: the one its server group is running, else any running."""
@@ -189,12 +190,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         _COUNTER.start()
 
 
-def group_of(nodeid: str) -> str:
-    path = nodeid.split("::")[0]
-    return next((group for group, files in STREAMS.items() if path in files), path)
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     refused = sorted({item.nodeid.split("::")[0] for item in items
                       if group_of(item.nodeid) != VLLM_DOCKER
@@ -202,13 +197,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if refused:
         raise pytest.UsageError(f"{', '.join(refused)}: a test asking for {' or '.join(SESSION_SERVERS)} must be in "
                                 f"tests/conftest.py's STREAMS[{VLLM_DOCKER!r}] (else a worker starts its own)")
-    if not getattr(config.option, "loadgroup", False):  # set in the workers of `--dist loadgroup`
-        return
-    for item in items:
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(group_of(item.nodeid)))
-    first = list(STREAMS)  # the server groups first: the longest sequences start at once
-    items.sort(key=lambda item: first.index(group) if (group := group_of(item.nodeid)) in first else len(first))
+    if _in_worker(config):  # the server groups first (the scheduler queues groups in this order): they start at once
+        first = list(STREAMS)
+        items.sort(key=lambda item: first.index(g) if (g := group_of(item.nodeid)) in first else len(first))
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's LoadScopeScheduling with a test's group (:func:`group_of`) as its scope: a group runs on one worker,
+    in order; groups queue as collected (``--no-loadscope-reorder``), the two server groups first."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return GroupScheduling(config, log)
 
 
 def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Collection
 
 import pytest
 
-from tests.conftest import STREAMS, VLLM_DOCKER, VLLM_INPLACE, VllmStarts, group_of, runs_vllm_server, split_group
+from tests.conftest import STREAMS, VLLM_DOCKER, VLLM_INPLACE, VllmStarts, group_of, runs_vllm_server
 
 
 @pytest.mark.parametrize(("argv", "server"), [
@@ -98,22 +98,17 @@ def test_a_server_that_is_its_pid_namespaces_first_process_counts_as_docker_mode
 
 
 def test_under_two_workers_a_start_is_put_down_to_its_server_groups_test() -> None:
-    """xdist's loadgroup suffixes node IDs with ``@group``; each kind of start goes to its group's running test."""
+    """Each kind of start goes to the test its server group is running (under xdist both groups run at once)."""
     counter = VllmStarts()
-    assert split_group("tests/integration/test_smoke.py::test_a@vllm-docker") == (
-        "tests/integration/test_smoke.py::test_a", VLLM_DOCKER)
-    assert split_group("tests/unit/test_x.py::test_p[a@b]@tests/unit/test_x.py") == (
-        "tests/unit/test_x.py::test_p[a@b]", "tests/unit/test_x.py")
-    assert split_group("tests/unit/test_x.py::test_p[a@b]") == ("tests/unit/test_x.py::test_p[a@b]", "")
-    counter.begin("tests/integration/test_inplace_serve.py::test_run@vllm-inplace")
-    counter.begin("tests/integration/test_smoke.py::test_end_to_end@vllm-docker")
+    counter.begin("tests/integration/test_inplace_serve.py::test_run")
+    counter.begin("tests/integration/test_smoke.py::test_end_to_end")
     counter.record_container("c1")
     assert counter.containers == {"c1": "tests/integration/test_smoke.py::test_end_to_end"}
     assert counter.owner(VLLM_INPLACE) == "tests/integration/test_inplace_serve.py::test_run"
-    counter.end("tests/integration/test_smoke.py::test_end_to_end@vllm-docker")
+    counter.end("tests/integration/test_smoke.py::test_end_to_end")
     counter.record_container("c2")  # no Docker-group test running: the one that is
     assert counter.containers["c2"] == "tests/integration/test_inplace_serve.py::test_run"
-    counter.end("tests/integration/test_inplace_serve.py::test_run@vllm-inplace")
+    counter.end("tests/integration/test_inplace_serve.py::test_run")
     assert counter.owner(VLLM_DOCKER) == "(between tests)"
 
 
@@ -132,3 +127,22 @@ def test_every_test_asking_for_a_session_server_is_in_the_docker_group() -> None
         rel = str(path.relative_to(root))
         if any(name in path.read_text() for name in ("cpu_server: ", "cpu_base_run: ")):
             assert group_of(rel) == VLLM_DOCKER, rel
+
+
+def test_the_scheduler_keeps_each_group_on_one_worker() -> None:
+    """``pytest -n 2`` with this repository's scheduler (tests/conftest.py): every file here is its own group, so
+    each file's tests all run on one worker (xdist's own ``load`` would split them)."""
+    import re
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    files = ["tests/unit/test_waits.py", "tests/unit/test_steps.py"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", *files, "-n", "2", "--no-loadscope-reorder", "-v",
+                           "-p", "no:cacheprovider", "-o", "addopts=--import-mode=importlib"],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    workers: dict[str, set[str]] = {}
+    for worker, path in re.findall(r"^\[(gw\d)\] \[ *\d+%\] PASSED (\S+?)::", proc.stdout, re.M):
+        workers.setdefault(path, set()).add(worker)
+    assert set(workers) == set(files) and all(len(w) == 1 for w in workers.values()), workers
