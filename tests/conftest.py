@@ -206,9 +206,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """xdist's LoadScopeScheduling with a test's group (:func:`group_of`) as its scope: a group runs on one worker,
     in order; groups queue as collected (``--no-loadscope-reorder``), the two server groups first."""
-    from xdist.scheduler import LoadScopeScheduling
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 
-    class GroupScheduling(LoadScopeScheduling):
+    class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid)
 
