@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,13 @@ REPO = helpers.REPO
 
 def _log(line: str) -> None:
     print(line, flush=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """forge_fixtures' leftovers removed in the session, where an xdist worker still has time (see there)."""
+    made = sys.modules.get("tests.integration.forge_fixtures")
+    if made is not None:
+        made.session_cleanup()
 
 
 @pytest.fixture(scope="session")

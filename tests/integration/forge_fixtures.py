@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import io
@@ -157,7 +156,6 @@ def _drop_test_images() -> None:
                         c.api.remove_image(raw["Id"], force=True, noprune=True)
 
 
-atexit.register(_drop_test_images)
 
 
 def write_manifest(root: Path, base: str, *, target: str | None = None, steps: str | None = None,
@@ -462,12 +460,22 @@ _second: SecondDaemon | None = None
 
 
 def second_daemon() -> SecondDaemon:
-    """One second daemon per test process (started on first use, stopped at exit)."""
+    """One second daemon per test process (started on first use, stopped by :func:`session_cleanup`)."""
     global _second
     if _second is None:
         _second = SecondDaemon().start()
-        atexit.register(_second.stop)
     return _second
+
+
+def session_cleanup() -> None:
+    """What this module made for the test process: the test targets' images and containers, the second daemon.
+    Called at the session's end (tests/integration/conftest.py), not at interpreter exit: xdist gives a worker 10 s
+    to exit before it kills it, and coverage saves a process's data last among the exit handlers."""
+    global _second
+    _drop_test_images()
+    if _second is not None:
+        _second.stop()
+        _second = None
 
 
 def copy_image(ref: str, to_host: str) -> None:
