@@ -2,7 +2,10 @@
 
 * ``cpu_server`` -- ONE vLLM server of the ``cpu`` target (profile conservative), built and
   started once per test session and always removed at the end. Each vLLM start costs 30-50 s
-  on 2 cores, so every test that only needs *a* working server shares this one.
+  on 2 cores, so every test that only needs *a* working server shares this one. It serves the
+  shipped image exactly as ``equiv --against base`` serves its candidate (``cpu_equiv_side``: float32,
+  a serving-config layer tagged ``imageforge/cpu-equiv:conservative``), so that test_forensics_run's
+  equiv of the shipped image compares it against ``cpu_base_run`` without a start of its own.
 * ``cpu_variant`` -- writes a manifest into a tmp dir whose ``cpu`` target is the repository's
   plus extra steps (a broken overlay, a bad patch ...), under its own image name; the shared
   steps reuse the cached layers of the real target.
@@ -56,11 +59,21 @@ def cpu_resolved(docker_ready: None) -> Any:
 
 
 @pytest.fixture(scope="session")
-def cpu_server(cpu_resolved: Any) -> Iterator[Any]:
-    """The session's one running cpu server (imageforge.serve.container.Server); removed when the session ends."""
+def cpu_equiv_side(cpu_resolved: Any) -> Any:
+    """``equiv --against base``'s candidate for the shipped cpu image (imageforge.equiv.runner.Side): the
+    conservative profile with ``dtype`` float32, its images tagged ``imageforge/cpu-equiv``."""
+    from imageforge.equiv.runner import sides
+
+    return sides(cpu_resolved, "base", dtype="float32")[0]
+
+
+@pytest.fixture(scope="session")
+def cpu_server(cpu_equiv_side: Any) -> Iterator[Any]:
+    """The session's one running cpu server (imageforge.serve.container.Server): ``cpu_equiv_side`` served, i.e.
+    the shipped image in float32 (see the module); removed when the session ends."""
     from imageforge.serve.container import serving
 
-    with serving(cpu_resolved, environ=os.environ, log=_log) as server:
+    with serving(cpu_equiv_side.resolved, environ=os.environ, log=_log) as server:
         yield server
 
 
