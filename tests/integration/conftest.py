@@ -15,6 +15,10 @@
   use (:meth:`RunBase.up`) and left running: the cpu base image serving the cpu config in float32, i.e.
   ``equiv --against base``'s reference (test_forensics_run's equiv tests compare against its URL) and the
   ``run --base`` that test_run checks and removes with ``stop``. Stopped at the session's end if still up.
+* ``cpu_submission`` -- the submission tree of the cpu target's ``aggressive`` profile, built twice: by imageforge
+  and by a plain ``docker build`` of the tree (docker SDK only), once per session: test_submission compares their
+  filesystems, test_image_contract starts the plain one as computility-run.yaml says (the one vLLM start for the
+  image contract and the submission's dummy suite). The plain image is removed at the session's end.
 
 Other test modules may add fixtures here (each listed above). Helpers that are not fixtures (free port, the cpu
 base's references, the OS image by its computed tag, run in a directory, invoke) are in ``helpers.py``; the
@@ -137,6 +141,32 @@ def cpu_base_run(invoke_cli: Callable[..., Cli], docker_ready: None) -> Iterator
     yield run
     if run.cli is not None and run.answers():
         invoke_cli("stop", "--target", "cpu")
+
+
+@pytest.fixture(scope="session")
+def cpu_submission(docker_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """{"resolved", "imageforge" (image id), "plain" (image id), "tree", "base" (the base's reference)}."""
+    import time
+
+    from imageforge.build import build_target
+    from imageforge.manifest_load import load_manifest
+    from imageforge.resolve import resolve
+    from imageforge.submission import write_submission
+
+    resolved = resolve(load_manifest(REPO / "build.yaml"), "cpu", "aggressive", environ=os.environ)
+    built = build_target(resolved, environ=os.environ, echo=print)
+    tree = tmp_path_factory.mktemp("submission") / "tree"
+    result = write_submission(resolved, tree, environ=os.environ)
+    t0 = time.monotonic()
+    plain, lines = helpers.plain_docker_build(tree)
+    print(f"plain docker build of the tree: {time.monotonic() - t0:.1f}s")
+    assert plain is not None, "\n".join(lines[-40:])
+    try:
+        yield {"resolved": resolved, "imageforge": built.image_id, "plain": plain, "tree": tree,
+               "base": result.base_ref}
+    finally:
+        with contextlib.suppress(Exception):
+            helpers.sdk().images.remove(plain, force=True)
 
 
 def _copy_sources(target: dict[str, Any], root: Path) -> None:
