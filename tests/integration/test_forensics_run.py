@@ -1,6 +1,6 @@
 """equiv, bisect and ablate on real images and real vLLM servers of the cpu target.
 
-Each test starts real servers (30-120 s each on this machine): keep them few. vLLM starts: bisect's three probes,
+Each test starts real servers (30-120 s each on this machine): keep them few. vLLM starts: bisect's two probes,
 ablate's two servers, and the scaled-softmax equiv candidate (once compared, it is also the server test_smoke's
 claim "a server killed mid-suite" kills); the shipped image's equiv candidate is the session's ``cpu_server``
 (conftest: served as equiv serves its candidate, float32; no start here when an earlier module started it); both
@@ -64,23 +64,23 @@ def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[...
 
     remove_images += ["imageforge-test/bisect-bisect"]
     path = cpu_variant("imageforge-test/bisect", steps=[BROKEN_MODELS])
-    # two steps (a retune, then the planted break) keep the server starts at three: the base passes, the final image
-    # fails, the one midpoint (the retune alone) passes; the bound is ceil(log2 2) + 2 = 3 points
+    # the planted break alone (one step) keeps the server starts at two: the base passes, the final image fails, so
+    # the culprit is the one step; the bound is ceil(log2 1) + 2 = 2 points. The binary search between them (the
+    # midpoint order [0, 2, 1] for two steps, the bound for any n and any break) is tests/unit/test_bisect.py's.
     data = yaml.safe_load(path.read_text())
-    data["targets"]["cpu"]["steps"] = [s for s in data["targets"]["cpu"]["steps"]
-                                       if s["id"] in ("prefill-base-block", "break-v1-models")]
+    data["targets"]["cpu"]["steps"] = [s for s in data["targets"]["cpu"]["steps"] if s["id"] == "break-v1-models"]
     data["targets"]["cpu"]["verify"]["imports"] = ["vllm.v1.attention.ops.prefix_prefill"]
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     resolved = resolve(load_manifest(path), "cpu", "conservative", environ=os.environ)
     ids = [s.id for s in resolved.steps]
-    assert ids == ["prefill-base-block", "break-v1-models"]
+    assert ids == ["break-v1-models"]
     run = bisect_target(resolved, checks=["models-lists-served-name"], echo=print)
     result = run.result
     assert result.status == "found", run.text()
-    assert result.first_failing == 2 and result.last_passing == 1
+    assert result.first_failing == 1 and result.last_passing == 0
     assert run.culprit is not None and run.culprit.id == "break-v1-models"
-    assert [p.k for p in result.points] == [0, 2, 1]  # base, final, then the binary search's midpoint
-    assert result.bound == math.ceil(math.log2(2)) + 2 == 3 and result.runs <= result.bound
+    assert [p.k for p in result.points] == [0, 1]  # base, final: nothing between them to search
+    assert result.bound == math.ceil(math.log2(1)) + 2 == 2 and result.runs <= result.bound
     text = run.text()
     assert f"first failing step: break-v1-models (patch) at {path}:" in text
     assert f"{MODELS_ROUTER} (patched x1)" in text
@@ -89,7 +89,7 @@ def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[...
         raise_for(result, run.culprit.id)
     assert info.value.exit_code == 4
     saved = json.loads((run.run_dir / "bisect.json").read_text())
-    assert saved["culprit"]["id"] == "break-v1-models" and saved["first_failing"] == 2
+    assert saved["culprit"]["id"] == "break-v1-models" and saved["first_failing"] == 1
 
 
 def test_ablate_benches_abab_and_skips_required_steps(cpu_variant: Callable[..., Path], remove_images: list[str],
