@@ -369,11 +369,13 @@ def sweep(s: Settings, target: str | None, profile: str | None, params: Sequence
 def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, against: str = "base",
           dtype: str = "", top_k: int = 0, greedy_tokens: int = 0, prompts: int = 0,
           echo: Log = print, show: Callable[[EquivRun], None] | None = None, record: str = "",
-          in_place: InPlace | None = None) -> EquivRun | None:
+          url: str = "", in_place: InPlace | None = None) -> EquivRun | None:
     """`equiv`: TARGET:PROFILE against --against (base, a profile, an image or a record FILE), teacher-forced;
     exit 4 when exceeded.
 
-    ``record`` FILE: serve only the reference and write its evidence there (nothing compared: None).
+    ``record`` FILE: serve only the reference and write its evidence there (nothing compared: None); with
+    ``url``: record the server already running there instead (nothing applied, started or stopped; see
+    :func:`imageforge.equiv.runner.record_running`).
     ``in_place``: one server at a time on this machine (the reference is what the root serves, or with an
     apply engine the required steps applied; see :func:`imageforge.equiv.runner.record_reference`).
     """
@@ -385,16 +387,24 @@ def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         equiv_target,
         load_record,
         record_reference,
+        record_running,
         settings_from_cli,
     )
     from .errors import ConfigError
+    from .serving_client import check_url
 
+    if url:
+        _refuse_equiv_url(record, against, profile, sets, in_place)
+        check_url(url)
     resolved = _resolve(s, load(s), target, profile, sets)
     chosen = settings_from_cli(resolved.target.equiv, top_k=top_k, greedy_tokens=greedy_tokens, prompts=prompts)
     file_against = bool(against) and is_record_path(against)
     if record and file_against:
         raise ConfigError("equiv: --record FILE writes a reference; --against FILE compares with one",
                           hint="record first, then compare with --against FILE")
+    if url:
+        record_running(resolved, Path(record), url, dtype=dtype or None, settings=chosen, echo=echo)
+        return None
     if in_place is not None:
         if against not in ("", "base") and not file_against:
             raise ConfigError(f"equiv --in-place: the reference is the required steps applied, not {against!r}",
@@ -425,6 +435,26 @@ def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         show(result)
     raise_if_failed(result.verdict)
     return result
+
+
+def _refuse_equiv_url(record: str, against: str, profile: str | None, sets: Sequence[str],
+                      in_place: InPlace | None) -> None:
+    """`equiv --url`: only with --record FILE, and nothing that would pick, apply or start what is served."""
+    from .errors import ConfigError
+
+    if not record:
+        raise ConfigError("equiv --url reads a running server: only --record FILE takes it",
+                          hint="equiv --record FILE --url URL, then equiv --against FILE (serves the candidate)")
+    if in_place is not None:
+        raise ConfigError("equiv --record --url records the server already running: --in-place would apply and "
+                          "start one", hint="drop --in-place (nothing is applied, started or stopped with --url), "
+                          "or drop --url to serve the reference in place")
+    if against not in ("", "base"):
+        raise ConfigError(f"equiv --record --url: the reference is the server at --url, not --against {against!r}",
+                          hint="drop --against")
+    if profile or sets:
+        raise ConfigError("equiv --record --url records the server as it runs: --profile and --set pick what is "
+                          "served", hint="drop them; --target names the prompts, top-k and dtype recorded")
 
 
 def bisect(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *,

@@ -273,6 +273,8 @@ def sweep(c: Context, cmd: Output, target: str = "", profile: str = "", param: l
                "record FILE (equiv --record)",
     "record": "Serve only the reference and write its teacher-forced evidence to FILE (compare later with "
               "--against FILE)",
+    "url": "With --record FILE: record a server that is already running, e.g. http://127.0.0.1:8000 (nothing "
+           "applied, started or stopped; it must compute in --dtype)",
     "dtype": "float32 or bfloat16 on both sides (default: the target's equiv.dtype, else float32)",
     "top_k": "prompt_logprobs per position (default: the target's equiv.top_k)",
     "greedy_tokens": "Greedy continuation tokens, for the first divergence (default: equiv.greedy_tokens)",
@@ -280,12 +282,13 @@ def sweep(c: Context, cmd: Output, target: str = "", profile: str = "", param: l
     "set_": SET_HELP})
 def equiv(c: Context, cmd: Output, target: str = "", profile: str = "", against: str = "base", dtype: str = "",
           top_k: int = 0, greedy_tokens: int = 0, prompts: int = 0, set_: list[str] | None = None,
-          record: str = "") -> None:
+          record: str = "", url: str = "") -> None:
     """Accuracy gate: serve TARGET:PROFILE and the reference at once, compare teacher-forced logprobs. Exit 4 over.
 
-    One server at a time: --record FILE keeps the reference's evidence, --against FILE compares with it."""
+    One server at a time: --record FILE keeps the reference's evidence (--url: of a running server), --against
+    FILE compares with it."""
     result = app.equiv(cmd.settings, target or None, profile or None, set_ or [], against=against, dtype=dtype,
-                       top_k=top_k, greedy_tokens=greedy_tokens, prompts=prompts, record=record,
+                       top_k=top_k, greedy_tokens=greedy_tokens, prompts=prompts, record=record, url=url,
                        in_place=cmd.in_place, show=lambda r: cmd.result(r.text(), r.to_json(), logged=True))
     if result is None:  # --record: the evidence file is the result
         cmd.result(f"RECORD={record}", {"record": record})

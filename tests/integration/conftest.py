@@ -2,7 +2,10 @@
 
 * ``cpu_server`` -- ONE vLLM server of the ``cpu`` target (profile conservative), built and
   started once per test session and always removed at the end. Each vLLM start costs 30-50 s
-  on 2 cores, so every test that only needs *a* working server shares this one.
+  on 2 cores, so every test that only needs *a* working server shares this one. It serves the
+  shipped image exactly as ``equiv --against base`` serves its candidate (``cpu_equiv_side``: float32,
+  a serving-config layer tagged ``imageforge/cpu-equiv:conservative``), so that test_forensics_run's
+  equiv of the shipped image compares it against ``cpu_base_run`` without a start of its own.
 * ``cpu_variant`` -- writes a manifest into a tmp dir whose ``cpu`` target is the repository's
   plus extra steps (a broken overlay, a bad patch ...), under its own image name; the shared
   steps reuse the cached layers of the real target.
@@ -12,6 +15,10 @@
   use (:meth:`RunBase.up`) and left running: the cpu base image serving the cpu config in float32, i.e.
   ``equiv --against base``'s reference (test_forensics_run's equiv tests compare against its URL) and the
   ``run --base`` that test_run checks and removes with ``stop``. Stopped at the session's end if still up.
+* ``cpu_submission`` -- the submission tree of the cpu target's ``aggressive`` profile, built twice: by imageforge
+  and by a plain ``docker build`` of the tree (docker SDK only), once per session: test_submission compares their
+  filesystems, test_image_contract starts the plain one as computility-run.yaml says (the one vLLM start for the
+  image contract and the submission's dummy suite). The plain image is removed at the session's end.
 
 Other test modules may add fixtures here (each listed above). Helpers that are not fixtures (free port, the cpu
 base's references, the OS image by its computed tag, run in a directory, invoke) are in ``helpers.py``; the
@@ -64,11 +71,21 @@ def cpu_resolved(docker_ready: None) -> Any:
 
 
 @pytest.fixture(scope="session")
-def cpu_server(cpu_resolved: Any) -> Iterator[Any]:
-    """The session's one running cpu server (imageforge.serve.container.Server); removed when the session ends."""
+def cpu_equiv_side(cpu_resolved: Any) -> Any:
+    """``equiv --against base``'s candidate for the shipped cpu image (imageforge.equiv.runner.Side): the
+    conservative profile with ``dtype`` float32, its images tagged ``imageforge/cpu-equiv``."""
+    from imageforge.equiv.runner import sides
+
+    return sides(cpu_resolved, "base", dtype="float32")[0]
+
+
+@pytest.fixture(scope="session")
+def cpu_server(cpu_equiv_side: Any) -> Iterator[Any]:
+    """The session's one running cpu server (imageforge.serve.container.Server): ``cpu_equiv_side`` served, i.e.
+    the shipped image in float32 (see the module); removed when the session ends."""
     from imageforge.serve.container import serving
 
-    with serving(cpu_resolved, environ=os.environ, log=_log) as server:
+    with serving(cpu_equiv_side.resolved, environ=os.environ, log=_log) as server:
         yield server
 
 
@@ -132,6 +149,32 @@ def cpu_base_run(invoke_cli: Callable[..., Cli], docker_ready: None) -> Iterator
     yield run
     if run.cli is not None and run.answers():
         invoke_cli("stop", "--target", "cpu")
+
+
+@pytest.fixture(scope="session")
+def cpu_submission(docker_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """{"resolved", "imageforge" (image id), "plain" (image id), "tree", "base" (the base's reference)}."""
+    import time
+
+    from imageforge.build import build_target
+    from imageforge.manifest_load import load_manifest
+    from imageforge.resolve import resolve
+    from imageforge.submission import write_submission
+
+    resolved = resolve(load_manifest(REPO / "build.yaml"), "cpu", "aggressive", environ=os.environ)
+    built = build_target(resolved, environ=os.environ, echo=print)
+    tree = tmp_path_factory.mktemp("submission") / "tree"
+    result = write_submission(resolved, tree, environ=os.environ)
+    t0 = time.monotonic()
+    plain, lines = helpers.plain_docker_build(tree)
+    print(f"plain docker build of the tree: {time.monotonic() - t0:.1f}s")
+    assert plain is not None, "\n".join(lines[-40:])
+    try:
+        yield {"resolved": resolved, "imageforge": built.image_id, "plain": plain, "tree": tree,
+               "base": result.base_ref}
+    finally:
+        with contextlib.suppress(Exception):
+            helpers.sdk().images.remove(plain, force=True)
 
 
 def _copy_sources(target: dict[str, Any], root: Path) -> None:

@@ -19,6 +19,9 @@
 * :func:`kill_mid_suite` -- the smoke claim "a server killed mid-suite" run against a server a test has finished
   with (issue 24: the claim costs no vLLM start of its own): a suite whose first check is a long generation, the
   container killed once it generates; the caller asserts the report (after its ``serving()`` block: removal).
+* :func:`sdk` -- a docker SDK client of the local daemon with a long timeout (no imageforge code on that side).
+* :func:`plain_docker_build` -- ``docker build`` of a directory through the SDK only (a submission tree, as the
+  platform builds it): (image id or None, build log lines).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ INVOKE = REPO / ".venv" / "bin" / "invoke"
 CPU_RECIPE = REPO / "images" / "cpu"
 
 __all__ = ["INVOKE", "REPO", "cpu_base_refs", "free_port", "hooks_for", "imageforge", "invoke", "kill_mid_suite",
-           "os_image", "run_in_dir", "sigint_default"]
+           "os_image", "plain_docker_build", "run_in_dir", "sdk", "sigint_default"]
 
 
 def sigint_default() -> None:
@@ -178,3 +181,21 @@ def kill_mid_suite(server: Any, suite_dir: Path, echo: Callable[[str], None]) ->
                        echo=echo, live=False)
     killer.join(timeout=60)
     return report
+
+
+def sdk() -> docker.DockerClient:
+    return docker.DockerClient(base_url="unix:///var/run/docker.sock", timeout=900)
+
+
+def plain_docker_build(tree: Path) -> tuple[str | None, list[str]]:
+    """``docker build`` of the tree, only the docker SDK: (image id or None, build log lines)."""
+    lines: list[str] = []
+    try:
+        image, stream = sdk().images.build(path=str(tree), rm=True, forcerm=True)
+        for chunk in stream:
+            lines.extend(str(chunk.get("stream", "")).splitlines())
+        return str(image.id), lines
+    except docker.errors.BuildError as exc:
+        for chunk in exc.build_log:
+            lines.extend(str(chunk.get("stream", "") or chunk.get("error", "")).splitlines())
+        return None, lines

@@ -1,12 +1,13 @@
 """equiv, bisect and ablate on real images and real vLLM servers of the cpu target.
 
-Each test starts real servers (30-120 s each on this machine): keep them few. vLLM starts: bisect's three probes,
-ablate's two servers, and each equiv candidate alone (2; the scaled-softmax candidate, once compared, is also the
-server test_smoke's claim "a server killed mid-suite" kills); both equiv tests compare (``compare_urls``) against the
-session's ``run --target cpu --base --set dtype=float32`` (conftest ``cpu_base_run``: equiv's base reference, and
-test_run's ``run --base`` under test, which removes it later). ``equiv_target``'s own orchestration (build the
-candidate, serve both sides, compare, remove both) is tests/unit/test_equiv.py's, with the servers faked at that
-boundary.
+Each test starts real servers (30-120 s each on this machine): keep them few. vLLM starts: bisect's two probes,
+ablate's two servers, and the scaled-softmax equiv candidate (once compared, it is also the server test_smoke's
+claim "a server killed mid-suite" kills); the shipped image's equiv candidate is the session's ``cpu_server``
+(conftest: served as equiv serves its candidate, float32; no start here when an earlier module started it); both
+equiv tests compare (``compare_urls``) against the session's ``run --target cpu --base --set dtype=float32``
+(conftest ``cpu_base_run``: equiv's base reference, and test_run's ``run --base`` under test, which removes it
+later). ``equiv_target``'s own orchestration (build the candidate, serve both sides, compare, remove both) is
+tests/unit/test_equiv.py's, with the servers faked at that boundary.
 """
 
 from __future__ import annotations
@@ -63,23 +64,23 @@ def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[...
 
     remove_images += ["imageforge-test/bisect-bisect"]
     path = cpu_variant("imageforge-test/bisect", steps=[BROKEN_MODELS])
-    # two steps (a retune, then the planted break) keep the server starts at three: the base passes, the final image
-    # fails, the one midpoint (the retune alone) passes; the bound is ceil(log2 2) + 2 = 3 points
+    # the planted break alone (one step) keeps the server starts at two: the base passes, the final image fails, so
+    # the culprit is the one step; the bound is ceil(log2 1) + 2 = 2 points. The binary search between them (the
+    # midpoint order [0, 2, 1] for two steps, the bound for any n and any break) is tests/unit/test_bisect.py's.
     data = yaml.safe_load(path.read_text())
-    data["targets"]["cpu"]["steps"] = [s for s in data["targets"]["cpu"]["steps"]
-                                       if s["id"] in ("prefill-base-block", "break-v1-models")]
+    data["targets"]["cpu"]["steps"] = [s for s in data["targets"]["cpu"]["steps"] if s["id"] == "break-v1-models"]
     data["targets"]["cpu"]["verify"]["imports"] = ["vllm.v1.attention.ops.prefix_prefill"]
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     resolved = resolve(load_manifest(path), "cpu", "conservative", environ=os.environ)
     ids = [s.id for s in resolved.steps]
-    assert ids == ["prefill-base-block", "break-v1-models"]
+    assert ids == ["break-v1-models"]
     run = bisect_target(resolved, checks=["models-lists-served-name"], echo=print)
     result = run.result
     assert result.status == "found", run.text()
-    assert result.first_failing == 2 and result.last_passing == 1
+    assert result.first_failing == 1 and result.last_passing == 0
     assert run.culprit is not None and run.culprit.id == "break-v1-models"
-    assert [p.k for p in result.points] == [0, 2, 1]  # base, final, then the binary search's midpoint
-    assert result.bound == math.ceil(math.log2(2)) + 2 == 3 and result.runs <= result.bound
+    assert [p.k for p in result.points] == [0, 1]  # base, final: nothing between them to search
+    assert result.bound == math.ceil(math.log2(1)) + 2 == 2 and result.runs <= result.bound
     text = run.text()
     assert f"first failing step: break-v1-models (patch) at {path}:" in text
     assert f"{MODELS_ROUTER} (patched x1)" in text
@@ -88,7 +89,7 @@ def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[...
         raise_for(result, run.culprit.id)
     assert info.value.exit_code == 4
     saved = json.loads((run.run_dir / "bisect.json").read_text())
-    assert saved["culprit"]["id"] == "break-v1-models" and saved["first_failing"] == 2
+    assert saved["culprit"]["id"] == "break-v1-models" and saved["first_failing"] == 1
 
 
 def test_ablate_benches_abab_and_skips_required_steps(cpu_variant: Callable[..., Path], remove_images: list[str],
@@ -155,13 +156,18 @@ def _candidate_float32(resolved: Any, base: Any) -> Iterator[tuple[str, Any]]:
         yield candidate.label, server
 
 
-def test_equiv_the_shipped_cpu_image_matches_its_base(cpu_resolved: Any, cpu_base_run: Any, tmp_path: Path) -> None:
+def test_equiv_the_shipped_cpu_image_matches_its_base(cpu_resolved: Any, cpu_server: Any, cpu_base_run: Any,
+                                                      tmp_path: Path) -> None:
     """The shipped steps are retunes (BLOCK/NUM_WARPS) and modules (the MoE through sorted_moe): nothing flagged,
     in float32 on both sides, teacher-forced. The one home of that claim (test_cpu_moe_served served the same two
-    images a second time for it; its assertions are here)."""
+    images a second time for it; its assertions are here). The candidate is the session's ``cpu_server``, which
+    serves exactly what ``equiv --against base`` would (asserted first): no vLLM start of its own."""
     import dataclasses
 
+    from imageforge.build import build_target
+    from imageforge.docker_engine import client
     from imageforge.equiv.runner import compare_urls, sides
+    from imageforge.serving import config_file_args
 
     settings = _prompts(cpu_resolved, 3, 4)
     settings = dataclasses.replace(settings, prompts=(*settings.prompts, *MOE_PROMPTS))
@@ -172,10 +178,23 @@ def test_equiv_the_shipped_cpu_image_matches_its_base(cpu_resolved: Any, cpu_bas
     run_base = resolve(cpu_resolved.manifest, "cpu", None, environ=os.environ, sets=["dtype=float32"])
     assert run_base.profile_name == cpu_resolved.profile_name
     assert side.resolved.serving_args() == run_base.serving_args()
-    with _candidate_float32(cpu_resolved, cpu_base_run) as (label, served):
-        result = compare_urls(cpu_base_run.url, served.url, settings, "float32", labels=(label, "base image"),
-                              run_dir=tmp_path / "equiv")
+    # the session's cpu_server is equiv's candidate: the image equiv builds for it (a cached build), in float32
+    cand_side = sides(cpu_resolved, "base", dtype="float32")[0]
+    assert cand_side.resolved.serving_args()["dtype"] == "float32"
+    assert cand_side.resolved.target.image == f"{cpu_resolved.target.image}-equiv"
+    built = build_target(cand_side.resolved, environ=os.environ, echo=print)
+    assert cpu_server.image in built.tags and client().images.get(cpu_server.image).id == built.image_id
+    assert cpu_server.profile == cpu_resolved.profile_name and not cpu_server.base and cpu_server.running()
+    code, out = cpu_server.container.exec_run(["cat", cpu_resolved.target.serving.config_path])
+    assert code == 0, out
+    served_config = yaml.safe_load(out)
+    assert served_config == config_file_args(cand_side.resolved.serving_args())
+    assert served_config["dtype"] == "float32"
+    cpu_base_run.up()
+    result = compare_urls(cpu_base_run.url, cpu_server.url, settings, "float32",
+                          labels=(cand_side.label, "base image"), run_dir=tmp_path / "equiv")
     print(result.text())
+    assert result.labels == ("cpu:conservative", "base image")
     assert result.verdict.dtype == "float32"
     assert result.verdict.passed, result.text()
     assert {c.name for c in result.verdict.checks} == {"max_abs", "mean_abs", "p95_abs", "top1"}

@@ -1,9 +1,15 @@
 """The built image stands on its own: started by a generic tool (testcontainers), not by imageforge.
 
-The competition harness starts the shipped image with its own `docker run`; only the image's CMD and the
-rendered serving config decide what runs. This test starts the `aggressive` profile of the cpu target with
-testcontainers-python (wait strategy on /health, labels, cleanup by context manager) and runs the smoke
-suite against it through `invoke smoke --url`.
+The competition harness builds the submission tree with a plain ``docker build`` and starts the image with its own
+``docker run``, as computility-run.yaml says (its command and env); only the image and that file decide what runs.
+This module starts that image -- conftest ``cpu_submission``: the tree of the cpu target's ``aggressive`` profile,
+built by the docker SDK alone -- with testcontainers-python (wait strategy on /health, labels, cleanup by context
+manager), with computility-run.yaml's command and env, and checks both claims on that one vLLM start (issue 24):
+
+* the image serves its rendered config (the profile's values in the serving config, the profile's env in the image
+  config) and passes the smoke suite through ``invoke smoke --url``;
+* a server started with computility-run.yaml's command and env passes the dummy smoke suite (was
+  test_submission.py's own start; test_submission keeps the filesystem/env equality of the two builds).
 """
 
 from __future__ import annotations
@@ -27,45 +33,63 @@ os.environ["TESTCONTAINERS_HOST_OVERRIDE"] = "127.0.0.1"
 
 
 @pytest.fixture(scope="module")
-def aggressive_image(docker_ready: None) -> str:
-    from imageforge.build import build_target
-    from imageforge.manifest_load import load_manifest
-    from imageforge.resolve import resolve
-
-    resolved = resolve(load_manifest(REPO / "build.yaml"), "cpu", "aggressive", environ=os.environ)
-    result = build_target(resolved, environ=os.environ, echo=lambda _line: None)
-    return result.tags[0]
+def run_yaml(cpu_submission: dict[str, Any]) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((cpu_submission["tree"] / "computility-run.yaml").read_text())
+    return doc
 
 
 @pytest.fixture(scope="module")
-def generic_container(aggressive_image: str) -> Iterator[Any]:
+def generic_container(cpu_submission: dict[str, Any], run_yaml: dict[str, Any]) -> Iterator[Any]:
     from testcontainers.core.container import DockerContainer
     from testcontainers.core.wait_strategies import HttpWaitStrategy
 
     model = REPO / ".imageforge" / "models" / "tiny-qwen3-moe"
     container = (
-        DockerContainer(aggressive_image)
+        DockerContainer(cpu_submission["plain"])
+        .with_command(run_yaml["command"])
         .with_exposed_ports(8000)
         .with_volume_mapping(str(model), "/models/tiny-qwen3-moe", "ro")
-        .with_kwargs(shm_size="1g", labels={"org.imageforge.tool": "imageforge", "org.imageforge.kind": "test"})
+        .with_kwargs(shm_size="1g", labels={"org.imageforge.tool": "imageforge", "org.imageforge.kind": "test",
+                                            "org.imageforge.test": "submission"})
         .waiting_for(HttpWaitStrategy(8000, "/health").for_status_code(200).with_startup_timeout(300))
     )
+    for item in run_yaml["env"]:
+        container.with_env(item["name"], item["value"])
     # publish on loopback only, on a free port (docker-py form: testcontainers annotates ports as dict[str, int | None])
     container.ports[8000] = ("127.0.0.1", None)  # type: ignore[index, assignment]
     with container as started:
         yield started
 
 
-def test_image_serves_its_rendered_config_without_imageforge(generic_container: Any,
+def test_image_serves_its_rendered_config_without_imageforge(generic_container: Any, run_yaml: dict[str, Any],
                                                              invoke_cli: Callable[..., Any]) -> None:
+    attrs = generic_container.get_wrapped_container().attrs
+    assert attrs["Config"]["Cmd"] == run_yaml["command"]  # started as computility-run.yaml says
     code, out = generic_container.exec(["cat", "/etc/imageforge/serving.yaml"])
     assert code == 0
     config = yaml.safe_load(out)
     assert config["max-num-seqs"] == 32 and config["max-num-batched-tokens"] == 4096
-    env = generic_container.get_wrapped_container().attrs["Config"]["Env"]
+    env = attrs["Config"]["Env"]
     assert "VLLM_CPU_KVCACHE_SPACE=2" in env  # the profile's serving env is in the image config
     assert generic_container.get_container_host_ip() == "127.0.0.1"
     url = f"http://127.0.0.1:{generic_container.get_exposed_port(8000)}"
     result = invoke_cli("smoke", "--url", url, "--tags", "dummy-ok")
     assert result.code == 0, result.output
     assert "43 passed, 0 failed" in result.output
+
+
+def test_cpu_server_started_with_the_yaml_passes_the_dummy_smoke_suite(
+        generic_container: Any, cpu_submission: dict[str, Any], run_yaml: dict[str, Any], tmp_path: Path) -> None:
+    """Moved from test_submission.py (its own start, through the docker SDK, is this module's container now)."""
+    from imageforge.rundirs import new_run_id
+    from imageforge.smoke import load_suite, run_suite, target_vars
+
+    resolved = cpu_submission["resolved"]
+    assert run_yaml["concurrency"] == 1
+    assert generic_container.get_wrapped_container().image.id == cpu_submission["plain"]  # the tree's own build
+    url = f"http://127.0.0.1:{generic_container.get_exposed_port(8000)}"
+    suite = load_suite(resolved.target.smoke.suite)
+    report = run_suite(suite, url, tags=("dummy-ok",), run_id=new_run_id(), run_dir=tmp_path / "run",
+                       vars=target_vars(resolved), live=False)
+    assert report.ok, report.summary_line()
+    assert len(report.results) >= 5

@@ -1,9 +1,10 @@
 """In-place serving rehearsed in a box (issue 21 items 4-7): no Docker inside, the server as a process.
 
 One box for the module (:mod:`box_fixture`: the cpu base image, ``--shm-size 1g``, no network, no Docker
-socket, imageforge in its own venv).  vLLM starts: seven (run, serving both the dummy suite and the evaluator
-suite's dummy-ok checks; bench --replay; equiv --record and --against; ablate over one step: full, the variant,
-full) -- each 30-110 s here.
+socket, imageforge in its own venv).  vLLM starts: five (run, serving the dummy suite, the evaluator suite's
+dummy-ok checks, the equiv reference (``equiv --record --url``) and the evaluator's replay (``bench --url
+--replay``); ``equiv --in-place --against`` that record; ablate over one step: full, the variant, full) -- each
+30-110 s here.  ``bench --in-place`` starting and stopping its own server: tests/unit/test_bench_replay.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tests.integration.box_fixture import Box, make_box
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 RESULTS: dict[str, float] = {}
+REF = "/tmp/ref.json"  # the equiv reference: recorded from run's server, compared in place later
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +77,11 @@ def test_apply_run_in_place_then_smoke_then_stop(box: Box) -> None:
         code, evaluator = box.invoke("smoke", "--url", url.group(1), "--target", "cpu", "--suite",
                                      "smoke/evaluator.yaml", "--tags", "dummy-ok", timeout=1500)
         assert code == 0 and re.search(r"^\d+ passed, 0 failed$", evaluator, re.M), evaluator
+        # the same server for the equiv reference and the evaluator's replay: nothing else started
+        servers = _server_records(box)
+        _record_the_reference(box, url.group(1))
+        _replay(box, url.group(1))
+        assert _server_records(box) == servers
     finally:
         code, stopped = box.invoke("stop", "--in-place", timeout=120)
     assert code == 0 and f"stopped pid {pid.group(1)}" in stopped and "terminated" in stopped, stopped
@@ -86,35 +93,53 @@ def test_apply_run_in_place_then_smoke_then_stop(box: Box) -> None:
           f"(apply {RESULTS['apply_s']:.0f}s)")
 
 
-@pytest.mark.timeout(900)
-def test_bench_in_place_replay(box: Box) -> None:
-    code, out = box.invoke("bench", "--target", "cpu", "--in-place", "--replay", "--requests", "4", "--seed", "5",
-                           timeout=800)
+def _server_records(box: Box) -> int:
+    _code, out = box.sh("ls .imageforge/runs/*/server.json 2>/dev/null | wc -l")
+    return int(out.strip())
+
+
+def _record_the_reference(box: Box, url: str) -> None:
+    """`equiv --record --url`: the reference from the server already up, as a team records it from the server it
+    has (the card's flow: in the dtype served, bf16)."""
+    code, out = box.invoke("equiv", "--target", "cpu", "--record", REF, "--url", url, "--dtype", "bfloat16",
+                           "--prompts", "3", timeout=600)
+    assert code == 0 and f"recorded 3 prompts of {url} serving tiny-qwen3-moe (/v1/models)" in out, out
+    assert "started pid" not in out and "stopped pid" not in out, out
+    record = json.loads(box.read(REF))
+    assert record["format"] == "imageforge-equiv-record/1" and record["dtype"] == "bfloat16"
+    assert record["served"] == f"{url} serving tiny-qwen3-moe (/v1/models)", record["served"]
+    assert record["flags"] == {"served-model-name": "tiny-qwen3-moe", "max-model-len": 2048,
+                               "model": f"{box.repo}/.imageforge/models/tiny-qwen3-moe"}, record["flags"]
+    assert len(record["evidence"]["prompts"]) == 3 and record["evidence"]["prompts"][0]["positions"]
+
+
+def _replay(box: Box, url: str) -> None:
+    """`bench --url --replay` on the running server (was `bench --in-place --replay`, its own start)."""
+    code, out = box.invoke("bench", "--url", url, "--replay", "--requests", "4", "--seed", "5", timeout=800)
     assert code == 0, out
     for line in ("PASS  success rate >= 99.00%: 100.00%", "TTFT p90", "Output TPS p10", "Score (ESTIMATE"):
         assert line in out, out
-    assert "started pid" in out and "stopped pid" in out, out
+    assert "started pid" not in out, out
     report = json.loads(box.read(out.split("report: ")[1].split()[0]))
     assert report["kind"] == "replay" and len(report["requests"]) == 4
+
+
+@pytest.mark.timeout(1200)
+def test_equiv_in_place_against_the_record_of_the_running_server(box: Box) -> None:
+    """equiv in place starts and stops its own server (the profile applied) and compares it with the record
+    test_apply_run_in_place_then_smoke_then_stop took from `run`'s server, in the record's dtype."""
+    code, _out = box.sh(f"test -s {REF}")
+    assert code == 0, f"no {REF}: test_apply_run_in_place_then_smoke_then_stop records it (run the module)"
+    code, out = box.invoke("equiv", "--target", "cpu", "--in-place", "--against", REF, timeout=600)
+    assert code == 0, out
+    assert "equiv --in-place on /: 1 server start(s), one at a time" in out, out
+    assert "started pid" in out and "stopped pid" in out, out
+    result = json.loads(box.read(out.split("reports: ")[1].split(",")[1].split()[0]))
+    assert result["passed"] is True and result["dtype"] == "bfloat16", result
     code, left = box.sh("cat .imageforge/runs/*/server.json | grep -c '\"stopped\"'; "
                         "ls .imageforge/runs/*/server.json | wc -l")
     stopped, total = (int(x) for x in left.split())
     assert stopped == total, left  # every server this module started has been stopped
-
-
-@pytest.mark.timeout(1200)
-def test_equiv_in_place_record_then_against_float32(box: Box) -> None:
-    code, out = box.invoke("equiv", "--target", "cpu", "--in-place", "--record", "/tmp/ref.json", "--prompts", "3",
-                           timeout=600)
-    assert code == 0 and "recorded 3 prompts of in place: /" in out, out
-    record = json.loads(box.read("/tmp/ref.json"))
-    assert record["format"] == "imageforge-equiv-record/1" and record["dtype"] == "float32"
-    assert record["flags"]["dtype"] == "float32" and record["served"].startswith("in place: /")
-    assert len(record["evidence"]["prompts"]) == 3 and record["evidence"]["prompts"][0]["positions"]
-    code, out = box.invoke("equiv", "--target", "cpu", "--in-place", "--against", "/tmp/ref.json", timeout=600)
-    assert code == 0, out
-    result = json.loads(box.read(out.split("reports: ")[1].split(",")[1].split()[0]))
-    assert result["passed"] is True and result["dtype"] == "float32", result
 
 
 def _journal(box: Box) -> str:

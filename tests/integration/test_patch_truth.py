@@ -31,7 +31,8 @@ import pytest
 
 from tests.integration.bi100_fixture import BASELINE, SITE, vendor_image
 from tests.integration.forge_fixtures import assert_clean_failure, client, invoke
-from tests.integration.test_submission import bi100_tree, build_layers, plain_docker_build, remove_layers
+from tests.integration.helpers import plain_docker_build
+from tests.integration.test_submission import bi100_tree, build_layers, remove_layers
 
 pytestmark = pytest.mark.integration
 

@@ -1,9 +1,11 @@
 """The submission tree (issue 13) on a real daemon: what the platform builds equals what imageforge built and tested.
 
 * cpu: the emitted tree built with plain ``docker build`` (docker SDK, legacy builder, no imageforge code
-  on that side) vs imageforge's build of the same manifest and profile: every path that differs from the
-  base image has the same (path, type, mode, uid:gid, sha256 of content or link target); the ENV is the
-  same dict; a server started with computility-run.yaml's command and env passes the dummy smoke suite.
+  on that side) vs imageforge's build of the same manifest and profile (conftest ``cpu_submission``: the
+  ``aggressive`` profile): every path that differs from the base image has the same (path, type, mode,
+  uid:gid, sha256 of content or link target); the ENV is the same dict. That this image, started with
+  computility-run.yaml's command and env, passes the dummy smoke suite is test_image_contract.py's claim now
+  (one vLLM start for both: the tree's image started there by a generic tool, as the platform starts it).
   Left out of the filesystem comparison, and why that is safe:
   - ``/tmp``: build scratch only (both sides remove theirs: the engine's /tmp/imageforge-step, the tree's
     /tmp/imageforge-submission); nothing is served from it and the directory's own entry differs only in
@@ -24,8 +26,6 @@ import io
 import os
 import re
 import tarfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,29 +34,12 @@ import pytest
 import yaml
 
 from tests.integration.bi100_fixture import BASELINE, SITE, site_file, vendor_files, vendor_image
+from tests.integration.helpers import plain_docker_build, sdk
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 Entry = tuple[str, str, str, str]  # type, mode, uid:gid, sha256 of content / link target
-
-
-def sdk() -> docker.DockerClient:
-    return docker.DockerClient(base_url="unix:///var/run/docker.sock", timeout=900)
-
-
-def plain_docker_build(tree: Path) -> tuple[str | None, list[str]]:
-    """``docker build`` of the tree, only the docker SDK: (image id or None, build log lines)."""
-    lines: list[str] = []
-    try:
-        image, stream = sdk().images.build(path=str(tree), rm=True, forcerm=True)
-        for chunk in stream:
-            lines.extend(str(chunk.get("stream", "")).splitlines())
-        return str(image.id), lines
-    except docker.errors.BuildError as exc:
-        for chunk in exc.build_log:
-            lines.extend(str(chunk.get("stream", "") or chunk.get("error", "")).splitlines())
-        return None, lines
 
 
 def build_layers(lines: list[str]) -> list[str]:
@@ -150,35 +133,10 @@ def env_dict(image: str) -> dict[str, str]:
 # --------------------------------------------------------------------------- cpu: the proof of equality
 
 
-@pytest.fixture(scope="module")
-def cpu_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    from imageforge.build import build_target
-    from imageforge.docker_engine import ensure_daemon
-    from imageforge.manifest_load import load_manifest
-    from imageforge.resolve import resolve
-    from imageforge.submission import write_submission
-
-    ensure_daemon(log=print)
-    resolved = resolve(load_manifest(REPO / "build.yaml"), "cpu", "conservative", environ=os.environ)
-    built = build_target(resolved, environ=os.environ, echo=print)
-    tree = tmp_path_factory.mktemp("submission") / "tree"
-    result = write_submission(resolved, tree, environ=os.environ)
-    t0 = time.monotonic()
-    plain, lines = plain_docker_build(tree)
-    print(f"plain docker build of the tree: {time.monotonic() - t0:.1f}s")
-    assert plain is not None, "\n".join(lines[-40:])
-    try:
-        yield {"resolved": resolved, "imageforge": built.image_id, "plain": plain, "tree": tree,
-               "base": result.base_ref}
-    finally:
-        with contextlib.suppress(Exception):
-            sdk().images.remove(plain, force=True)
-
-
-def test_cpu_tree_builds_the_same_filesystem_and_env(cpu_pair: dict[str, Any]) -> None:
-    base = filesystem(cpu_pair["base"])
-    ours = filesystem(cpu_pair["imageforge"])
-    theirs = filesystem(cpu_pair["plain"])
+def test_cpu_tree_builds_the_same_filesystem_and_env(cpu_submission: dict[str, Any]) -> None:
+    base = filesystem(cpu_submission["base"])
+    ours = filesystem(cpu_submission["imageforge"])
+    theirs = filesystem(cpu_submission["plain"])
     assert "/tmp/torchinductor_root" not in ours, "verify cleans torch's inductor cache, it is not just excluded"
     a, b = changed_from(base, ours), changed_from(base, theirs)
     # the steps did change things, in both: patched files, overlays, links, .pyc, the serving config
@@ -192,40 +150,7 @@ def test_cpu_tree_builds_the_same_filesystem_and_env(cpu_pair: dict[str, Any]) -
     only_theirs = {p: b[p] for p in set(b) - set(a)}
     different = {p: (a[p], b[p]) for p in set(a) & set(b) if a[p] != b[p]}
     assert not only_ours and not only_theirs and not different, (only_ours, only_theirs, different)
-    assert env_dict(cpu_pair["plain"]) == env_dict(cpu_pair["imageforge"])
-
-
-def test_cpu_server_started_with_the_yaml_passes_the_dummy_smoke_suite(cpu_pair: dict[str, Any]) -> None:
-    from imageforge.build import new_run_id
-    from imageforge.serve.container import Server, free_port, remove_server, wait_ready
-    from imageforge.serve.spec import container_spec
-    from imageforge.smoke import load_suite, run_suite, target_vars
-
-    resolved = cpu_pair["resolved"]
-    doc = yaml.safe_load((cpu_pair["tree"] / "computility-run.yaml").read_text())
-    assert doc["concurrency"] == 1
-    run_id = new_run_id()
-    port = free_port()
-    kwargs = container_spec(resolved, cpu_pair["plain"], host_port=port, run_id=run_id, environ=os.environ)
-    kwargs.pop("detach")
-    image = kwargs.pop("image")
-    kwargs["command"] = doc["command"]
-    kwargs["environment"] = {**kwargs["environment"], **{e["name"]: e["value"] for e in doc["env"]}}
-    kwargs["labels"] = {**kwargs["labels"], "org.imageforge.test": "submission"}
-    container = sdk().containers.create(image, **kwargs)
-    server = Server(container=container, run_id=run_id, url=f"http://127.0.0.1:{port}", host_port=port,
-                    target="cpu", profile="submission", image=image,
-                    run_dir=REPO / ".imageforge" / "runs" / run_id)
-    try:
-        container.start()
-        wait_ready(server, timeout=float(resolved.target.smoke.startup_timeout), log=print, resolved=resolved)
-        suite = load_suite(resolved.target.smoke.suite)
-        report = run_suite(suite, server.url, tags=("dummy-ok",), run_id=run_id, run_dir=server.run_dir,
-                           vars=target_vars(resolved), live=False)
-        assert report.ok, report.summary_line()
-        assert len(report.results) >= 5
-    finally:
-        remove_server(server)
+    assert env_dict(cpu_submission["plain"]) == env_dict(cpu_submission["imageforge"])
 
 
 # --------------------------------------------------------------------------- bi100 on the vendor-layout fixture

@@ -1,4 +1,5 @@
-"""The replay workload, the JSONL loader and the one-at-a-time runner (runner: httpx.MockTransport, no sockets).
+"""The replay workload, the JSONL loader and the one-at-a-time runner (runner: httpx.MockTransport, no sockets;
+`bench --in-place --replay`'s own server: the fake vLLM of test_equiv_record, as a process).
 
 The token counter in these tests is a fake (whitespace words); the real ones (``/tokenize``, ``tokenizer.json``)
 are used by the cpu-server trial.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -363,3 +365,54 @@ def test_replay_on_a_core_install_writes_its_json_and_says_there_is_no_png(
     assert json.loads((tmp_path / "run" / "bench.json").read_text())["kind"] == "replay"
     replay_report(result, options, lines.append)
     assert f"plot: {plots.NO_PLOTS}" in lines
+
+
+# --------------------------------------------------------------------------- bench --in-place --replay
+
+
+def test_bench_in_place_replay_starts_and_stops_its_own_server_in_place(
+        tmp_path: Path, write_manifest: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`bench --in-place --replay` applies the target in place, starts its own server as a process, replays on
+    it, stops it and leaves the root as before (the claim of tests/integration/test_inplace_serve.py's old bench
+    test; its replay now runs there on the module's first server through `bench --url`). The server is the fake
+    vLLM of test_equiv_record, a real process started and stopped through InPlace; the replay's HTTP goes to a
+    MockTransport at the replay's boundary."""
+    import sys
+
+    from imageforge import app
+    from imageforge.bench import Workload, runner
+    from imageforge.serve.process import InPlace, records, running_records
+
+    from .test_equiv_record import fake_vllm_manifest
+
+    manifest = fake_vllm_manifest(tmp_path, write_manifest)
+    (tmp_path / "root").mkdir()
+    where = InPlace(root=tmp_path / "root", python=sys.executable)
+    sent: list[dict[str, Any]] = []
+    up: list[tuple[str, list[dict[str, Any]]]] = []
+    real = replay_bench  # the name bench.runner calls
+
+    def replay(url: str, options: ReplayOptions, run_dir: Path, **kw: Any) -> Any:
+        up.append((url, running_records(manifest.parent)))  # what is serving while the replay runs
+        return real(url, options, run_dir, transport=_tokenizing_server(sent), **kw)
+
+    monkeypatch.setattr(runner, "replay_bench", replay)
+    lines: list[str] = []
+    options = ReplayOptions(requests=2, seed=5)
+    result = app.bench(app.settings(manifest=str(manifest)), "p", None, [], url=None, port=None,
+                       workload=Workload(), echo=lines.append, replay=options, in_place=where)
+    text = "\n".join(lines)
+    assert f"in place on {tmp_path / 'root'}: 1 server start(s), one at a time" in text
+    [(url, serving)] = up  # one server, up during the replay, and the replay went to it
+    [server] = serving
+    assert url == server["url"] and server["target"] == "p" and url.startswith("http://127.0.0.1:")
+    assert f"started pid {server['pid']}" in text and f"stopped pid {server['pid']}" in text
+    assert running_records(manifest.parent) == []  # stopped
+    assert all(data.get("stopped") for _, data in records(manifest.parent))
+    assert len(sent) == 2 and "PASS  success rate >= 99.00%: 100.00%" in text
+    for line in ("TTFT p90", "Output TPS p10", "Score (ESTIMATE"):
+        assert line in text
+    report = json.loads(result.json_path.read_text())
+    assert report["kind"] == "replay" and len(report["requests"]) == 2
+    assert result.json_path.parent.parent == manifest.parent / ".imageforge" / "runs"
+    assert where.applied_state() is None  # the root as before: nothing applied

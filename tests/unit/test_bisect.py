@@ -81,6 +81,17 @@ def test_one_step() -> None:
     assert result.first_failing == 1 and probe.calls == [0, 1] and probe_bound(1) == 2
 
 
+def test_two_steps_broken_by_the_second_probe_base_final_then_the_midpoint() -> None:
+    """The search between base and final (was asserted by tests/integration/test_forensics_run.py's bisect with a
+    retune before the planted break; that test now plants the break alone: base and final, 2 starts)."""
+    probe = breaks_at(2)
+    result = bisect(2, probe)
+    assert result.status == "found" and result.first_failing == 2 and result.last_passing == 1
+    assert probe.calls == [p.k for p in result.points] == [0, 2, 1]  # base, final, then the binary search's midpoint
+    assert result.bound == math.ceil(math.log2(2)) + 2 == probe_bound(2) == 3 and result.runs <= result.bound
+    assert [p.verdict(result.flaky) for p in result.points] == ["pass", "fail", "pass"]
+
+
 def test_no_steps_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as info:
         bisect(0, breaks_at(1))

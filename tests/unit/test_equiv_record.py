@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,11 +16,13 @@ from imageforge import app
 from imageforge.equiv.compare import EquivError
 from imageforge.equiv.record import FORMAT, Record, is_record_path, load_record, make_record, write_record
 from imageforge.equiv.runner import check_fits, required_resolved
-from imageforge.errors import ConfigError
+from imageforge.errors import ConfigError, SmokeError
 from imageforge.manifest_load import load_manifest
 from imageforge.resolve import resolve
+from imageforge.serve.container import free_port
 from imageforge.serve.process import InPlace, running_records
 from imageforge.tolerances import EquivSettings
+from imageforge.waits import wait_healthy
 
 from .test_equiv import evidence, pos
 
@@ -96,7 +100,8 @@ class H(http.server.BaseHTTPRequestHandler):
         self.send_header("content-length", str(len(data))); self.end_headers(); self.wfile.write(data)
     def do_GET(self):
         if self.path == "/health": return self.reply(200, {})
-        if self.path == "/v1/models": return self.reply(200, {"data": [{"id": "fake"}]})
+        if self.path == "/v1/models":
+            return self.reply(200, {"data": [{"id": "fake", "root": a.model, "max_model_len": 64}]})
         self.reply(404, {})
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
@@ -122,6 +127,11 @@ http.server.HTTPServer((a.host, int(a.port)), H).serve_forever()
 
 @pytest.fixture
 def fake_manifest(tmp_path: Path, write_manifest: Callable[[str], Path]) -> Path:
+    return fake_vllm_manifest(tmp_path, write_manifest)
+
+
+def fake_vllm_manifest(tmp_path: Path, write_manifest: Callable[[str], Path]) -> Path:
+    """Target ``p`` served in place by :data:`FAKE_VLLM` (profiles same, retuned, changed), two equiv prompts."""
     (tmp_path / "fake_vllm.py").write_text(FAKE_VLLM)
     (tmp_path / "weights").mkdir()
     return write_manifest(textwrap.dedent(f"""\
@@ -177,3 +187,86 @@ def test_record_then_against_one_server_at_a_time(fake_manifest: Path, tmp_path:
     with pytest.raises(ConfigError, match="the reference is the required steps applied"):
         app.equiv(s, "p", "same", [], against="changed", in_place=where)
     assert running_records(fake_manifest.parent) == []
+
+
+# --------------------------------------------------------------------------- equiv --record --url: a running server
+
+
+@pytest.fixture
+def running_fake(tmp_path: Path, fake_manifest: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """The fake server already running (as `run` leaves one): its URL and process; ended by the test only."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "fake_vllm.py"), "--host", "127.0.0.1", "--port",
+                             str(port), "--model", "/model"])
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, timeout=20)
+        yield url, proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_record_from_a_running_server_starts_nothing_and_says_what_it_read(
+        fake_manifest: Path, tmp_path: Path, running_fake: tuple[str, subprocess.Popen[bytes]]) -> None:
+    url, proc = running_fake
+    s = app.settings(manifest=str(fake_manifest))
+    ref = tmp_path / "ref.json"
+    lines: list[str] = []
+    assert app.equiv(s, "p", None, [], record=str(ref), url=url, echo=lines.append) is None
+    rec = load_record(ref)
+    # provenance: the URL and the model the server names at /v1/models, what it reports there, nothing claimed
+    assert rec.served == f"{url} serving fake (/v1/models)"
+    assert rec.flags == {"served-model-name": "fake", "model": "/model", "max-model-len": 64}
+    assert rec.profile == "" and rec.env == {} and rec.target == "p"
+    assert rec.label.startswith("running server (--url; not started by imageforge")
+    assert rec.dtype == "float32" and rec.top_k == 3 and len(rec.evidence.prompts) == 2
+    assert rec.evidence.url == url and len(rec.evidence.prompts[0].greedy) == 4
+    assert f"recorded 2 prompts of {url} serving fake (/v1/models) to {ref}" in lines
+    assert "its dtype is not visible over HTTP, it must compute in float32" in lines[0]
+    # nothing started, stopped or applied: the server still runs, no run directory, no journal under the root
+    assert proc.poll() is None and running_records(fake_manifest.parent) == []
+    assert not (fake_manifest.parent / ".imageforge").exists()
+    # the record compares like any other: the same model passes, a changed one is exit 4
+    (tmp_path / "root").mkdir()
+    where = InPlace(root=tmp_path / "root", python=sys.executable)
+    result = app.equiv(s, "p", "same", [], against=str(ref), in_place=where, echo=lines.append)
+    assert result is not None and result.verdict.passed and result.verdict.dtype == "float32"
+    assert result.labels[1].startswith(f"{ref}: record of running server (--url")
+    with pytest.raises(EquivError):
+        app.equiv(s, "p", "changed", [], against=str(ref), in_place=where, echo=lines.append)
+    # --dtype: the record is in the dtype stated, --prompts/--top-k choose what is recorded
+    assert app.equiv(s, "p", None, [], record=str(ref), url=url, dtype="bfloat16", prompts=1, top_k=2,
+                     echo=lines.append) is None
+    rec = load_record(ref)
+    assert rec.dtype == "bfloat16" and rec.top_k == 2 and rec.prompts == ("hello",)
+    assert proc.poll() is None
+
+
+@pytest.mark.parametrize(("options", "message", "hint"), [
+    ({}, "only --record FILE takes it", "equiv --record FILE --url URL"),
+    ({"record": "r.json", "in_place": True}, "--in-place would apply and start one", "drop --in-place"),
+    ({"record": "r.json", "against": "changed"}, "not --against 'changed'", "drop --against"),
+    ({"record": "r.json", "against": "ref.json"}, "not --against 'ref.json'", "drop --against"),
+    ({"record": "r.json", "profile": "same"}, "--profile and --set pick what is served", "--target names"),
+    ({"record": "r.json", "sets": ["dtype=float32"]}, "--profile and --set pick what is served", "drop them"),
+])
+def test_equiv_url_refuses_what_makes_no_sense_with_a_running_server(
+        fake_manifest: Path, tmp_path: Path, options: dict[str, Any], message: str, hint: str) -> None:
+    s = app.settings(manifest=str(fake_manifest))
+    options = dict(options)
+    where = InPlace(root=tmp_path, python=sys.executable) if options.pop("in_place", False) else None
+    profile, sets = options.pop("profile", None), options.pop("sets", [])
+    with pytest.raises(ConfigError, match=message) as info:
+        app.equiv(s, "p", profile, sets, url="http://127.0.0.1:9", in_place=where, **options)
+    assert info.value.exit_code == 2 and hint in (info.value.hint or "")
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_equiv_url_must_be_an_http_url(fake_manifest: Path, tmp_path: Path) -> None:
+    s = app.settings(manifest=str(fake_manifest))
+    with pytest.raises(ConfigError, match="not an http URL"):
+        app.equiv(s, "p", None, [], record=str(tmp_path / "r.json"), url="ftp://127.0.0.1:9")
+    with pytest.raises(SmokeError, match="gave no model"):  # nothing listens there: exit 4, no file
+        app.equiv(s, "p", None, [], record=str(tmp_path / "r.json"), url="http://127.0.0.1:9", echo=lambda _: None)
+    assert not (tmp_path / "r.json").exists()

@@ -81,9 +81,29 @@ def test_equiv_options_reach_app_equiv(tasks_ns: Any, monkeypatch: pytest.Monkey
     assert (target, profile, sets) == ("cpu", "conservative", ["max-num-seqs=2", "enforce-eager=true"])
     assert callable(kwargs.pop("show"))  # the result (--json) is shown before the verdict
     assert kwargs == {"against": "aggressive", "dtype": "bfloat16", "top_k": 3, "greedy_tokens": 7, "prompts": 2,
-                      "record": "", "in_place": None}
+                      "record": "", "url": "", "in_place": None}
     assert s.manifest == Path("other.yaml") and s.host_address == "10.0.0.9" and s.sources["host_address"] == "cli"
     assert "IMAGEFORGE_HOST_ADDRESS" not in os.environ  # the address travels in Settings only
+
+
+def test_equiv_record_url_reaches_app_equiv_and_its_refusal_is_exit_2(
+        tasks_ns: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    calls: Calls = []
+    real = app.equiv
+    monkeypatch.setattr(app, "equiv", recorder(calls))
+    with pytest.raises(Reached):
+        run_task(tasks_ns, "equiv", "--target", "cpu", "--record", "ref.json", "--url", "http://127.0.0.1:8000",
+                 "--dtype", "bfloat16")
+    [(args, kwargs)] = calls
+    assert args[1:] == ("cpu", None, []) and kwargs["in_place"] is None
+    assert (kwargs["record"], kwargs["url"], kwargs["dtype"]) == ("ref.json", "http://127.0.0.1:8000", "bfloat16")
+    monkeypatch.setattr(app, "equiv", real)  # the real refusal, through the one error root
+    with pytest.raises(SystemExit) as exited:
+        Program(namespace=tasks_ns).run(["invoke", "equiv", "--target", "cpu", "--record", "ref.json", "--url",
+                                         "http://127.0.0.1:8000", "--in-place", "--manifest", str(REPO / "build.yaml")])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--in-place would apply and start one" in err and "drop --in-place" in err
 
 
 def test_in_place_options_reach_equiv_run_smoke_bench(tasks_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:

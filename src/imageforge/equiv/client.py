@@ -67,14 +67,21 @@ class EquivClient:
         except ValueError as exc:
             raise SmokeError(f"equiv: {self.url}{path} did not answer JSON", found=response.text[:200]) from exc
 
-    def model(self) -> str:
-        """The first served model name (``GET /v1/models``)."""
+    def model_entry(self) -> dict[str, Any]:
+        """The first entry of ``GET /v1/models`` (``id``, and from vLLM ``root``, ``max_model_len``, ...)."""
         try:
             response = self.http.get("/v1/models")
             response.raise_for_status()
-            return str(response.json()["data"][0]["id"])
-        except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+            entry = response.json()["data"][0]
+            if not isinstance(entry, dict) or "id" not in entry:
+                raise KeyError("id")
+            return entry
+        except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
             raise SmokeError(f"equiv: {self.url}/v1/models gave no model", found=str(exc)) from exc
+
+    def model(self) -> str:
+        """The first served model name (``GET /v1/models``)."""
+        return str(self.model_entry()["id"])
 
     def tokenize(self, model: str, text: str) -> list[int]:
         data = self._post("/tokenize", {"model": model, "prompt": text, "add_special_tokens": False})

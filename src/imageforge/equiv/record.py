@@ -1,15 +1,17 @@
 """equiv one server at a time: a reference's evidence kept in a file, compared later with a candidate.
 
 ``invoke equiv --record FILE`` serves the reference and writes :class:`Record` (what was served -- an image ID or
-the in-place journal digest --, its serving flags and env, the dtype, the settings, and the teacher-forced
-evidence: prompts, token ids, top-k logprobs, greedy continuations); ``invoke equiv --against FILE`` serves only
+the in-place journal digest, or with ``--url URL`` a server already running: that URL and the model it names --,
+its serving flags and env, the dtype, the settings, and the teacher-forced evidence: prompts, token ids, top-k
+logprobs, greedy continuations); ``invoke equiv --against FILE`` serves only
 the candidate, scores exactly the recorded sequences and gates the comparison in the record's dtype.  On the
 card's machine one server at a time is all there is (a start costs minutes and the cards hold one model).
 
 File format (JSON, one object; ``format`` is checked on load)::
 
     {"format": "imageforge-equiv-record/1", "recorded_at": "...Z", "label": "base image (serving config only)",
-     "target": "cpu", "profile": "conservative", "served": "sha256:..." | "in place: / (journal sha256:...)",
+     "target": "cpu", "profile": "conservative", "served": "sha256:..." | "in place: / (journal sha256:...)"
+     | "http://127.0.0.1:8000 serving MODEL (/v1/models)" (--url: flags are what /v1/models reports, profile ""),
      "dtype": "float32", "flags": {...serving args...}, "env": {...serving env...},
      "settings": {"top_k": 5, "greedy_tokens": 16, "prompts": [...]},
      "evidence": {...Evidence.to_json()...}}
@@ -41,7 +43,7 @@ class Record:
     top_k: int
     greedy_tokens: int
     prompts: tuple[str, ...]
-    served: str  # image ID, or the in-place journal digest
+    served: str  # image ID, the in-place journal digest, or a running server's URL and model (--url)
     label: str
     target: str
     profile: str

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 from ..build import build_target
 from ..docker_engine import image_or_none
 from ..errors import ConfigError
@@ -38,7 +40,7 @@ from ..resolve import Value, resolve
 from ..rundirs import new_run_id
 from ..serve.container import remove_server, serving, sigterm_as_interrupt, start_server, wait_ready
 from ..tolerances import DTYPES, Dtype, EquivSettings, Tolerance
-from .client import collect_against, collect_reference
+from .client import EquivClient, collect_against, collect_reference
 from .compare import Verdict, compare, gate
 from .evidence import Evidence
 from .record import Record, load_record, make_record, write_record
@@ -310,6 +312,42 @@ def record_reference(resolved: Resolved, path: Path, *, against: str = "base", d
     return record
 
 
+#: What a running server says about itself at ``/v1/models`` (vLLM's entry keys), kept as the record's flags.
+REPORTED_FLAGS = (("served-model-name", "id"), ("model", "root"), ("max-model-len", "max_model_len"))
+
+
+def record_running(resolved: Resolved, path: Path, url: str, *, dtype: str | None = None,
+                   settings: EquivSettings | None = None, echo: Log = print,
+                   transport: httpx.BaseTransport | None = None) -> Record:
+    """``equiv --record FILE --url URL``: record the reference from a server that is already running.
+
+    Nothing is applied, started or stopped (on the card a start costs minutes). The record says what it read:
+    ``served`` is the URL and the model the server names at ``/v1/models``; ``flags`` only what the server
+    reports there (its model path, name and max-model-len); ``profile`` and ``env`` stay empty (unknown). Its
+    dtype cannot be read over HTTP: the record is in ``dtype`` (``--dtype``, else the target's equiv.dtype) as
+    stated, and ``--against FILE`` serves the candidate in it; a server computing in another dtype shows up as a
+    failed gate, never as a pass.
+    """
+    settings = settings or resolved.target.equiv
+    chosen = check_dtype(dtype or settings.dtype)
+    check_fits(resolved, settings, chosen)
+    echo(f"equiv --record {path}: the running server at {url} (nothing started or stopped), "
+         f"{len(settings.prompts)} prompts, top-{settings.top_k}, {settings.greedy_tokens} greedy tokens, "
+         f"recorded as {chosen}: its dtype is not visible over HTTP, it must compute in {chosen}")
+    with EquivClient(url, transport=transport) as client:
+        entry = client.model_entry()
+    evidence = collect_reference(url, settings.prompts, top_k=settings.top_k, greedy_tokens=settings.greedy_tokens,
+                                 transport=transport)
+    served = f"{url} serving {evidence.model} (/v1/models)"
+    reported = {flag: entry[key] for flag, key in REPORTED_FLAGS if entry.get(key) is not None}
+    record = make_record(evidence, settings, chosen, served=served,
+                         label=f"running server (--url; not started by imageforge, {chosen} as stated)",
+                         target=resolved.target.name, profile="", flags=reported, env={})
+    write_record(record, path)
+    echo(f"recorded {len(evidence.prompts)} prompts of {served} to {path}")
+    return record
+
+
 def against_record(resolved: Resolved, record: Record, *, dtype: str | None = None,
                    environ: Mapping[str, str] | None = None, echo: Log = print, startup_timeout: float | None = None,
                    host_address: str | None = None, in_place: Any = None, where: str = "") -> EquivRun:
@@ -405,6 +443,7 @@ __all__ = [
     "equiv_target",
     "load_record",
     "record_reference",
+    "record_running",
     "renamed",
     "required_resolved",
     "served_dtype",
