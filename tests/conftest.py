@@ -16,12 +16,13 @@ events this daemon never sees) counts as a Docker-mode start. It counts what the
   ``LoadScopeScheduling`` whose scope is a test's group): the tests go to the workers in groups. The integration
   files whose tests start vLLM in Docker mode are one group (``VLLM_DOCKER``: they share the session's servers,
   ``cpu_server`` and ``cpu_base_run``, started once), the files that start vLLM in place another
-  (``VLLM_INPLACE``); every other file is a group of its own, taken by whichever worker is free. The two server
-  groups are queued first, so the longest sequences start at once. Under xdist the counter runs in the controller
-  and learns each worker's current test from its ``logstart`` reports (its group from its file); a Docker-mode
-  start is put down to the test the ``VLLM_DOCKER`` worker is running, an in-place one to the ``VLLM_INPLACE``
-  worker's. A test outside ``VLLM_DOCKER`` asking for a session server is refused at collection (it would start a
-  second one on its worker).
+  (``VLLM_INPLACE``), the export to a second dockerd a third (``VLLM_OTHER_DAEMON``); every other file is a group
+  of its own, taken by whichever worker is free. The server groups are queued first. Under xdist the counter runs
+  in the controller and learns each worker's current test from its ``logstart`` reports (its group from its
+  file); a start on this daemon is put down to the test the ``VLLM_DOCKER`` worker is running, an in-place one to
+  the ``VLLM_INPLACE`` worker's, another daemon's container to the ``VLLM_OTHER_DAEMON`` worker's. A test outside
+  ``VLLM_DOCKER`` asking for a session server is refused at collection (it would start a second one on its
+  worker).
 """
 
 from __future__ import annotations
@@ -38,12 +39,18 @@ import pytest
 
 VLLM_DOCKER = "vllm-docker"
 VLLM_INPLACE = "vllm-inplace"
-# the files of each server group (see the module's docstring); every other file is a group of its own
+VLLM_OTHER_DAEMON = "vllm-other-daemon"
+# the files of each server group (see the module's docstring); every other file is a group of its own. Queued in
+# this order: the first two start at once, one per worker; xdist's LoadScopeScheduling gives a worker the next group
+# when two tests of its own are left, so the export follows the in-place group (the shorter) on its worker while
+# the other runs the Docker group (the longest), and the other files fill in after.
 STREAMS: dict[str, tuple[str, ...]] = {
-    VLLM_DOCKER: tuple(f"tests/integration/{name}.py" for name in (
-        "test_bench", "test_equiv_client", "test_evaluator_suite", "test_export", "test_forensics_run",
-        "test_image_contract", "test_run", "test_smoke", "test_submission")),
     VLLM_INPLACE: tuple(f"tests/integration/{name}.py" for name in ("test_inplace_box", "test_inplace_serve")),
+    VLLM_DOCKER: tuple(f"tests/integration/{name}.py" for name in (
+        "test_bench", "test_equiv_client", "test_evaluator_suite", "test_forensics_run", "test_image_contract",
+        "test_run", "test_smoke", "test_submission")),
+    # a server on a second dockerd: a container's main process this daemon's events never show
+    VLLM_OTHER_DAEMON: ("tests/integration/test_export.py",),
 }
 SESSION_SERVERS = ("cpu_server", "cpu_base_run")  # session fixtures that start a vLLM server
 
@@ -124,7 +131,9 @@ class VllmStarts:
                 container_main = len(nspid) > 1 and nspid[-1] == "1"
                 with self._lock:
                     if (pid, started) not in self.processes:
-                        owner = self.owner(VLLM_DOCKER if container_main else VLLM_INPLACE)
+                        # a container's main process: another daemon's (this daemon's containers are counted from
+                        # their start events, and their main process is left out in lines())
+                        owner = self.owner(VLLM_OTHER_DAEMON if container_main else VLLM_INPLACE)
                         self.processes[(pid, started)] = (cgroup, owner, container_main)
 
     # ------------------------------------------------------------------ whose start it is

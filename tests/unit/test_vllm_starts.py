@@ -10,7 +10,7 @@ from collections.abc import Collection
 
 import pytest
 
-from tests.conftest import STREAMS, VLLM_DOCKER, VLLM_INPLACE, VllmStarts, group_of, runs_vllm_server
+from tests.conftest import STREAMS, VLLM_DOCKER, VLLM_INPLACE, VLLM_OTHER_DAEMON, VllmStarts, group_of, runs_vllm_server
 
 
 @pytest.mark.parametrize(("argv", "server"), [
@@ -108,6 +108,9 @@ def test_under_two_workers_a_start_is_put_down_to_its_server_groups_test() -> No
     counter.end("tests/integration/test_smoke.py::test_end_to_end")
     counter.record_container("c2")  # no Docker-group test running: the one that is
     assert counter.containers["c2"] == "tests/integration/test_inplace_serve.py::test_run"
+    counter.begin("tests/integration/test_export.py::test_serves")  # a container on its second dockerd
+    assert counter.owner(VLLM_OTHER_DAEMON) == "tests/integration/test_export.py::test_serves"
+    counter.end("tests/integration/test_export.py::test_serves")
     counter.end("tests/integration/test_inplace_serve.py::test_run")
     assert counter.owner(VLLM_DOCKER) == "(between tests)"
 
@@ -122,6 +125,7 @@ def test_every_test_asking_for_a_session_server_is_in_the_docker_group() -> None
     assert len(listed) == len(set(listed)) and all((root / f).is_file() for f in listed)
     assert group_of("tests/integration/test_smoke.py::test_x") == VLLM_DOCKER
     assert group_of("tests/integration/test_inplace_box.py::test_x") == VLLM_INPLACE
+    assert group_of("tests/integration/test_export.py::test_x") == VLLM_OTHER_DAEMON
     assert group_of("tests/unit/test_x.py::test_y") == "tests/unit/test_x.py"
     for path in (root / "tests/integration").glob("test_*.py"):
         rel = str(path.relative_to(root))
