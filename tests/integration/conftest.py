@@ -236,6 +236,6 @@ def containers_labelled(docker_ready: None) -> Callable[..., list[Any]]:
 
     def find(**labels: str) -> list[Any]:
         filters = [f"{k}={v}" for k, v in labels.items()]
-        return list(client().containers.list(all=True, filters={"label": filters}))
+        return list(client().containers.list(all=True, ignore_removed=True, filters={"label": filters}))
 
     return find

@@ -144,7 +144,7 @@ def _drop_test_images() -> None:
         c = client()
         for target in sorted(_targets):
             label = f"org.imageforge.target={target}"
-            for ct in c.containers.list(all=True, filters={"label": label}):
+            for ct in c.containers.list(all=True, ignore_removed=True, filters={"label": label}):
                 with contextlib.suppress(docker.errors.APIError):
                     ct.remove(force=True)
             for _ in range(10):  # children before parents; tags removed with the image
@@ -249,7 +249,7 @@ def labelled_containers(c: docker.DockerClient | None = None, **labels: str) -> 
     c = c or client()
     filters = {"label": ["org.imageforge.tool=imageforge", *(f"org.imageforge.{k.replace('_', '-')}={v}"
                                                                for k, v in labels.items())]}
-    return list(c.containers.list(all=True, filters=filters))
+    return list(c.containers.list(all=True, ignore_removed=True, filters=filters))
 
 
 def settles(condition: Callable[[], bool], timeout: float = 300) -> bool:
@@ -438,7 +438,7 @@ class SecondDaemon:
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(Exception):
                 c = client(self.host)
-                for ct in c.containers.list(all=True):
+                for ct in c.containers.list(all=True, ignore_removed=True):
                     ct.remove(force=True)
             self.proc.send_signal(signal.SIGTERM)
             try:

@@ -19,7 +19,9 @@ TEAM_STEPS = ["prefill-triton-tuning", "prefix-attention-module", "prefix-attent
 
 
 def sandbox_images() -> list[str]:
-    return [i.id for i in client().images.list(all=True, filters={"label": "org.imageforge.kind=check-patches-script"})]
+    # IDs from one list call (images.list inspects each, which fails on one the other worker removes meanwhile)
+    script = {"label": "org.imageforge.kind=check-patches-script"}
+    return list(client().api.images(all=True, quiet=True, filters=script))
 
 
 @pytest.fixture(scope="module")

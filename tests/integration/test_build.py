@@ -417,8 +417,8 @@ def test_a_syntax_error_fails_its_step_and_no_tag_moves(project: Path) -> None:
     c = docker_client()
     assert c.images.get(good.tags[0]).id == good.image_id
     # this target's (the other worker of `invoke test` may be building another one)
-    leaked = c.containers.list(all=True, filters={"label": [f"{L_TOOL}=imageforge", f"{L_TARGET}=probe"],
-                                                  "status": "exited"})
+    leaked = c.containers.list(all=True, ignore_removed=True,
+                               filters={"label": [f"{L_TOOL}=imageforge", f"{L_TARGET}=probe"], "status": "exited"})
     assert not [x for x in leaked if x.labels.get("org.imageforge.kind") == "verify"]
 
 

@@ -243,7 +243,7 @@ def test_a_server_on_the_ssh_host_is_reached_through_a_forward_that_is_closed_af
         os.kill(pid, 0)
     assert server.forward.pid is None
     assert any("ssh forward" in line for line in lines)
-    assert de.client().containers.list(all=True, filters={"name": name}) == []
+    assert de.client().containers.list(all=True, ignore_removed=True, filters={"name": name}) == []
 
 
 def test_run_leaves_its_forward_up_and_stop_closes_it(over_ssh: Sshd, health_image: str, cpu_resolved: object,

@@ -44,12 +44,13 @@ def line_of(path: Path, text: str, after: str = "") -> int:
 
 
 def flag_containers() -> list[object]:
-    return list(client().containers.list(all=True, filters={"label": "org.imageforge.kind=flags"}))
+    return list(client().containers.list(all=True, ignore_removed=True, filters={"label": "org.imageforge.kind=flags"}))
 
 
 
 def sandbox_images() -> set[str]:
-    return {i.id for i in client().images.list(all=True, filters={"label": "org.imageforge.kind=check-patches-script"})}
+    # IDs from one list call (images.list inspects each, which fails on one the other worker removes meanwhile)
+    return set(client().api.images(all=True, quiet=True, filters={"label": "org.imageforge.kind=check-patches-script"}))
 
 
 def test_bi100_flags_are_read_statically_after_the_baseline(vendor: str, tmp_path: Path) -> None:

@@ -116,7 +116,8 @@ def test_no_container_is_left(listing: str) -> None:
 
     client = docker.from_env()
     try:
-        assert client.containers.list(all=True, filters={"label": f"{LABEL}=flags-introspection"}) == []
+        assert client.containers.list(all=True, ignore_removed=True,
+                                      filters={"label": f"{LABEL}=flags-introspection"}) == []
     finally:
         client.close()
 
