@@ -485,7 +485,8 @@ def list_servers(target: str | None = None, *, every: bool = False) -> list[Any]
         filters.append(f"{L_STARTED_BY}={STARTED_BY_RUN}")
     if target:
         filters.append(f"{L_TARGET}={target}")
-    return list(client().containers.list(all=True, filters={"label": filters}))
+    # ignore_removed: another process may remove a listed container before the SDK inspects it
+    return list(client().containers.list(all=True, ignore_removed=True, filters={"label": filters}))
 
 
 def stop_servers(target: str | None = None, *, every: bool = False, log: Log = print) -> list[str]:
