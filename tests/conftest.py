@@ -59,6 +59,8 @@ def group_of(nodeid: str) -> str:
     """A test's group: its file's server group, else its file."""
     path = nodeid.split("::")[0]
     return next((group for group, files in STREAMS.items() if path in files), path)
+
+
 SERVER_ARGV = re.compile(r"(^|\s|/)vllm(\s+serve\b|\.entrypoints\.openai\.api_server\b)")
 DOCKER_SOCKET = Path("/var/run/docker.sock")
 

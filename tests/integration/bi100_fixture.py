@@ -167,10 +167,7 @@ def vendor_image(c: docker.DockerClient | None = None, *, overrides: Mapping[str
 
 
 def _make(c: docker.DockerClient, base: Any, files: Mapping[str, bytes], digest: str, wheel: Path | None) -> str:
-    from filelock import FileLock
-
-    # one maker at a time (the two workers of `invoke test` may both need it): the second finds the first's
-    with FileLock(f"{tempfile.gettempdir()}/imageforge-bi100-fixture-{digest}.lock"):
+    with helpers.one_maker(f"bi100-fixture-{digest}"):
         return _make_unlocked(c, base, files, digest, wheel)
 
 

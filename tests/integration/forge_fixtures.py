@@ -58,8 +58,7 @@ def other(q, k):
 '''
 
 
-def client(host: str | None = None) -> docker.DockerClient:
-    return docker.DockerClient(base_url=host or "unix:///var/run/docker.sock", timeout=600)
+client = helpers.sdk  # a plain SDK client of the local daemon, or of ``host``
 
 
 def read_from_image(image: str, path: str) -> bytes:
@@ -111,10 +110,7 @@ def tiny_base(c: docker.DockerClient | None = None, *, unique: bool = False) -> 
     if unique:
         files["/etc/imageforge-test-unique"] = secrets.token_hex(8).encode()
         return _commit_tiny_base(c, os_image, files, f"imageforge-test/tinybase:{digest}-{secrets.token_hex(3)}")
-    from filelock import FileLock
-
-    # one maker at a time (the two workers of `invoke test`): a second commit would move the tag under the first
-    with FileLock(f"{tempfile.gettempdir()}/imageforge-tinybase-{digest}.lock"):
+    with helpers.one_maker(f"tinybase-{digest}"):
         with contextlib.suppress(docker.errors.ImageNotFound):
             c.images.get(ref)
             return ref
@@ -154,8 +150,6 @@ def _drop_test_images() -> None:
                 for raw in sorted(images, key=lambda i: -int(i.get("Created") or 0)):
                     with contextlib.suppress(docker.errors.APIError):
                         c.api.remove_image(raw["Id"], force=True, noprune=True)
-
-
 
 
 def write_manifest(root: Path, base: str, *, target: str | None = None, steps: str | None = None,

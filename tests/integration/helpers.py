@@ -19,7 +19,8 @@
 * :func:`kill_mid_suite` -- the smoke claim "a server killed mid-suite" run against a server a test has finished
   with (issue 24: the claim costs no vLLM start of its own): a suite whose first check is a long generation, the
   container killed once it generates; the caller asserts the report (after its ``serving()`` block: removal).
-* :func:`sdk` -- a docker SDK client of the local daemon with a long timeout (no imageforge code on that side).
+* :func:`sdk` -- a docker SDK client of the local daemon (or a host) with a long timeout (no imageforge code on
+  that side); :func:`one_maker` -- the lock under which a shared fixture image is made.
 * :func:`plain_docker_build` -- ``docker build`` of a directory through the SDK only (a submission tree, as the
   platform builds it): (image id or None, build log lines).
 """
@@ -32,6 +33,7 @@ import os
 import re
 import signal
 import subprocess
+import tempfile
 import textwrap
 import threading
 import time
@@ -50,7 +52,7 @@ INVOKE = REPO / ".venv" / "bin" / "invoke"
 CPU_RECIPE = REPO / "images" / "cpu"
 
 __all__ = ["INVOKE", "REPO", "cpu_base_refs", "free_port", "hooks_for", "imageforge", "invoke", "kill_mid_suite",
-           "os_image", "plain_docker_build", "run_in_dir", "sdk", "sigint_default"]
+           "one_maker", "os_image", "plain_docker_build", "run_in_dir", "sdk", "sigint_default"]
 
 
 def sigint_default() -> None:
@@ -183,8 +185,17 @@ def kill_mid_suite(server: Any, suite_dir: Path, echo: Callable[[str], None]) ->
     return report
 
 
-def sdk() -> docker.DockerClient:
-    return docker.DockerClient(base_url="unix:///var/run/docker.sock", timeout=900)
+def sdk(host: str | None = None) -> docker.DockerClient:
+    """A docker SDK client of ``host`` (default: the local daemon), with a build's long timeout."""
+    return docker.DockerClient(base_url=host or "unix:///var/run/docker.sock", timeout=900)
+
+
+def one_maker(name: str) -> Any:
+    """The machine-wide lock under which a shared fixture image ``name`` is made: the other worker of ``invoke
+    test`` (or another session) waits, then finds it, instead of committing a second one that moves the tag."""
+    from filelock import FileLock
+
+    return FileLock(f"{tempfile.gettempdir()}/imageforge-{name}.lock")
 
 
 def plain_docker_build(tree: Path) -> tuple[str | None, list[str]]:
