@@ -61,9 +61,18 @@ class PackageSpec:
 
 @dataclass(frozen=True)
 class Volume:
+    """A run volume: a host path bound into the container (``bind``), or a named Docker volume (``volume``: the
+    daemon makes it on first use and keeps it between containers; in place, where there is no Docker, it is not
+    mounted and the process uses its own filesystem)."""
+
     source: str
     target: str
     read_only: bool
+    type: Literal["bind", "volume"] = "bind"
+
+    @property
+    def named(self) -> bool:
+        return self.type == "volume"
 
 
 @dataclass(frozen=True)

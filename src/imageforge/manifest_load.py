@@ -217,7 +217,8 @@ class _Builder:
             devices=tuple(r.get("devices", ())),
             privileged=bool(r.get("privileged", False)),
             volumes=tuple(
-                Volume(source=v["source"], target=v["target"], read_only=bool(v.get("read_only", True)))
+                Volume(source=v["source"], target=v["target"], read_only=bool(v.get("read_only", True)),
+                       type=v.get("type", "bind"))
                 for v in r.get("volumes", ())
             ),
             ulimits=frozen_map(ulimits),

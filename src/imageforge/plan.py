@@ -152,8 +152,8 @@ class Plan:
             "argv": serving_argv(r) if r.target.serving.style == "argv" else None,
             "run": {"port": r.run.port, "shm_size": r.run.shm_size, "ipc": r.run.ipc, "gpus": r.run.gpus,
                     "devices": list(r.run.devices), "privileged": r.run.privileged,
-                    "volumes": [{"source": v.source, "target": v.target, "read_only": v.read_only}
-                                for v in r.run.volumes],
+                    "volumes": [{"source": v.source, "target": v.target, "read_only": v.read_only,
+                                 "type": v.type} for v in r.run.volumes],
                     "env": dict(r.run.env)},
             "steps": [
                 {"id": s.id, "kind": s.kind, "stage": s.stage, **dict(s.definition), "why": s.why,
@@ -303,7 +303,8 @@ def format_plan(plan: Plan) -> str:
     if r.run.privileged:
         run_bits.append("privileged")
     for vol in r.run.volumes:
-        run_bits.append(f"volume {vol.source}:{vol.target}{':ro' if vol.read_only else ''}")
+        run_bits.append(f"volume {vol.source}:{vol.target}{':ro' if vol.read_only else ''}"
+                        + (" (named)" if vol.named else ""))
     out.append("run       " + "; ".join(run_bits))
     out.append("")
     out.append(f"steps ({len(plan.steps)})")

@@ -61,6 +61,14 @@ def test_run_base_prints_url_then_stop_removes_it(cpu_base_run: Any, invoke_cli:
         bindings = container.attrs["HostConfig"]["PortBindings"]
         assert bindings == {"8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(port)}]}
         assert container.attrs["HostConfig"]["ShmSize"] == 1024**3
+        # the model bound read-only; vLLM's cache a named volume (the daemon's), writable, where vLLM wrote its
+        # record of the model class at start-up: the next start reads it instead of inspecting the class again
+        mounts = {m["Destination"]: m for m in container.attrs["Mounts"]}
+        assert (mounts["/models/tiny-qwen3-moe"]["Type"], mounts["/models/tiny-qwen3-moe"]["RW"]) == ("bind", False)
+        cache = mounts["/root/.cache/vllm"]
+        assert (cache["Type"], cache["Name"], cache["RW"]) == ("volume", "imageforge-vllm-cache", True)
+        code, out = container.exec_run(["ls", "/root/.cache/vllm/modelinfos"])
+        assert code == 0 and "Qwen3MoeForCausalLM" in out.decode(), out
         cmd = container.attrs["Config"]["Cmd"]
         assert cmd[:3] == ["vllm", "serve", "/models/tiny-qwen3-moe"] and "--max-num-seqs" in cmd
         assert cmd[cmd.index("--dtype") + 1] == "float32"  # --set reaches the flags

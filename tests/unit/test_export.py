@@ -31,7 +31,8 @@ MANIFEST = manifest_text("""\
     run:
       shm_size: 1g
       port: 8001
-      volumes: [{source: /models/m, target: /m, read_only: true}]
+      volumes: [{source: /models/m, target: /m, read_only: true},
+                {type: volume, source: a-cache, target: /root/.cache/vllm, read_only: false}]
     steps:
       - id: over
         kind: overlay
@@ -91,11 +92,13 @@ def test_describe_and_run_example(manifest: Path) -> None:
     assert d["serving"]["args"]["max-num-seqs"] == 64 and d["serving"]["env"] == {"A": "1"}
     assert "max-num-seqs: 64" in d["serving"]["config"]
     assert d["run"]["port"] == 8001 and d["run"]["volumes"][0]["target"] == "/m"
+    assert [v["type"] for v in d["run"]["volumes"]] == ["bind", "volume"]
     assert d["load"] == "docker load -i t.tar" and d["sha256"] == "00" * 32
     json.dumps(d)  # serialisable
     line = docker_run_example("example/t:big", d["run"], host_address="10.0.0.5")
     assert line.startswith("docker run -d --shm-size 1g")
     assert "-v /models/m:/m:ro" in line and "-p 10.0.0.5:8001:8001 example/t:big" in line
+    assert "-v a-cache:/root/.cache/vllm -p" in line  # a named volume, writable
 
 
 @pytest.mark.parametrize("compress", [False, True])

@@ -79,6 +79,26 @@ def test_wrong_type_message(write_manifest: Callable[[str], Path]) -> None:
     assert "expected: string" in text and "found:    integer 12" in text
 
 
+def test_run_volumes_bind_by_default_or_a_named_volume(write_manifest: Callable[[str], Path]) -> None:
+    volumes = """    run:
+      volumes:
+        - {source: weights, target: /model}
+        - {type: volume, source: my-cache.1, target: /root/.cache/vllm, read_only: false}
+    steps:
+"""
+    text = MINIMAL.replace("    steps:\n", volumes, 1)
+    bind, named = load_manifest(write_manifest(text)).targets["t"].run.volumes
+    assert (bind.type, bind.named, bind.read_only) == ("bind", False, True)  # a bare relative path stays a path
+    assert (named.type, named.named, named.read_only, named.source) == ("volume", True, False, "my-cache.1")
+    # a volume's name is what Docker accepts: no path there (file:line, key path, the form expected)
+    err = error_of(write_manifest(text.replace("source: my-cache.1", "source: ./cache"))).render()
+    assert "targets.t.run.volumes[1].source: value has the wrong form" in err
+    assert "^[A-Za-z0-9][A-Za-z0-9_.-]*$" in err and "build.yaml:" in err
+    text = error_of(write_manifest(MINIMAL.replace("    steps:\n", volumes.replace("type: volume", "type: tmpfs"),
+                                                   1))).render()
+    assert "targets.t.run.volumes[1].type" in text and "tmpfs" in text
+
+
 def test_missing_key(write_manifest: Callable[[str], Path]) -> None:
     err = error_of(write_manifest(MINIMAL.replace("        new: \"A = 2\"\n", "")))
     assert "targets.t.steps[1]: missing required key 'new'" in err.render()

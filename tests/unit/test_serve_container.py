@@ -54,7 +54,10 @@ def test_spec_for_built_image_publishes_on_localhost_only(cpu: Resolved, tmp_pat
     assert "command" not in spec  # the image's CMD serves the rendered config
     assert spec["environment"] == {}  # serving env is in the image already
     source = str((tmp_path / ".imageforge" / "models" / "tiny-qwen3-moe").resolve())
-    assert spec["volumes"] == {source: {"bind": "/models/tiny-qwen3-moe", "mode": "ro"}}
+    # the model bound read-only from the host; vLLM's cache a named volume, writable, kept by the daemon (nothing
+    # on the host to check: the daemon makes it on first use)
+    assert spec["volumes"] == {source: {"bind": "/models/tiny-qwen3-moe", "mode": "ro"},
+                               "imageforge-vllm-cache": {"bind": "/root/.cache/vllm", "mode": "rw"}}
     assert spec["name"] == "imageforge-cpu-r1"
 
 

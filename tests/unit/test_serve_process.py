@@ -63,6 +63,9 @@ def test_cpu_config_style_renders_into_the_run_directory(cpu: Resolved, tmp_path
     assert config["max-num-seqs"] == 8 and config["enforce-eager"] is True
     assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == "1"  # the serving env (a built image has it in its config)
     assert spec.rewritten == {"/models/tiny-qwen3-moe": model}
+    # vLLM's cache is a named volume in Docker mode: in place there is no Docker, nothing is mounted or rewritten
+    assert ps.mounts(cpu, {}) == {"/models/tiny-qwen3-moe": model}
+    assert [v.target for v in cpu.run.volumes if v.named] == ["/root/.cache/vllm"]
     assert not (run / "serving.yaml").exists()  # process_spec writes nothing
     assert spec.url == "http://127.0.0.1:18555"
 

@@ -59,8 +59,12 @@ def rewrite_value(value: Any, mounts: Mapping[str, str]) -> Any:
 
 
 def mounts(resolved: Resolved, environ: Mapping[str, str]) -> dict[str, str]:
-    """``{volume target: host source}`` of the target's run volumes (sources checked to exist, made absolute)."""
-    return {spec["bind"]: source for source, spec in volume_binds(resolved, environ).items()}
+    """``{volume target: host source}`` of the target's bind volumes (sources checked to exist, made absolute).
+
+    A named volume (``type: volume``) is Docker's: in place there is none, so its target is left as it is (the cpu
+    target's vLLM cache: the process keeps its cache under its own home)."""
+    named = {v.source for v in resolved.run.volumes if v.named}
+    return {spec["bind"]: source for source, spec in volume_binds(resolved, environ).items() if source not in named}
 
 
 def own_prefixes() -> list[str]:

@@ -42,9 +42,14 @@ def expand_vars(text: str, environ: Mapping[str, str], *, what: str) -> str:
 
 
 def volume_binds(resolved: Resolved, environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
-    """``{host_path: {"bind": target, "mode": ro|rw}}``; relative sources are under the manifest root."""
+    """``{host_path or volume name: {"bind": target, "mode": ro|rw}}``; relative sources are under the manifest
+    root; a named volume (``type: volume``) is the daemon's to make and keep."""
     binds: dict[str, dict[str, str]] = {}
     for i, volume in enumerate(resolved.run.volumes):
+        mode = "ro" if volume.read_only else "rw"
+        if volume.named:
+            binds[volume.source] = {"bind": volume.target, "mode": mode}
+            continue
         where = f"targets.{resolved.target.name}.run.volumes[{i}].source"
         source = Path(expand_vars(volume.source, environ, what=where))
         if not source.is_absolute():
@@ -61,7 +66,7 @@ def volume_binds(resolved: Resolved, environ: Mapping[str, str]) -> dict[str, di
                 found="nothing there",
                 hint=hint,
             )
-        binds[str(source.resolve())] = {"bind": volume.target, "mode": "ro" if volume.read_only else "rw"}
+        binds[str(source.resolve())] = {"bind": volume.target, "mode": mode}
     return binds
 
 
