@@ -1,7 +1,9 @@
 """Bench and sweep: score, percentiles, workloads, /metrics parsing, plateau, the client against a fake transport.
 
-No server and no daemon: the client's HTTP goes through ``httpx.MockTransport`` (no sockets), and the
-sweep's build and serve steps are replaced by stubs.
+No daemon: the client's HTTP goes through ``httpx.MockTransport`` (no sockets), and the sweep's build and serve
+steps are replaced by stubs; except the in-place sweep, which applies a patch to a tmp root and serves each point
+with the fake vLLM of test_equiv_record as a real process (the claim of the box test that served two real vLLM
+points in place; issue 24's in-place budget).
 """
 
 from __future__ import annotations
@@ -9,9 +11,11 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -464,6 +468,86 @@ def test_sweep_continues_past_failing_points_and_builds_under_a_sweep_image(
     with pytest.raises(ConfigError, match="unknown key 'max-num-seq'"):
         bench_mod.sweep(manifest, "t", None, [("max-num-seq", [1])], Workload(), environ={}, echo=lines.append)
 
+
+
+def test_sweep_in_place_serves_each_point_one_at_a_time_and_leaves_the_root_as_before(
+        tmp_path: Path, write_manifest: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`sweep --in-place` over two serving values, through the command in process: the steps applied once, each
+    point served as a process (the fake vLLM of test_equiv_record answering the bench itself), measured and
+    stopped before the next starts; the root's listing after the sweep equals the one before, no journal left.
+    (Moved from tests/integration/test_inplace_box.py, where it took two real vLLM starts, ~100 s.)"""
+    from imageforge import inplace
+    from imageforge.bench import runner
+    from imageforge.serve.container import free_port
+    from imageforge.serve.process import InPlace, running_records
+
+    from .test_commands import run as cli
+    from .test_equiv_record import FAKE_VLLM
+    from .test_inplace import make_root
+
+    (tmp_path / "fake_vllm.py").write_text(FAKE_VLLM)
+    (tmp_path / "weights").mkdir()
+    manifest = write_manifest(manifest_text(textwrap.indent(textwrap.dedent(f"""\
+        steps:
+          - id: fix
+            kind: patch
+            file: vllm/y.py
+            old: "A = 1"
+            new: "A = 2"
+        run: {{port: {free_port()}, volumes: [{{source: weights, target: /model, read_only: true}}]}}
+        serving:
+          config_path: /x.yaml
+          style: argv
+          command: [python3, {tmp_path / "fake_vllm.py"}]
+          args: {{model: /model, max-model-len: 512, max-num-seqs: 8}}
+        smoke: {{startup_timeout: 20}}
+    """), "    ")))
+    root = make_root(tmp_path)  # a vllm 1.0 package under root/site: the patch's file
+    monkeypatch.setenv("PYTHONPATH", str(root / "site"))  # the target interpreter finds it there
+    before = list(inplace.listing(root))
+    seen: list[tuple[str, list[dict[str, Any]], str]] = []  # per bench: its URL, the servers up, the patched file
+    real = runner.run_bench  # the name bench_target calls
+
+    def bench(url: str, workload: Workload, **kw: Any) -> BenchResult:
+        seen.append((url, running_records(tmp_path), (root / "site/vllm/y.py").read_text()))
+        return real(url, workload, **kw)
+
+    monkeypatch.setattr(runner, "run_bench", bench)
+    code, out, err = cli(capsys, "sweep", "--manifest", str(manifest), "--target", "t", "--in-place", "--root",
+                         str(root), "--python", sys.executable, "--param", "max-num-seqs=1,2", "--requests", "2",
+                         "--repeat", "1")
+    text = out + err
+    assert code == 0, text
+    assert f"in place on {root}: 2 server start(s), one at a time; the steps applied 1 time(s)" in text, text
+    run_id = re.search(r"  run (\S+)  ", text)
+    assert run_id, text
+    doc = json.loads((tmp_path / ".imageforge" / "runs" / run_id.group(1) / "sweep.json").read_text())
+    points = doc["points"]
+    assert [p["params"] for p in points] == [{"max-num-seqs": 1}, {"max-num-seqs": 2}]
+    for p in points:
+        assert p["status"] == "ok", p
+        assert p["summary"]["requests"] == 2 and p["summary"]["errors"] == 0 and p["summary"]["output_tps"] > 0
+        assert p["startup_seconds"] and p["startup_seconds"] > 0
+    assert points[0]["build"] != points[1]["build"] == "the applied files reused (serving flags only)"
+    # while each point's bench ran: exactly one server up (the one before was stopped), a new process each time,
+    # started with the point's flag, and the patch applied under the root
+    assert len(seen) == 2
+    for (url, up, patched), seqs in zip(seen, (1, 2), strict=True):
+        [server] = up
+        argv = server["argv"]
+        assert server["url"] == url and argv[argv.index("--max-num-seqs") + 1] == str(seqs), server
+        assert patched == "A = 2\n"
+    assert seen[0][1][0]["pid"] != seen[1][1][0]["pid"]
+    # none is left: every server the sweep recorded is marked stopped and gone
+    servers = [json.loads(path.read_text()) for path in (tmp_path / ".imageforge" / "runs").glob("*/server.json")]
+    assert len(servers) == 2 and all(s.get("stopped") for s in servers), servers
+    assert running_records(tmp_path) == []
+    # the root as before: the same listing (the patched file and its .pyc back), no journal
+    after = list(inplace.listing(root))
+    assert ([r for r in after if r not in before], [r for r in before if r not in after]) == ([], [])
+    assert InPlace(root=root, python=sys.executable).applied_state() is None
+    assert not (root / "var/lib/imageforge/journal.json").exists()
 
 def test_repeat_reports_the_median_run_and_never_hides_a_failing_one(tmp_path: Path) -> None:
     fake = FakeVllm()

@@ -76,12 +76,14 @@ def test_bi100_float32_is_refused_with_the_arithmetic_and_its_reference_is_the_b
     assert required_resolved(cpu).steps == ()
 
 
-#: A deterministic stand-in for vLLM's OpenAI server: /health, /v1/models, /tokenize and /v1/completions with
-#: prompt_logprobs; --scale sharpens its softmax (a changed model), --dtype is accepted.
+#: A deterministic stand-in for vLLM's OpenAI server: /health, /v1/models, /tokenize (one token per character) and
+#: /v1/completions with prompt_logprobs, or streamed (``stream``: one SSE chunk per token, then usage and [DONE]: the
+#: bench's requests); --scale sharpens its softmax (a changed model), --max-model-len is what /v1/models reports
+#: (default 64), --dtype and any other flag (e.g. --max-num-seqs) are accepted.
 FAKE_VLLM = """\
 import argparse, http.server, json, math
 p = argparse.ArgumentParser()
-for flag in ("--host", "--port", "--model", "--dtype", "--scale"):
+for flag in ("--host", "--port", "--model", "--dtype", "--scale", "--max-model-len"):
     p.add_argument(flag)
 a, _ = p.parse_known_args()
 scale = float(a.scale or 1.0)
@@ -101,12 +103,13 @@ class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/health": return self.reply(200, {})
         if self.path == "/v1/models":
-            return self.reply(200, {"data": [{"id": "fake", "root": a.model, "max_model_len": 64}]})
+            return self.reply(200, {"data": [{"id": "fake", "root": a.model,
+                                              "max_model_len": int(a.max_model_len or 64)}]})
         self.reply(404, {})
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         if self.path == "/tokenize":
-            return self.reply(200, {"tokens": [1 + (ord(c) % (V - 1)) for c in body["prompt"]][:6]})
+            return self.reply(200, {"tokens": [1 + (ord(c) % (V - 1)) for c in body["prompt"]]})
         ids = list(body["prompt"])
         if body.get("prompt_logprobs"):
             k = int(body["prompt_logprobs"]); out = [None]
@@ -119,7 +122,14 @@ class H(http.server.BaseHTTPRequestHandler):
         gen = []
         for _ in range(int(body["max_tokens"])):
             lps = dist(ids + gen); gen.append(max(range(V), key=lambda t: (lps[t], -t)))
-        self.reply(200, {"choices": [{"text": "", "token_ids": gen}]})
+        if not body.get("stream"):
+            return self.reply(200, {"choices": [{"text": "", "token_ids": gen}]})
+        self.send_response(200); self.send_header("content-type", "text/event-stream"); self.end_headers()
+        usage = {"prompt_tokens": len(ids), "completion_tokens": len(gen)}
+        for chunk in [{"choices": [{"index": 0, "text": chr(96 + t), "token_ids": [t]}]} for t in gen] + [
+                {"choices": [], "usage": usage}]:
+            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\\n\\n")
+        self.wfile.write(b"data: [DONE]\\n\\n")
     def log_message(self, *args): pass
 http.server.HTTPServer((a.host, int(a.port)), H).serve_forever()
 """
