@@ -1,9 +1,9 @@
 """`invoke run` / `invoke stop` and the serving() lifecycle on the real daemon.
 
 One vLLM start here (``invoke run --base``: conftest's ``cpu_base_run``, shared with test_forensics_run's equiv
-tests, which run before this module); the other tests never wait for vLLM. Two more containers start vLLM and are
-interrupted before /health (`smoke` under SIGINT and under SIGTERM: each its own process, so each its own start);
-the ``serving()`` interrupt is checked inside them (it reaches ``serving()``'s block), with no start of its own.
+tests, which run before this module); the other tests never wait for vLLM. One more container starts vLLM and is
+interrupted before /health (`smoke` under SIGINT; SIGTERM's conversion to the same interrupt is a unit test); the
+``serving()`` interrupt is checked inside it (it reaches ``serving()``'s block), with no start of its own.
 """
 
 from __future__ import annotations
@@ -110,12 +110,12 @@ def test_missing_image_is_an_infra_error(cpu_resolved: Any) -> None:
     assert "does not exist" in info.value.message and "invoke build" in (info.value.hint or "")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_interrupted_smoke_removes_its_server(sig: signal.Signals,
-                                              containers_labelled: Callable[..., list[Any]]) -> None:
-    """Ctrl-C (or SIGTERM) while `invoke smoke` waits for readiness: exit 130, nothing left running. The interrupt
-    reaches ``serving()``'s block (its ``wait_ready``): that ``serving()`` removes its running container on an
-    interrupt and keeps its log is checked here too (it had a test and a vLLM start of its own, issue 24)."""
+def test_interrupted_smoke_removes_its_server(containers_labelled: Callable[..., list[Any]]) -> None:
+    """Ctrl-C while `invoke smoke` waits for readiness: exit 130, nothing left running. The interrupt reaches
+    ``serving()``'s block (its ``wait_ready``): that ``serving()`` removes its running container on an interrupt and
+    keeps its log is checked here too (it had a test and a vLLM start of its own, issue 24). SIGTERM, which
+    ``serving()`` turns into the same KeyboardInterrupt, was this test's second case and second start: it is
+    tests/unit/test_serve_container.py::test_sigterm_while_serving_removes_the_server_as_ctrl_c_does."""
     proc = subprocess.Popen([str(INVOKE), "smoke", "--target", "cpu"], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             preexec_fn=sigint_default)
@@ -137,7 +137,7 @@ def test_interrupted_smoke_removes_its_server(sig: signal.Signals,
         assert run_id, "".join(lines)
         (container,) = containers_labelled(**{L_RUN: run_id})
         assert container.status == "running"
-        proc.send_signal(sig)
+        proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:

@@ -279,3 +279,44 @@ def test_an_exited_server_names_the_step_unless_it_serves_the_base(cpu: Resolved
     assert failed(False, "") == f"{where}, written by step {second.id!r} (patch)"
     assert failed(False, f"    {code}\n    ^^^^\n") == f"{where}, written by step {first.id!r} (patch)"
     assert failed(True, f"    {code}\n") == where
+
+
+def test_sigterm_while_serving_removes_the_server_as_ctrl_c_does(cpu: Resolved,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM inside ``serving()``'s block is turned into the KeyboardInterrupt that Ctrl-C raises: the server is
+    removed and the interrupt goes on (the CLI's exit 130). Ctrl-C itself runs end to end in
+    tests/integration/test_run.py (`smoke --target` interrupted while it waits for /health); this was its SIGTERM
+    twin there, a vLLM start of its own for the one line that differs (issue 24)."""
+    import os
+    import signal
+    import time
+
+    from imageforge.serve import container
+
+    assert threading.current_thread() is threading.main_thread()  # pytest (and each xdist worker) runs tests there
+    server = object()
+    removed: list[object] = []
+
+    def wait_ready(srv: object, **_kw: Any) -> None:
+        assert srv is server
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(3)  # the handler raises before this ends
+        pytest.fail(f"SIGTERM did not interrupt the wait (the caller's handler got {caught})")
+
+    monkeypatch.setattr(container, "start_server", lambda resolved, log, **kw: server)
+    monkeypatch.setattr(container, "wait_ready", wait_ready)
+    monkeypatch.setattr(container, "remove_server", lambda srv, log: removed.append(srv))
+    caught: list[int] = []
+
+    def callers_handler(signum: int, _frame: Any) -> None:
+        caught.append(signum)  # where SIGTERM would land without serving()'s own handler
+
+    previous = signal.signal(signal.SIGTERM, callers_handler)
+    try:
+        with (pytest.raises(KeyboardInterrupt, match=f"signal {int(signal.SIGTERM)}"),
+              container.serving(cpu, log=lambda _line: None)):
+            pytest.fail("the block ran: the wait was not interrupted")
+        assert removed == [server] and caught == []
+        assert signal.getsignal(signal.SIGTERM) is callers_handler  # the caller's handler is back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
