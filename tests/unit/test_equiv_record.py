@@ -218,12 +218,24 @@ def running_fake(tmp_path: Path, fake_manifest: Path) -> Iterator[tuple[str, sub
 
 
 def test_record_from_a_running_server_starts_nothing_and_says_what_it_read(
-        fake_manifest: Path, tmp_path: Path, running_fake: tuple[str, subprocess.Popen[bytes]]) -> None:
+        fake_manifest: Path, tmp_path: Path, running_fake: tuple[str, subprocess.Popen[bytes]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from imageforge.equiv.client import EquivClient
+
     url, proc = running_fake
     s = app.settings(manifest=str(fake_manifest))
     ref = tmp_path / "ref.json"
     lines: list[str] = []
+    asked: list[str] = []
+    real_entry = EquivClient.model_entry
+
+    def model_entry(self: EquivClient) -> dict[str, Any]:
+        asked.append(self.url)
+        return real_entry(self)
+
+    monkeypatch.setattr(EquivClient, "model_entry", model_entry)
     assert app.equiv(s, "p", None, [], record=str(ref), url=url, echo=lines.append) is None
+    assert asked == [url]  # /v1/models read once: the flags it reports and the model the prompts go to
     rec = load_record(ref)
     # provenance: the URL and the model the server names at /v1/models, what it reports there, nothing claimed
     assert rec.served == f"{url} serving fake (/v1/models)"

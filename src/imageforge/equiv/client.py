@@ -157,10 +157,12 @@ def _ids_of_tokens(tokens: Any) -> list[int]:
 
 
 def collect_reference(url: str, prompts: Sequence[str | Sequence[int]], *, top_k: int, greedy_tokens: int,
-                      transport: httpx.BaseTransport | None = None) -> Evidence:
-    """The reference server's evidence; its sequences are prompt + its own greedy continuation."""
+                      transport: httpx.BaseTransport | None = None, model: str | None = None) -> Evidence:
+    """The reference server's evidence; its sequences are prompt + its own greedy continuation.
+
+    ``model``: the served name when the caller has read ``/v1/models`` already (else it is read here)."""
     with EquivClient(url, transport=transport) as client:
-        model = client.model()
+        model = model or client.model()
         out: list[PromptEvidence] = []
         for i, prompt in enumerate(prompts):
             text = prompt if isinstance(prompt, str) else None

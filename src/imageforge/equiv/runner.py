@@ -337,7 +337,7 @@ def record_running(resolved: Resolved, path: Path, url: str, *, dtype: str | Non
     with EquivClient(url, transport=transport) as client:
         entry = client.model_entry()
     evidence = collect_reference(url, settings.prompts, top_k=settings.top_k, greedy_tokens=settings.greedy_tokens,
-                                 transport=transport)
+                                 transport=transport, model=str(entry["id"]))
     served = f"{url} serving {evidence.model} (/v1/models)"
     reported = {flag: entry[key] for flag, key in REPORTED_FLAGS if entry.get(key) is not None}
     record = make_record(evidence, settings, chosen, served=served,
