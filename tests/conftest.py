@@ -23,6 +23,9 @@ events this daemon never sees) counts as a Docker-mode start. It counts what the
   the ``VLLM_INPLACE`` worker's, another daemon's container to the ``VLLM_OTHER_DAEMON`` worker's. A test outside
   ``VLLM_DOCKER`` asking for a session server is refused at collection (it would start a second one on its
   worker).
+* **Where the time went** (:class:`GroupClock`): after the starts, a "test groups" section lists per worker the
+  groups it ran, in order, with their span from the session's first test (seconds) and their tests' summed time;
+  groups under 10 s are summed in one line. The split of the suite between the workers is read there.
 """
 
 from __future__ import annotations
@@ -192,6 +195,49 @@ class VllmStarts:
 _COUNTER = VllmStarts()
 
 
+class GroupClock:
+    """Per test group (:func:`group_of`): the worker that ran it, its first start and last end (seconds from the
+    session's first test) and its tests' summed time, from the reports the controller reads."""
+
+    def __init__(self) -> None:
+        self.t0: float | None = None
+        self.started: dict[str, float] = {}  # nodeid -> its start
+        self.groups: dict[str, list[float]] = {}  # group -> [first start, last end, summed time]
+        self.worker: dict[str, str] = {}  # group -> the worker that ran it ("-" without xdist)
+
+    def begin(self, nodeid: str, now: float) -> None:
+        self.t0 = now if self.t0 is None else self.t0
+        self.started[nodeid] = now - self.t0
+        self.groups.setdefault(group_of(nodeid), [now - self.t0, now - self.t0, 0.0])
+
+    def end(self, nodeid: str, now: float) -> None:
+        if self.t0 is None or nodeid not in self.started:
+            return
+        span = self.groups[group_of(nodeid)]
+        span[1] = now - self.t0
+        span[2] += now - self.t0 - self.started.pop(nodeid)
+
+    def ran_on(self, nodeid: str, worker: str) -> None:
+        self.worker.setdefault(group_of(nodeid), worker)
+
+    def lines(self, small: float = 10.0) -> list[str]:
+        out: list[str] = []
+        for worker in sorted(set(self.worker.get(g, "-") for g in self.groups)):
+            mine = sorted(((g, s) for g, s in self.groups.items() if self.worker.get(g, "-") == worker),
+                          key=lambda gs: gs[1][0])
+            busy = sum(s[2] for _, s in mine)
+            end = max((s[1] for _, s in mine), default=0.0)
+            out.append(f"{worker}: {len(mine)} groups, {busy:.0f} s of tests, its last test ended at {end:.0f} s")
+            rest = [s for _, s in mine if s[2] < small]
+            out += [f"  {s[0]:6.0f} -{s[1]:5.0f} s  {s[2]:6.1f} s  {g}" for g, s in mine if s[2] >= small]
+            if rest:
+                out.append(f"  {len(rest)} groups under {small:.0f} s each: {sum(s[2] for s in rest):.1f} s")
+        return out
+
+
+_CLOCK = GroupClock()
+
+
 def _in_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")  # an xdist worker: the controller counts
 
@@ -228,10 +274,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
     _COUNTER.begin(nodeid)  # in the controller under xdist: a worker's report
+    _CLOCK.begin(nodeid, time.monotonic())
 
 
 def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
     _COUNTER.end(nodeid)
+    _CLOCK.end(nodeid, time.monotonic())
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)  # under xdist, in the controller: the worker that sent it
+    _CLOCK.ran_on(report.nodeid, str(getattr(getattr(node, "gateway", None), "id", "-")))
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -240,4 +293,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     _COUNTER.stop()
     terminalreporter.section("vLLM starts")
     for line in _COUNTER.lines():
+        terminalreporter.write_line(line)
+    terminalreporter.section("test groups")
+    for line in _CLOCK.lines():
         terminalreporter.write_line(line)

@@ -10,7 +10,16 @@ from collections.abc import Collection
 
 import pytest
 
-from tests.conftest import STREAMS, VLLM_DOCKER, VLLM_INPLACE, VLLM_OTHER_DAEMON, VllmStarts, group_of, runs_vllm_server
+from tests.conftest import (
+    STREAMS,
+    VLLM_DOCKER,
+    VLLM_INPLACE,
+    VLLM_OTHER_DAEMON,
+    GroupClock,
+    VllmStarts,
+    group_of,
+    runs_vllm_server,
+)
 
 
 @pytest.mark.parametrize(("argv", "server"), [
@@ -150,3 +159,24 @@ def test_the_scheduler_keeps_each_group_on_one_worker() -> None:
     for worker, path in re.findall(r"^\[(gw\d)\] \[ *\d+%\] PASSED (\S+?)::", proc.stdout, re.M):
         workers.setdefault(path, set()).add(worker)
     assert set(workers) == set(files) and all(len(w) == 1 for w in workers.values()), workers
+
+
+def test_the_group_clock_lists_each_workers_groups_in_order_and_sums_the_small_ones() -> None:
+    clock = GroupClock()
+    docker, box = STREAMS[VLLM_DOCKER], STREAMS[VLLM_INPLACE]
+    tests = [(f"{docker[0]}::a", "gw0", 100.0, 130.0), (f"{docker[1]}::b", "gw0", 130.0, 160.0),
+             (f"{box[0]}::c", "gw1", 100.5, 150.0), ("tests/unit/test_x.py::d", "gw1", 150.0, 152.0),
+             ("tests/unit/test_y.py::e", "gw0", 160.0, 163.5)]
+    for nodeid, worker, start, _end in tests:
+        clock.begin(nodeid, start)
+        clock.ran_on(nodeid, worker)
+    for nodeid, _worker, _start, end in tests:
+        clock.end(nodeid, end)
+    assert clock.lines() == [
+        "gw0: 2 groups, 64 s of tests, its last test ended at 64 s",
+        f"       0 -   60 s    60.0 s  {VLLM_DOCKER}",
+        "  1 groups under 10 s each: 3.5 s",
+        "gw1: 2 groups, 52 s of tests, its last test ended at 52 s",
+        f"       0 -   50 s    49.5 s  {VLLM_INPLACE}",
+        "  1 groups under 10 s each: 2.0 s",
+    ]
