@@ -115,8 +115,8 @@ def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[...
     assert any("tool_calls" in f for f in tools["failures"])
     assert tools["exchanges"][0]["body"]["tool_choice"] == "required"
     assert "<tool_call>" in tools["exchanges"][0]["response"]  # the unparsed call is in the content
-    # the error names the culprit and shows the failing probe's report: the failing check first
-    assert "tools-required" in cli.output.split("smoke failure:")[1]
+    # the error names the culprit and, first in what it found, every failing check of its probe
+    assert re.search(r"found: +\d+ passed, \d+ failed \([^)]*\btools-required\b", cli.output.split("smoke failure:")[1])
 
 
 def test_ablate_benches_abab_and_skips_required_steps(cpu_variant: Callable[..., Path], remove_images: list[str],

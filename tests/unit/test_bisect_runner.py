@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from imageforge.errors import BuildError
-from imageforge.forensics import bisect_runner
+from imageforge.errors import EXIT_SMOKE, BuildError, SmokeError
+from imageforge.forensics import bisect_runner, raise_for
 from imageforge.forensics.bisect_runner import BisectRun, bisect_target
 from imageforge.manifest_load import load_manifest
 from imageforge.resolve import resolve
@@ -121,6 +121,11 @@ def test_the_first_failing_probe_shows_its_failing_checks_summary_report_and_log
     assert run.to_json()["failing_probe"] == probe  # `bisect --json`
     assert json.loads((run.run_dir / "bisect.json").read_text())["failing_probe"] == probe
     assert (run.run_dir / "bisect.txt").read_text() == text + "\n"
+    # the error (exit 4) names the culprit and, first in what it found, every failing check of its probe
+    with pytest.raises(SmokeError) as info:
+        raise_for(run.result, "fix")
+    assert info.value.exit_code == EXIT_SMOKE
+    assert "found:    1 passed, 1 failed (tools-required)\ntools-required (" in info.value.render()
 
 
 def test_a_failing_probe_without_a_smoke_run_shows_its_reason_and_log(

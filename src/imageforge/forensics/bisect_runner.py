@@ -321,8 +321,11 @@ def _smoke_probe(k: int, resolved: Resolved, suite: Suite, p: _Probing) -> Outco
             p.reports.setdefault(k, []).append(str(report.json_path))
         if report.ok:
             return Outcome(True)
-        text = "\n\n".join(failure_text(r, report.log_tail[-10:]) for r in report.results if r.status == FAIL)
-        return Outcome(False, f"{report.summary_line()}\n{text}", Evidence.of_smoke(report))
+        failed = [r for r in report.results if r.status == FAIL]
+        text = "\n\n".join(failure_text(r, report.log_tail[-10:]) for r in failed)
+        # the closing line names every failing check (as smoke's verdict does): bisect's error shows it first
+        names = ", ".join(r.check.id for r in failed)
+        return Outcome(False, f"{report.summary_line()} ({names})\n{text}", Evidence.of_smoke(report))
 
     serve_as = subset_resolved(resolved, [s.id for s in resolved.steps[:k]], suffix="bisect")
     return _probe_cut(k, resolved, serve_as, p, what="", measure=measure,
