@@ -1,10 +1,11 @@
 """equiv, bisect and ablate on real images and real vLLM servers of the cpu target.
 
-Each test starts real servers (30-120 s each on this machine): keep them few. vLLM starts: bisect's two probes,
-ablate's two servers, and the scaled-softmax equiv candidate (once compared, it is also the server test_smoke's
-claim "a server killed mid-suite" kills); the shipped image's equiv candidate is the session's ``cpu_server``
-(conftest: served as equiv serves its candidate, float32; no start here when an earlier module started it); both
-equiv tests compare (``compare_urls``) against the session's ``run --target cpu --base --set dtype=float32``
+Each test starts real servers (30-120 s each on this machine): keep them few. vLLM starts: bisect's two probes
+(the whole dummy suite on each; the failing one is also test_smoke's former "a patch that breaks tool-call
+parsing"), ablate's two servers, and the scaled-softmax equiv candidate (once compared, it is also the server
+test_smoke's claim "a server killed mid-suite" kills); the shipped image's equiv candidate is the session's
+``cpu_server`` (conftest: served as equiv serves its candidate, float32; no start here when an earlier module started
+it); both equiv tests compare (``compare_urls``) against the session's ``run --target cpu --base --set dtype=float32``
 (conftest ``cpu_base_run``: equiv's base reference, and test_run's ``run --base`` under test, which removes it
 later). ``equiv_target``'s own orchestration (build the candidate, serve both sides, compare, remove both) is
 tests/unit/test_equiv.py's, with the servers faked at that boundary.
@@ -16,6 +17,7 @@ import contextlib
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,12 +26,11 @@ import pytest
 import yaml
 
 from imageforge.equiv.compare import EquivError
-from imageforge.errors import EXIT_SMOKE, SmokeError
-from imageforge.forensics.search import raise_for
+from imageforge.errors import EXIT_SMOKE
 from imageforge.labels import L_RUN
 from imageforge.manifest_load import load_manifest
 from imageforge.resolve import resolve
-from tests.integration.helpers import kill_mid_suite
+from tests.integration.helpers import REPO, kill_mid_suite
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -42,13 +43,14 @@ SCALED_SOFTMAX = {
     "new": "            logits = logits * 1.0e4  # test: scaled softmax\n        return logits\n",
     "why": "test: changes the math",
 }
-MODELS_ROUTER = "vllm/entrypoints/openai/models/api_router.py"
-BROKEN_MODELS = {
-    "id": "break-v1-models", "kind": "patch", "file": MODELS_ROUTER,
-    "old": "    models_ = await handler.show_available_models()\n",
-    "new": "    raise RuntimeError('imageforge test: /v1/models broken on purpose')\n",
-    "why": "test: a deliberately broken step",
+HERMES = "vllm/tool_parsers/hermes_tool_parser.py"
+BREAK_HERMES = {
+    "id": "break-hermes", "kind": "patch", "file": HERMES,
+    "why": "fault test: the hermes parser looks for a tag the model never writes",
+    "old": 'tool_call_start_token: str = "<tool_call>"',
+    "new": 'tool_call_start_token: str = "<tool_call_x>"',
 }
+SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed(?:, (\d+) skipped)?$", re.M)
 
 
 def _prompts(resolved: Any, n: int, greedy: int) -> Any:
@@ -58,38 +60,63 @@ def _prompts(resolved: Any, n: int, greedy: int) -> Any:
     return dataclasses.replace(s, prompts=s.prompts[:n], greedy_tokens=greedy)
 
 
-def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[..., Path],
+def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[..., Path], invoke_cli: Callable[..., Any],
                                                         remove_images: list[str]) -> None:
-    from imageforge.forensics.bisect_runner import bisect_target
+    """`imageforge bisect` (in process) finds a patch that breaks tool-call parsing, and shows why its probe failed.
 
+    Also the home of the former test_smoke::test_patch_that_breaks_tool_call_parsing (its own server start): its
+    claims hold on bisect's failing probe, which ran the whole dummy suite on the broken image. The smoke command's
+    own error path for failing checks ("smoke failure: N of M smoke checks failed: <ids>", exit 4) is
+    test_smoke.py::test_server_answering_500s's (a local stub, no vLLM); the verdict naming the check,
+    tests/unit/test_smoke.py::test_failures_show_request_response_and_exit_4's.
+    """
     remove_images += ["imageforge-test/bisect-bisect"]
-    path = cpu_variant("imageforge-test/bisect", steps=[BROKEN_MODELS])
+    path = cpu_variant("imageforge-test/bisect", steps=[BREAK_HERMES])
     # the planted break alone (one step) keeps the server starts at two: the base passes, the final image fails, so
     # the culprit is the one step; the bound is ceil(log2 1) + 2 = 2 points. The binary search between them (the
     # midpoint order [0, 2, 1] for two steps, the bound for any n and any break) is tests/unit/test_bisect.py's.
     data = yaml.safe_load(path.read_text())
-    data["targets"]["cpu"]["steps"] = [s for s in data["targets"]["cpu"]["steps"] if s["id"] == "break-v1-models"]
+    data["targets"]["cpu"]["steps"] = [s for s in data["targets"]["cpu"]["steps"] if s["id"] == "break-hermes"]
     data["targets"]["cpu"]["verify"]["imports"] = ["vllm.v1.attention.ops.prefix_prefill"]
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     resolved = resolve(load_manifest(path), "cpu", "conservative", environ=os.environ)
     ids = [s.id for s in resolved.steps]
-    assert ids == ["break-v1-models"]
-    run = bisect_target(resolved, checks=["models-lists-served-name"], echo=print)
-    result = run.result
-    assert result.status == "found", run.text()
-    assert result.first_failing == 1 and result.last_passing == 0
-    assert run.culprit is not None and run.culprit.id == "break-v1-models"
-    assert [p.k for p in result.points] == [0, 1]  # base, final: nothing between them to search
-    assert result.bound == math.ceil(math.log2(1)) + 2 == 2 and result.runs <= result.bound
-    text = run.text()
-    assert f"first failing step: break-v1-models (patch) at {path}:" in text
-    assert f"{MODELS_ROUTER} (patched x1)" in text
-    assert "models-lists-served-name" in text  # the failing check's report
-    with pytest.raises(SmokeError) as info:
-        raise_for(result, run.culprit.id)
-    assert info.value.exit_code == 4
-    saved = json.loads((run.run_dir / "bisect.json").read_text())
-    assert saved["culprit"]["id"] == "break-v1-models" and saved["first_failing"] == 1
+    assert ids == ["break-hermes"]
+    # every check of the cpu target's suite (as `smoke --target cpu` runs them) on both probes
+    cli = invoke_cli("bisect", "--manifest", str(path), "--target", "cpu", "--profile", "conservative",
+                     "--suite", str(REPO / "smoke" / "dummy.yaml"), timeout=900)
+    assert cli.code == EXIT_SMOKE == 4, cli.output  # raise_for: a step broke the checks
+    assert "smoke failure: bisect: the first failing step is break-hermes" in cli.output
+    saved = json.loads(Path(re.findall(r"reports: \S+, (\S+/bisect\.json)", cli.output)[-1]).read_text())
+    assert saved["status"] == "found", cli.output
+    assert saved["first_failing"] == 1 and saved["last_passing"] == 0
+    assert saved["culprit"]["id"] == "break-hermes"
+    assert [p["k"] for p in saved["points"]] == [0, 1]  # base, final: nothing between them to search
+    assert saved["bound"] == math.ceil(math.log2(1)) + 2 == 2 and saved["runs"] <= saved["bound"]
+    assert f"first failing step: break-hermes (patch) at {path}:" in cli.output
+    assert f"{HERMES} (patched x1)" in cli.output
+    # why the probe failed, as `smoke` prints it: the FAIL lines, the closing line, the report and the log
+    found = SUMMARY.findall(cli.output)
+    assert found, "no closing line `N passed, N failed` in the output"
+    passed, failed = int(found[-1][0]), int(found[-1][1])
+    assert failed >= 1 and passed >= 25
+    assert re.search(r"^  FAIL  tools-required\b", cli.output, re.M)
+    assert "PASS" not in cli.output.split("probe k=1 (")[-1]  # short: the passing checks' lines are in the log
+    log = Path(re.findall(r"  log: (\S+/cut-1\.log)$", cli.output, re.M)[-1])
+    assert log == Path(saved["failing_probe"]["log"])
+    assert re.search(r"^  PASS  health\b", log.read_text(), re.M)
+    report_path = re.findall(r"^report: (\S+/smoke\.json)  log: ", cli.output, re.M)[-1]
+    assert report_path == saved["failing_probe"]["report"] and saved["failing_probe"]["k"] == 1
+    report = json.loads(Path(report_path).read_text())
+    assert report["summary"] == found[-1][0] + " passed, " + found[-1][1] + " failed" + (
+        f", {found[-1][2]} skipped" if found[-1][2] else "")
+    tools = next(c for c in report["checks"] if c["id"] == "tools-required")
+    assert tools["status"] == "failed"
+    assert any("tool_calls" in f for f in tools["failures"])
+    assert tools["exchanges"][0]["body"]["tool_choice"] == "required"
+    assert "<tool_call>" in tools["exchanges"][0]["response"]  # the unparsed call is in the content
+    # the error names the culprit and, first in what it found, every failing check of its probe
+    assert re.search(r"found: +\d+ passed, \d+ failed \([^)]*\btools-required\b", cli.output.split("smoke failure:")[1])
 
 
 def test_ablate_benches_abab_and_skips_required_steps(cpu_variant: Callable[..., Path], remove_images: list[str],

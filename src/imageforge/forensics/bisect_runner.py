@@ -26,6 +26,7 @@ from ..equiv.runner import EquivRun, check_dtype, compare_urls, renamed, with_se
 from ..errors import ConfigError, ImageforgeError, SmokeError
 from ..rundirs import new_run_id
 from ..serve.container import serving
+from ..serving_client import short
 from ..smoke import (
     DEFAULT_TAGS,
     FAIL,
@@ -33,10 +34,13 @@ from ..smoke import (
     failure_text,
     interesting_lines,
     load_suite,
+    result_line,
     run_suite,
     suite_for,
     target_vars,
 )
+from ..smoke.results import truncate
+from ..smoke.table import FIRST_FAILURE
 from .search import BisectResult, FlakyPolicy, Outcome, bisect, probe_bound
 from .subsets import build_subset, changed_files, file_log, first_line, step_label, subset_resolved
 
@@ -44,7 +48,7 @@ if TYPE_CHECKING:
     from ..manifest import Step
     from ..resolve import Resolved
     from ..serve.container import Server
-    from ..smoke import Suite
+    from ..smoke import SmokeReport, Suite
 
 Log = Callable[[str], None]
 EQUIV_CHECK = "equiv"
@@ -68,6 +72,51 @@ def select_checks(suite: Suite, checks: Sequence[str], tags: Sequence[str]) -> S
     return dataclasses.replace(suite, checks=selected)
 
 
+@dataclass(frozen=True)
+class FailedCheck:
+    """A check that failed in a probe: its line as ``smoke`` prints it, and every failure message."""
+
+    id: str
+    line: str
+    failures: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a probe run left beside its verdict (its :class:`Outcome`'s ``detail``): the report file it wrote
+    (``smoke.json``, ``equiv.json``) and, for a smoke probe, the suite's closing line and its failing checks."""
+
+    report: Path | None = None
+    summary: str = ""  # "N passed, M failed" (smoke); empty for the accuracy gate
+    failed: tuple[FailedCheck, ...] = ()
+
+    @classmethod
+    def of_smoke(cls, report: SmokeReport) -> Evidence:
+        width = max((len(r.check.id) for r in report.results), default=10)  # as the smoke run padded its ids
+        failed = tuple(FailedCheck(r.check.id, result_line(r, width), tuple(r.failures))
+                       for r in report.results if r.status == FAIL)
+        return cls(report.json_path, report.summary_line(), failed)
+
+    def lines(self) -> list[str]:
+        """Each failing check's line, then its failure messages where the line cut them; the closing line."""
+        out: list[str] = []
+        for check in self.failed:
+            out.append(check.line)
+            rest = check.failures if check.failures and short(check.failures[0], FIRST_FAILURE) != repr(
+                check.failures[0]) else check.failures[1:]
+            out += [f"        - {truncate(f, MESSAGE).replace(chr(10), ' ')}" for f in rest]
+        if self.summary:
+            out.append(self.summary)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"report": None if self.report is None else str(self.report), "summary": self.summary,
+                "failed": [{"id": c.id, "failures": list(c.failures)} for c in self.failed]}
+
+
+MESSAGE = 400  # characters of a failure message under its check's line
+
+
 @dataclass
 class BisectRun:
     result: BisectResult
@@ -86,16 +135,43 @@ class BisectRun:
         lines = [f"bisect {self.selection}", self.result.text(self.labels)]
         step = self.culprit
         if step is not None:
-            k = self.result.first_failing or 0
             lines += ["", f"first failing step: {step.id} ({step.kind}) at {step.location}  [{step.key_path}]"]
             if step.why:
                 lines.append(f"  why: {step.why}")
             lines.append("  changes:")
             lines += [f"    {line}" for line in changed_files(step)]
-            point = self.result.point(k)
-            if point is not None and point.report():
-                lines += ["  failing check's report:", *(f"    {line}" for line in point.report().splitlines())]
+        lines += self.failing_probe_text()
         return "\n".join(lines)
+
+    def failing_probe(self) -> tuple[int, Outcome] | None:
+        """The first failing cut (the culprit's, or the base when it fails) and its first failing run."""
+        k = self.result.first_failing
+        if self.result.status not in ("found", "base-fails") or k is None:
+            return None
+        point = self.result.point(k)
+        failing = None if point is None else point.failing()
+        return None if failing is None else (k, failing)
+
+    def log_of(self, k: int) -> Path:
+        return self.run_dir / f"cut-{k}.log"
+
+    def failing_probe_text(self) -> list[str]:
+        """Why the first failing probe failed: its failing checks' lines and the summary as ``smoke`` prints them
+        (every check's line is in its log), or its report (a build, a start, the accuracy gate); where to read on."""
+        found = self.failing_probe()
+        if found is None:
+            return []
+        k, outcome = found
+        evidence = outcome.detail if isinstance(outcome.detail, Evidence) else Evidence()
+        label = self.labels[k] if 0 <= k < len(self.labels) else f"after step {k}"
+        lines = ["", f"probe k={k} ({label}) failed:"]
+        if evidence.summary:
+            lines += evidence.lines()
+        else:
+            lines += [f"  {line}" for line in outcome.report.splitlines()]
+        where = f"log: {self.log_of(k)}"
+        lines.append(where if evidence.report is None else f"report: {evidence.report}  {where}")
+        return lines
 
     def to_json(self) -> dict[str, Any]:
         step = self.culprit
@@ -104,7 +180,16 @@ class BisectRun:
             "culprit": None if step is None else {"id": step.id, "kind": step.kind, "location": str(step.location),
                                                    "key_path": step.key_path, "changes": changed_files(step)},
             "reports": {str(k): v for k, v in self.reports.items()},
+            "failing_probe": self._failing_probe_json(),
         }
+
+    def _failing_probe_json(self) -> dict[str, Any] | None:
+        found = self.failing_probe()
+        if found is None:
+            return None
+        k, outcome = found
+        evidence = outcome.detail if isinstance(outcome.detail, Evidence) else Evidence()
+        return {"k": k, **evidence.to_json(), "log": str(self.log_of(k))}
 
 
 def bisect_target(resolved: Resolved, *, checks: Sequence[str] = (), suite_path: str | None = None,
@@ -236,8 +321,11 @@ def _smoke_probe(k: int, resolved: Resolved, suite: Suite, p: _Probing) -> Outco
             p.reports.setdefault(k, []).append(str(report.json_path))
         if report.ok:
             return Outcome(True)
-        text = "\n\n".join(failure_text(r, report.log_tail[-10:]) for r in report.results if r.status == FAIL)
-        return Outcome(False, f"{report.summary_line()}\n{text}")
+        failed = [r for r in report.results if r.status == FAIL]
+        text = "\n\n".join(failure_text(r, report.log_tail[-10:]) for r in failed)
+        # the closing line names every failing check (as smoke's verdict does): bisect's error shows it first
+        names = ", ".join(r.check.id for r in failed)
+        return Outcome(False, f"{report.summary_line()} ({names})\n{text}", Evidence.of_smoke(report))
 
     serve_as = subset_resolved(resolved, [s.id for s in resolved.steps[:k]], suffix="bisect")
     return _probe_cut(k, resolved, serve_as, p, what="", measure=measure,
@@ -276,7 +364,8 @@ def _equiv_probe(k: int, subject: Resolved, ref_url: Any, settings: Any, dtype: 
             result = EquivRun(gate(compare(ref_url, cand), settings.tolerance(dtype), dtype), ref_url, cand, out)
             result.write(out)
         p.reports.setdefault(k, []).append(str(out / "equiv.json"))
-        return Outcome(result.verdict.passed, "" if result.verdict.passed else result.verdict.text())
+        return Outcome(result.verdict.passed, "" if result.verdict.passed else result.verdict.text(),
+                       Evidence(out / "equiv.json"))
 
     return _probe_cut(k, subject, subject, p, what=" with equiv", measure=measure,
                       no_server="the image after step {k}")

@@ -42,10 +42,14 @@ Verdict = Literal["pass", "fail", "unknown"]
 
 @dataclass(frozen=True)
 class Outcome:
-    """One probe: did the selected checks pass on this image; the failing check's report if not."""
+    """One probe: did the selected checks pass on this image; the failing check's report if not.
+
+    ``detail``: what the prober wants shown of a failing run beside the report (the runner's smoke result and the
+    paths of its report and log); the search only carries it."""
 
     passed: bool
     report: str = ""
+    detail: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -76,9 +80,14 @@ class Point:
             return "fail" if flaky == "fail" else "unknown"
         return "pass" if self.passes else "fail"
 
+    def failing(self) -> Outcome | None:
+        """The first failing run (None when every run passed)."""
+        return next((o for o in self.outcomes if not o.passed), None)
+
     def report(self) -> str:
         """The first failing run's report (empty when every run passed)."""
-        return next((o.report for o in self.outcomes if not o.passed), "")
+        failing = self.failing()
+        return "" if failing is None else failing.report
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ from .suite import (
     Suite,
     load_suite,
 )
-from .table import LiveTable
+from .table import LiveTable, result_line
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
@@ -110,6 +110,7 @@ __all__ = [
     "parse_tags",
     "print_failures",
     "render",
+    "result_line",
     "run_suite",
     "schema_errors",
     "smoke_target",

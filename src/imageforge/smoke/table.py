@@ -11,6 +11,7 @@ from .results import FAIL, PASS, SKIP, CheckResult
 from .suite import Check
 
 Log = Callable[[str], None]
+FIRST_FAILURE = 140  # characters of a check's first failure on its line
 
 
 class LiveTable:
@@ -85,12 +86,18 @@ class LiveTable:
             if self._live is not None:
                 self._live.update(self.render())
             else:
-                lat = "" if result.latency is None else f"{result.latency * 1000:7.0f} ms"
-                word = {PASS: "PASS", FAIL: "FAIL", SKIP: "SKIP"}.get(result.status, result.status)
-                line = f"  {word:<4}  {result.check.id:<{self._width}}  {lat}"
-                if result.status == FAIL and result.failures:
-                    line += f"  {short(result.failures[0], 140)}"
-                elif result.status == SKIP:
-                    line += f"  ({result.message})"
-                self.echo(line)
+                self.echo(result_line(result, self._width))
+
+
+def result_line(result: CheckResult, width: int) -> str:
+    """A finished check as one line (``  FAIL  tools-required   12 ms  <first failure>``), ids padded to ``width``:
+    what a smoke run prints without a terminal, and what bisect shows of its failing probe."""
+    lat = "" if result.latency is None else f"{result.latency * 1000:7.0f} ms"
+    word = {PASS: "PASS", FAIL: "FAIL", SKIP: "SKIP"}.get(result.status, result.status)
+    line = f"  {word:<4}  {result.check.id:<{width}}  {lat}"
+    if result.status == FAIL and result.failures:
+        line += f"  {short(result.failures[0], FIRST_FAILURE)}"
+    elif result.status == SKIP:
+        line += f"  ({result.message})"
+    return line
 
