@@ -28,7 +28,7 @@ import os
 import tarfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -91,8 +91,7 @@ def run_options(resolved: Any) -> dict[str, Any]:
     return {"port": r.port, "shm_size": r.shm_size, "ipc": r.ipc, "gpus": r.gpus, "devices": list(r.devices),
             "privileged": r.privileged, "env": dict(r.env),
             "ulimits": {k: list(v) for k, v in r.ulimits.items()},
-            "volumes": [{"source": v.source, "target": v.target, "read_only": v.read_only, "type": v.type}
-                        for v in r.volumes]}
+            "volumes": [asdict(v) for v in r.volumes]}
 
 
 def docker_run_example(tag: str, options: Mapping[str, Any], host_address: str = "127.0.0.1") -> str:

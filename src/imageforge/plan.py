@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -152,8 +152,7 @@ class Plan:
             "argv": serving_argv(r) if r.target.serving.style == "argv" else None,
             "run": {"port": r.run.port, "shm_size": r.run.shm_size, "ipc": r.run.ipc, "gpus": r.run.gpus,
                     "devices": list(r.run.devices), "privileged": r.run.privileged,
-                    "volumes": [{"source": v.source, "target": v.target, "read_only": v.read_only,
-                                 "type": v.type} for v in r.run.volumes],
+                    "volumes": [asdict(v) for v in r.run.volumes],
                     "env": dict(r.run.env)},
             "steps": [
                 {"id": s.id, "kind": s.kind, "stage": s.stage, **dict(s.definition), "why": s.why,

@@ -143,14 +143,17 @@ class BisectRun:
         lines += self.failing_probe_text()
         return "\n".join(lines)
 
-    def failing_probe(self) -> tuple[int, Outcome] | None:
-        """The first failing cut (the culprit's, or the base when it fails) and its first failing run."""
+    def failing_probe(self) -> tuple[int, Outcome, Evidence] | None:
+        """The first failing cut (the culprit's, or the base when it fails), its first failing run and what that
+        run left (an empty :class:`Evidence` when the prober left nothing)."""
         k = self.result.first_failing
         if self.result.status not in ("found", "base-fails") or k is None:
             return None
         point = self.result.point(k)
         failing = None if point is None else point.failing()
-        return None if failing is None else (k, failing)
+        if failing is None:
+            return None
+        return k, failing, failing.detail if isinstance(failing.detail, Evidence) else Evidence()
 
     def log_of(self, k: int) -> Path:
         return self.run_dir / f"cut-{k}.log"
@@ -161,8 +164,7 @@ class BisectRun:
         found = self.failing_probe()
         if found is None:
             return []
-        k, outcome = found
-        evidence = outcome.detail if isinstance(outcome.detail, Evidence) else Evidence()
+        k, outcome, evidence = found
         label = self.labels[k] if 0 <= k < len(self.labels) else f"after step {k}"
         lines = ["", f"probe k={k} ({label}) failed:"]
         if evidence.summary:
@@ -187,8 +189,7 @@ class BisectRun:
         found = self.failing_probe()
         if found is None:
             return None
-        k, outcome = found
-        evidence = outcome.detail if isinstance(outcome.detail, Evidence) else Evidence()
+        k, _outcome, evidence = found
         return {"k": k, **evidence.to_json(), "log": str(self.log_of(k))}
 
 
