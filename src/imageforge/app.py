@@ -47,9 +47,11 @@ def _quiet(_line: str) -> None:
     return None
 
 
-def settings(*, manifest: str = "", traceback: bool = False, host_address: str = "") -> Settings:
+def settings(*, manifest: str = "", traceback: bool = False, host_address: str = "",
+             reuse_servers: bool = False) -> Settings:
     """The command's Settings from its options ("" = not given)."""
-    return Settings.from_cli(manifest=manifest or None, traceback=traceback, host_address=host_address or None)
+    return Settings.from_cli(manifest=manifest or None, traceback=traceback, host_address=host_address or None,
+                             reuse_servers=reuse_servers)
 
 
 def load(s: Settings) -> Manifest:
@@ -210,6 +212,11 @@ def in_place(s: Settings, *, enabled: bool, root: str = "", python: str = "") ->
         if root or python:
             raise ConfigError("--root and --python go with --in-place", hint="add --in-place")
         return None
+    if s.reuse_servers:  # in place one server at a time owns the card: a running one is `run`'s, `stop` ends it
+        raise ConfigError("--reuse-servers is for servers in Docker containers, not --in-place",
+                          found=f"reuse_servers from {s.sources['reuse_servers']}",
+                          hint="drop --reuse-servers (or unset IMAGEFORGE_REUSE_SERVERS); in place, smoke or bench "
+                               "a running server with --url")
     return InPlace(root=Path(root or "/"), python=python or "python3")
 
 

@@ -1,7 +1,7 @@
 """How a task of the `imageforge` command is declared: the one flag table, the options every task shares.
 
-:func:`command` makes a task from a body ``body(c, out, ...own options)``: it adds the shared options
-(``--manifest``, ``--traceback``, ``--quiet``, ``--json``, ``--host-address``, in-place mode's, the workload
+:func:`command` makes a task from a body ``body(c, out, ...own options)``: it adds the shared options (``--manifest``,
+``--traceback``, ``--quiet``, ``--json``, ``--host-address``, ``--reuse-servers``, in-place mode's, the workload
 options from :class:`imageforge.bench.Workload`) and runs the body with the command's Settings, stdout kept for
 results. :class:`ForgeTask` gives every task the one flag table (:data:`SHORT_FLAGS`, :data:`LONG_ALIASES`).
 The tasks themselves are in :mod:`imageforge.commands`.
@@ -85,6 +85,9 @@ SHARED_HELP = {
     "quiet": "No progress or log lines on stderr (errors still go there)",
     "host_address": "Address of the Docker host where ports are published and reached "
                     "(default 127.0.0.1; also IMAGEFORGE_HOST_ADDRESS)",
+    "reuse_servers": "Use a running imageforge server of the same image and run options instead of starting one, "
+                     "and leave it running (its caches are warm: not for final figures; also "
+                     "IMAGEFORGE_REUSE_SERVERS=1)",
     # in-place mode (issue 21): the target's files under --root, served as a process (no Docker)
     "in_place": "On this machine, no Docker: the target's files under --root, served as a process",
     "root": "In place: the root the target's files live under (default /)",
@@ -106,10 +109,11 @@ def command(*, json: bool = False, manifest: bool = True, host: bool = False, wo
             **kwargs: Any) -> Callable[[Callable[..., None]], ForgeTask]:
     """A task of the `imageforge` command. The body is ``body(c, out, ...own options)``; this adds the shared
     options -- ``--manifest`` (unless ``manifest=False``), ``--traceback``, ``--quiet``, ``--json`` (``json=True``),
-    ``--host-address`` (``host=True``) and, with ``workload="bench"|"sweep"|"ablate"``, the workload options
-    (defaults from :class:`imageforge.bench.Workload`; the body gets ``workload=Workload(...)``) -- and runs the
-    body with the command's Settings in ``cmd.settings``, stdout kept for results (``cmd.result``), every other
-    line on stderr, errors rendered with their exit code and a closed stdout ending quietly (:func:`cli.command_io`).
+    ``--host-address`` and ``--reuse-servers`` (``host=True``) and, with ``workload="bench"|"sweep"|"ablate"``, the
+    workload options (defaults from :class:`imageforge.bench.Workload`; the body gets ``workload=Workload(...)``) --
+    and runs the body with the command's Settings in ``cmd.settings``, stdout kept for results (``cmd.result``),
+    every other line on stderr, errors rendered with their exit code and a closed stdout ending quietly
+    (:func:`cli.command_io`).
     """
     def decorate(body: Callable[..., None]) -> ForgeTask:
         shared: dict[str, object] = {}
@@ -119,6 +123,7 @@ def command(*, json: bool = False, manifest: bool = True, host: bool = False, wo
             shared["json"] = False
         if host:
             shared["host_address"] = ""
+            shared["reuse_servers"] = False
         if in_place:  # the body reads cmd.in_place (an InPlace, or None)
             shared.update(in_place=False, root="", python="")
         shared["quiet"] = False
@@ -139,7 +144,8 @@ def command(*, json: bool = False, manifest: bool = True, host: bool = False, wo
             given = {k: options.pop(k) for k in shared}
             w = {k: options.pop(k) for k in load}
             s = app.settings(manifest=str(given.get("manifest", "")), traceback=bool(given["traceback"]),
-                             host_address=str(given.get("host_address", "")))
+                             host_address=str(given.get("host_address", "")),
+                             reuse_servers=bool(given.get("reuse_servers", False)))
             with command_io(s.traceback, as_json=bool(given.get("json", False)), quiet=bool(given["quiet"]),
                             settings=s) as out:
                 if in_place:

@@ -20,3 +20,4 @@ L_VERIFIED = f"{LABEL}.verified"
 L_FINAL = f"{LABEL}.final"
 L_RECIPE_KEY = f"{LABEL}.recipe-key"
 L_STARTED_BY = f"{LABEL}.started-by"
+L_RUN_SPEC = f"{LABEL}.run-spec"  # a server's image ID and run options, digested: what --reuse-servers matches

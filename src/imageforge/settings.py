@@ -2,9 +2,9 @@
 
 Each option is taken, highest precedence first, from
 
-1. the command line (``--manifest``, ``--traceback``, ``--host-address``);
+1. the command line (``--manifest``, ``--traceback``, ``--host-address``, ``--reuse-servers``);
 2. the environment (``IMAGEFORGE_MANIFEST``, ``IMAGEFORGE_TRACEBACK``, ``IMAGEFORGE_HOST_ADDRESS``,
-   ``IMAGEFORGE_CACHE``);
+   ``IMAGEFORGE_REUSE_SERVERS``, ``IMAGEFORGE_CACHE``);
 3. the default.
 
 The rule is written once (:func:`pick`); every reader of these variables goes through it, and
@@ -24,6 +24,7 @@ ENV_MANIFEST = "IMAGEFORGE_MANIFEST"
 ENV_TRACEBACK = "IMAGEFORGE_TRACEBACK"
 ENV_HOST_ADDRESS = "IMAGEFORGE_HOST_ADDRESS"
 ENV_CACHE = "IMAGEFORGE_CACHE"
+ENV_REUSE_SERVERS = "IMAGEFORGE_REUSE_SERVERS"
 
 DEFAULT_MANIFEST = "build.yaml"
 DEFAULT_HOST_ADDRESS = "127.0.0.1"
@@ -59,6 +60,12 @@ def traceback_wanted(flag: bool, environ: Mapping[str, str]) -> bool:
     return flag or environ.get(ENV_TRACEBACK, "") not in _FALSE
 
 
+def reuse_servers_wanted(flag: bool, environ: Mapping[str, str]) -> bool:
+    """``--reuse-servers``, else ``IMAGEFORGE_REUSE_SERVERS`` set to anything but 0/false/no: a command that would
+    start a server uses a running one of the same image and run spec instead (:mod:`imageforge.serve.container`)."""
+    return flag or environ.get(ENV_REUSE_SERVERS, "") not in _FALSE
+
+
 def host_address(flag: str | None, environ: Mapping[str, str]) -> str:
     """Where servers are published and reached: ``--host-address``, ``$IMAGEFORGE_HOST_ADDRESS``, 127.0.0.1."""
     return pick(flag, environ, ENV_HOST_ADDRESS, DEFAULT_HOST_ADDRESS)[0]
@@ -77,22 +84,28 @@ class Settings:
     manifest: Path
     traceback: bool
     host_address: str
+    reuse_servers: bool
     cache_dir: Path
     environ: Mapping[str, str]  # a frozen copy: ${VAR} bases and volumes, IMAGEFORGE_SET
     sources: Mapping[str, str]  # option -> cli | env:VARIABLE | default
 
     @classmethod
     def from_cli(cls, *, manifest: str | None = None, traceback: bool = False, host_address: str | None = None,
-                 environ: Mapping[str, str] | None = None) -> Settings:
+                 reuse_servers: bool = False, environ: Mapping[str, str] | None = None) -> Settings:
         given = dict(os.environ if environ is None else environ)
         if ENV_CALLER_PYTHONPATH in given:  # the console command dropped it for itself: the caller's, for the target
             given["PYTHONPATH"] = given.pop(ENV_CALLER_PYTHONPATH)
+        reuse = reuse_servers_wanted(reuse_servers, given)
+        reuse_source = "cli" if reuse_servers else (f"env:{ENV_REUSE_SERVERS}" if reuse else "default")
+        if reuse_servers:  # the flag reaches every server start through the environment, as the variable does
+            given[ENV_REUSE_SERVERS] = "1"
         env = MappingProxyType(given)
         manifest_value, manifest_source = pick(manifest, env, ENV_MANIFEST, DEFAULT_MANIFEST)
         address, address_source = pick(host_address, env, ENV_HOST_ADDRESS, DEFAULT_HOST_ADDRESS)
         cache_source = pick(None, env, ENV_CACHE, DEFAULT_CACHE)[1]
         wanted = traceback_wanted(traceback, env)
         sources = {"manifest": manifest_source, "host_address": address_source, "cache_dir": cache_source,
-                   "traceback": "cli" if traceback else (f"env:{ENV_TRACEBACK}" if wanted else "default")}
-        return cls(manifest=Path(manifest_value), traceback=wanted, host_address=address,
+                   "traceback": "cli" if traceback else (f"env:{ENV_TRACEBACK}" if wanted else "default"),
+                   "reuse_servers": reuse_source}
+        return cls(manifest=Path(manifest_value), traceback=wanted, host_address=address, reuse_servers=reuse,
                    cache_dir=cache_dir(env), environ=env, sources=MappingProxyType(sources))

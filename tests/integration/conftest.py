@@ -201,6 +201,9 @@ def cpu_variant(tmp_path: Path) -> Callable[..., Path]:
         target = data["targets"]["cpu"]
         target["image"] = image
         target["base"]["recipe"] = str((REPO / target["base"]["recipe"]).resolve())
+        for volume in target.get("run", {}).get("volumes", []):  # the repository's tiny model, not a copy per test:
+            if volume.get("type", "bind") == "bind" and not Path(volume["source"]).is_absolute():  # the same run spec
+                volume["source"] = str(REPO / volume["source"])  # as the session's servers (--reuse-servers)
         target["steps"] = [*target.get("steps", []), *steps]
         for rel, text in (files or {}).items():
             (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)

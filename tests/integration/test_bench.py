@@ -1,7 +1,8 @@
 """The bench client against real vLLM (the session's shared cpu server) and one 2-point sweep of the cpu target.
 
-vLLM starts: none for the bench and replay tests (they use conftest's ``cpu_server``), two for the interleaved
-sweep (one per point, both up at once, both removed).
+vLLM starts: none for the bench and replay tests (they use conftest's ``cpu_server``), one for the interleaved
+sweep: its two points are up at once; the second is ``cpu_server`` itself, reused (``--reuse-servers``: the same
+image and run options), and left running; the first is started and removed.
 """
 
 from __future__ import annotations
@@ -91,24 +92,33 @@ def test_bench_replay_against_a_url(cpu_server: Any, invoke_cli: Callable[..., A
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_two_point_sweep_of_the_cpu_target(docker_ready: None, containers_labelled: Callable[..., list[Any]],
+def test_two_point_sweep_of_the_cpu_target(cpu_server: Any, containers_labelled: Callable[..., list[Any]],
                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """The sweep in float32 (the config ``cpu_server`` serves): its max-num-seqs=8 point is the session's server,
+    found by its run spec and reused; max-num-seqs=1 is started for the sweep and removed after it."""
     from imageforge.docker_engine import client
-    from imageforge.labels import L_TARGET
+    from imageforge.labels import L_RUN_SPEC, L_TARGET
 
     w = Workload(requests=8, concurrency=4, prompt_tokens=128, output_tokens=16, seed=7, duration=120, repeat=2)
     lines: list[str] = []
-    result = app.sweep(app.settings(), "cpu", "conservative", ["max-num-seqs=1,4"], [], workload=w,
-                       requests_given=True, concurrency_given=True, echo=lines.append)
+    assert cpu_server.running() and not cpu_server.reused
+    result = app.sweep(app.settings(reuse_servers=True), "cpu", "conservative", ["max-num-seqs=1,8"],
+                       ["dtype=float32"], workload=w, requests_given=True, concurrency_given=True,
+                       echo=lines.append)
     out = capsys.readouterr().out
     assert [p.status for p in result.points] == ["ok", "ok"], [p.error for p in result.points]
     for point in result.points:
         # only the serving-config layer differs between points (or nothing, when an earlier run built it)
         assert point.build.endswith("(serving-config)") or point.build.endswith("(all cached)"), point.build
         assert point.summary is not None and point.summary["completion_tokens"] == 8 * 16
-        assert point.startup_seconds is not None and point.startup_seconds > 0
         assert point.bench_json is not None and Path(point.bench_json).is_file()
     assert result.points[0].image_id != result.points[1].image_id
+    # the first point started its own server; the second is cpu_server (same image ID, same run spec), reused
+    assert not result.points[0].reused and result.points[0].startup_seconds is not None
+    assert result.points[0].startup_seconds > 0
+    assert result.points[1].reused and result.points[1].startup_seconds is None
+    assert result.points[1].image_id == cpu_server.container.image.id
+    assert f"  [2] server {cpu_server.name} reused on {cpu_server.url}" in lines, lines
     # interleaved: both servers up once, one run of each per round, the order rotating, seeds 7 and 8
     assert result.interleaved
     assert [[r["round"] for r in p.runs] for p in result.points] == [[0, 1], [0, 1]]
@@ -119,13 +129,17 @@ def test_two_point_sweep_of_the_cpu_target(docker_ready: None, containers_labell
     assert any(line == f"plot: {result.run_dir / 'sweep.png'}" for line in lines)
     assert result.best is not None and result.plateau in (None, 0)  # 2 points: 0, or still rising
     data = json.loads((result.run_dir / "sweep.json").read_text())
-    assert [p["params"] for p in data["points"]] == [{"max-num-seqs": 1}, {"max-num-seqs": 4}]
+    assert [p["params"] for p in data["points"]] == [{"max-num-seqs": 1}, {"max-num-seqs": 8}]
+    assert [p["reused"] for p in data["points"]] == [False, True]
     md = (result.run_dir / "sweep.md").read_text()
     assert "| max-num-seqs | Output TPS | Input TPS | Cache TPS | score |" in md and "best score" in md
     assert "sweep cpu:conservative" in out and any(line.startswith("best score: max-num-seqs=") for line in lines)
-    # every server is gone; the points are tagged under imageforge/cpu-sweep, not the profile's own tags
+    # the server the sweep started is gone, the reused one is left running; the points are tagged under
+    # imageforge/cpu-sweep, not the profile's own tags
     leftovers = [c for c in containers_labelled(**{L_TARGET: "cpu"})
                  if c.image.id in {p.image_id for p in result.points}]
-    assert leftovers == []
-    tags = client().images.get(str(result.points[-1].image_id)).tags
+    assert [c.id for c in leftovers] == [cpu_server.container.id]
+    assert cpu_server.running()
+    assert (cpu_server.container.labels or {}).get(L_RUN_SPEC)
+    tags = client().images.get(str(result.points[0].image_id)).tags
     assert tags and all(t.startswith("imageforge/cpu-sweep:") for t in tags), tags

@@ -1,14 +1,14 @@
-"""equiv, bisect and ablate on real images and real vLLM servers of the cpu target.
-
-Each test starts real servers (30-120 s each on this machine): keep them few. vLLM starts: bisect's two probes
-(the whole dummy suite on each; the failing one is also test_smoke's former "a patch that breaks tool-call
-parsing"), ablate's two servers, and the scaled-softmax equiv candidate (once compared, it is also the server
-test_smoke's claim "a server killed mid-suite" kills); the shipped image's equiv candidate is the session's
-``cpu_server`` (conftest: served as equiv serves its candidate, float32; no start here when an earlier module started
-it); both equiv tests compare (``compare_urls``) against the session's ``run --target cpu --base --set dtype=float32``
-(conftest ``cpu_base_run``: equiv's base reference, and test_run's ``run --base`` under test, which removes it
-later). ``equiv_target``'s own orchestration (build the candidate, serve both sides, compare, remove both) is
-tests/unit/test_equiv.py's, with the servers faked at that boundary.
+"""equiv, bisect and ablate on real images and real vLLM servers of the cpu target. Each test starts real servers
+(30-120 s each on this machine): keep them few. vLLM starts: bisect's failing probe (the whole dummy suite on each
+probe; the failing one is also test_smoke's former "a patch that breaks tool-call parsing"; the base probe is the
+session's ``cpu_base_run``, reused), ablate's variant (its full side is the session's ``cpu_server``, reused), and
+the scaled-softmax equiv candidate (once compared, it is also the server test_smoke's claim "a server killed mid-
+suite" kills); the shipped image's equiv candidate is the session's ``cpu_server`` (conftest: served as equiv serves
+its candidate, float32; no start here when an earlier module started it); both equiv tests compare (``compare_urls``)
+against the session's ``run --target cpu --base --set dtype=float32`` (conftest ``cpu_base_run``: equiv's base
+reference, and test_run's ``run --base`` under test, which removes it later). ``equiv_target``'s own orchestration
+(build the candidate, serve both sides, compare, remove both) is tests/unit/test_equiv.py's, with the servers faked
+at that boundary.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _prompts(resolved: Any, n: int, greedy: int) -> Any:
 
 
 def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[..., Path], invoke_cli: Callable[..., Any],
-                                                        remove_images: list[str]) -> None:
+                                                        remove_images: list[str], cpu_base_run: Any) -> None:
     """`imageforge bisect` (in process) finds a patch that breaks tool-call parsing, and shows why its probe failed.
 
     Also the home of the former test_smoke::test_patch_that_breaks_tool_call_parsing (its own server start): its
@@ -72,9 +72,10 @@ def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[...
     """
     remove_images += ["imageforge-test/bisect-bisect"]
     path = cpu_variant("imageforge-test/bisect", steps=[BREAK_HERMES])
-    # the planted break alone (one step) keeps the server starts at two: the base passes, the final image fails, so
-    # the culprit is the one step; the bound is ceil(log2 1) + 2 = 2 points. The binary search between them (the
-    # midpoint order [0, 2, 1] for two steps, the bound for any n and any break) is tests/unit/test_bisect.py's.
+    # the planted break alone (one step) keeps the probes at two (one start: the base's server is reused): the base
+    # passes, the final image fails, so the culprit is the one step; the bound is ceil(log2 1) + 2 = 2 points. The
+    # binary search between them (the midpoint order [0, 2, 1] for two steps, the bound for any n and any break) is
+    # tests/unit/test_bisect.py's.
     data = yaml.safe_load(path.read_text())
     data["targets"]["cpu"]["steps"] = [s for s in data["targets"]["cpu"]["steps"] if s["id"] == "break-hermes"]
     data["targets"]["cpu"]["verify"]["imports"] = ["vllm.v1.attention.ops.prefix_prefill"]
@@ -82,12 +83,20 @@ def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[...
     resolved = resolve(load_manifest(path), "cpu", "conservative", environ=os.environ)
     ids = [s.id for s in resolved.steps]
     assert ids == ["break-hermes"]
-    # every check of the cpu target's suite (as `smoke --target cpu` runs them) on both probes
+    # every check of the cpu target's suite (as `smoke --target cpu` runs them) on both probes. In float32 with
+    # --reuse-servers: the base probe (k = 0: the base image served as `run --base` serves it) is the session's
+    # `run --base --set dtype=float32`, reused; the image after break-hermes is started and removed.
+    base_name = re.findall(r"started (imageforge-cpu-\S+) from", cpu_base_run.up().output)[-1]
     cli = invoke_cli("bisect", "--manifest", str(path), "--target", "cpu", "--profile", "conservative",
-                     "--suite", str(REPO / "smoke" / "dummy.yaml"), timeout=900)
+                     "--set", "dtype=float32", "--reuse-servers", "--suite", str(REPO / "smoke" / "dummy.yaml"),
+                     timeout=900)
     assert cli.code == EXIT_SMOKE == 4, cli.output  # raise_for: a step broke the checks
+    assert cpu_base_run.answers()  # the reused server is left running
     assert "smoke failure: bisect: the first failing step is break-hermes" in cli.output
-    saved = json.loads(Path(re.findall(r"reports: \S+, (\S+/bisect\.json)", cli.output)[-1]).read_text())
+    bisect_json = Path(re.findall(r"reports: \S+, (\S+/bisect\.json)", cli.output)[-1])
+    saved = json.loads(bisect_json.read_text())
+    base_probe = (bisect_json.parent / "cut-0.log").read_text()
+    assert f"reusing {base_name} on {cpu_base_run.url}" in base_probe and f"left {base_name} running" in base_probe
     assert saved["status"] == "found", cli.output
     assert saved["first_failing"] == 1 and saved["last_passing"] == 0
     assert saved["culprit"]["id"] == "break-hermes"
@@ -120,9 +129,13 @@ def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[...
 
 
 def test_ablate_benches_abab_and_skips_required_steps(cpu_variant: Callable[..., Path], remove_images: list[str],
-                                                      tmp_path: Path) -> None:
+                                                      cpu_server: Any, tmp_path: Path) -> None:
+    """ablate in float32 with ``IMAGEFORGE_REUSE_SERVERS=1``: its full image is the session's ``cpu_server``'s (the
+    same steps, the same config: one image ID), found by its run spec and reused, left running; the variant is
+    started and removed."""
     from imageforge.bench import Workload
     from imageforge.forensics.ablate_runner import ablate_target
+    from imageforge.settings import ENV_REUSE_SERVERS
 
     remove_images += ["imageforge-test/ablate-ablate"]
     path = cpu_variant("imageforge-test/ablate")
@@ -131,13 +144,15 @@ def test_ablate_benches_abab_and_skips_required_steps(cpu_variant: Callable[...,
         if step["id"] == "ldconfig":
             step["required"] = True
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    resolved = resolve(load_manifest(path), "cpu", "conservative", environ=os.environ)
+    resolved = resolve(load_manifest(path), "cpu", "conservative", environ=os.environ, sets=["dtype=float32"])
     workload = Workload(requests=4, concurrency=2, prompt_tokens=64, output_tokens=8, duration=120)
     out = tmp_path / "ablate-out"
+    lines: list[str] = []
     # prefill-num-warps patches a constant of the Triton prefix-prefill kernel, which the CPU never runs: its
     # variant must compute exactly the same
     run = ablate_target(resolved, workload, steps=["prefill-num-warps", "ldconfig"], repeats=2, out=out,
-                        echo=print)
+                        environ={**os.environ, ENV_REUSE_SERVERS: "1"}, echo=lines.append)
+    print("\n".join(lines))
     assert [(v.step, v.dropped) for v in run.plan.variants] == [("prefill-num-warps", ("prefill-num-warps",))]
     assert [(s.step, s.reason) for s in run.table.skipped] == [("ldconfig", "required: true")]
     assert [(r.role, r.round) for r in run.plan.schedule] == [("full", 0), ("variant", 0), ("full", 1),
@@ -145,6 +160,9 @@ def test_ablate_benches_abab_and_skips_required_steps(cpu_variant: Callable[...,
     row = run.table.rows[0]
     assert row.pairs == 2 and row.failed_runs == 0 and row.score is not None and row.spread is not None
     assert row.equiv == "pass"  # a kernel the CPU never runs changes nothing the server computes
+    # the full side was cpu_server, reused; it is still up, the variant's server is gone
+    assert f"  full image serving at {cpu_server.url} ({cpu_server.name} reused)" in lines, lines
+    assert cpu_server.running()
     saved = json.loads((out / "ablate.json").read_text())
     assert saved["variants"][0]["step"] == "prefill-num-warps" and len(saved["load"]["before"]) == 3
     csv_lines = (out / "ablate.csv").read_text().splitlines()

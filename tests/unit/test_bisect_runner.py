@@ -65,16 +65,19 @@ def answer(broken_from: int) -> Callable[[httpx.Request], httpx.Response]:
 
 def fake_docker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *, broken_from: int = 2,
                 unbuildable: int | None = None) -> None:
-    """Builds tag the image after step k ``img-k`` (step ``unbuildable`` fails to build); each serves on its port."""
+    """Builds tag the image after step k ``img-k`` (step ``unbuildable`` fails to build); each serves on its port.
+    k = 0 is the base image itself (``base=True``, as `run --base` serves it): nothing is built for it."""
 
     def build(subject: Any, ids: list[str], **kw: Any) -> Any:
+        assert ids, "no image is built for k = 0: the base is served as it is"
         if len(ids) == unbuildable:
             raise BuildError(f"step {ids[-1]!r}: the patch's old text is not in the file")
         return SimpleNamespace(image_id=f"img-{len(ids)}")
 
     @contextlib.contextmanager
-    def serving(resolved: Any, *, image: str, **kw: Any) -> Iterator[Any]:
-        k = int(image.split("-")[1])
+    def serving(resolved: Any, *, image: str | None, base: bool, **kw: Any) -> Iterator[Any]:
+        assert base == (image is None), (base, image)
+        k = 0 if base else int(str(image).split("-")[1])
         yield SimpleNamespace(url=f"http://127.0.0.1:{PORT + k}", run_id=f"serve-{k}", run_dir=tmp_path / f"serve-{k}",
                               running=lambda: True, describe_state=lambda: "running", logs=lambda n: ["INFO: up"])
 

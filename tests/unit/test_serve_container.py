@@ -320,3 +320,93 @@ def test_sigterm_while_serving_removes_the_server_as_ctrl_c_does(cpu: Resolved,
         assert signal.getsignal(signal.SIGTERM) is callers_handler  # the caller's handler is back
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+# ----------------------------------------------------------------------------- --reuse-servers
+
+
+def test_run_spec_digest_is_what_is_served_and_how_not_which_container(cpu: Resolved, tmp_path: Path) -> None:
+    """Two containers with one digest serve alike: the image ID and the run options count; the name, the labels and
+    the host port do not (they differ between any two starts)."""
+    from imageforge.serve.spec import run_spec_digest
+
+    (tmp_path / ".imageforge" / "models" / "tiny-qwen3-moe").mkdir(parents=True)
+    resolved = rooted(cpu, tmp_path)
+    one = container_spec(resolved, "imageforge/cpu:conservative", host_port=18123, run_id="r1", environ={})
+    two = container_spec(resolved, "imageforge/cpu:x", host_port=18999, run_id="r2", environ={})
+    two["labels"] = {**two["labels"], "org.imageforge.started-by": "run"}
+    digest = run_spec_digest("sha256:aa", one)
+    assert len(digest) == 32 and run_spec_digest("sha256:aa", two) == digest  # the tag is not the image: its ID is
+    assert run_spec_digest("sha256:bb", one) != digest
+    for key, value in (("environment", {"VLLM_CPU_KVCACHE_SPACE": "2"}), ("shm_size", "2g"),
+                       ("command", ["vllm", "serve"]), ("privileged", True),
+                       ("volumes", {**one["volumes"], "/data": {"bind": "/data", "mode": "ro"}}),
+                       ("ports", {"8000/tcp": ("0.0.0.0", 18123)}), ("ports", {"9000/tcp": (HOST, 18123)})):
+        assert run_spec_digest("sha256:aa", {**one, key: value}) != digest, key
+
+
+class ListedContainer:
+    """A container as ``containers.list`` gives it: its name, creation time and port bindings."""
+
+    def __init__(self, name: str, created: str, port: int) -> None:
+        self.name = name
+        self.attrs = {"Created": created, "HostConfig": {"PortBindings": {"8000/tcp": [
+            {"HostIp": HOST, "HostPort": str(port)}]}}}
+
+
+def test_reusable_server_is_the_oldest_running_match_and_honours_an_asked_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    from imageforge.serve import container
+
+    asked: list[dict[str, Any]] = []
+    found = [ListedContainer("newer", "2026-12-03T10:00:02Z", 18002), ListedContainer("older", "2026-12-03T10:00:01Z",
+                                                                                       18001)]
+
+    class Containers:
+        def list(self, **kwargs: Any) -> list[ListedContainer]:
+            asked.append(kwargs)
+            return list(found)
+
+    class Client:
+        containers = Containers()
+
+    monkeypatch.setattr(container, "client", lambda: Client())
+    lines: list[str] = []
+    assert getattr(container.reusable_server("d1", log=lines.append), "name", None) == "older"
+    assert asked[0]["filters"] == {"status": "running", "label": [
+        "org.imageforge.tool=imageforge", "org.imageforge.kind=server", "org.imageforge.run-spec=d1"]}
+    assert getattr(container.reusable_server("d1", port=18002, log=lines.append), "name", None) == "newer"
+    assert lines == ["not reusing older: it is published on another port than --port 18002"]
+    assert container.reusable_server("d1", port=18003, log=lines.append) is None
+    found.clear()
+    assert container.reusable_server("d1") is None
+
+
+class StoppableContainer(FakeContainer):
+    def __init__(self) -> None:
+        super().__init__(running=True, logs=b"vllm log\n")
+        self.calls: list[str] = []
+
+    def stop(self, timeout: int = 0) -> None:
+        self.calls.append("stop")
+
+    def remove(self, force: bool = False, v: bool = False) -> None:
+        self.calls.append("remove")
+
+
+def test_a_reused_server_is_left_running_with_its_log_kept(health_server: int, tmp_path: Path) -> None:
+    """A reused server (not started by this use) is waited for as any other, reports no start-up time of its own,
+    and ``remove_server`` leaves it running: only its log is saved into this use's run dir."""
+    from imageforge.serve.container import remove_server
+
+    ours, reused = StoppableContainer(), StoppableContainer()
+    server = replace(fake_server(ours, health_server, tmp_path), container=reused, reused=True)
+    lines: list[str] = []
+    wait_ready(server, timeout=10, log=lines.append, progress_stream=io.StringIO())
+    assert server.startup_seconds is None and server.ready_at is not None
+    assert lines[-1] == f"ready: http://{HOST}:{health_server}/health OK (imageforge-test reused)"
+    remove_server(server, log=lines.append)
+    assert reused.calls == [] and lines[-1] == "left imageforge-test running (reused)"
+    assert (tmp_path / "run" / "server.log").read_bytes() == b"vllm log\n"
+    started = fake_server(ours, health_server, tmp_path)
+    remove_server(started, log=lines.append)
+    assert ours.calls == ["stop", "remove"] and lines[-1] == "removed imageforge-test"

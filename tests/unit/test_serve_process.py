@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from imageforge.errors import InfraError, SmokeError
+from imageforge.errors import ConfigError, InfraError, SmokeError
 from imageforge.manifest_load import load_manifest
 from imageforge.resolve import Resolved, resolve
 from imageforge.serve import process as sp
@@ -327,6 +327,10 @@ def test_the_front_door_runs_and_stops_in_place(fake: Resolved) -> None:
     assert app.in_place(s, enabled=False) is None
     with pytest.raises(Exception, match="go with --in-place"):
         app.in_place(s, enabled=False, root="/x")
+    reusing = app.settings(manifest=str(fake.manifest.root / "build.yaml"), reuse_servers=True)
+    with pytest.raises(ConfigError, match="--reuse-servers is for servers in Docker containers") as info:
+        app.in_place(reusing, enabled=True)
+    assert info.value.found == "reuse_servers from cli" and "--url" in (info.value.hint or "")
     with pytest.raises(Exception, match="--base does not apply"):
         app.run(s, "p", None, [], base=True, port=None, timeout=20, in_place=where)
     server = app.run(s, "p", None, [], base=False, port=free_port(), timeout=20, in_place=where)

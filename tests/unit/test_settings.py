@@ -43,3 +43,18 @@ def test_cache_dir_and_frozen_environment() -> None:
     s = Settings.from_cli(environ=env)
     env["IMAGEFORGE_SET"] = "max-num-seqs=8"  # the settings hold a copy, taken once
     assert s.environ["IMAGEFORGE_SET"] == "max-num-seqs=4"
+
+
+def test_reuse_servers_flag_or_environment_reaches_every_start_through_the_environment() -> None:
+    from imageforge.settings import ENV_REUSE_SERVERS, reuse_servers_wanted
+
+    assert reuse_servers_wanted(False, {}) is False
+    assert reuse_servers_wanted(False, {ENV_REUSE_SERVERS: "1"}) is True
+    assert reuse_servers_wanted(False, {ENV_REUSE_SERVERS: "no"}) is False
+    s = Settings.from_cli(reuse_servers=True, environ={})
+    assert s.reuse_servers and s.sources["reuse_servers"] == "cli"
+    assert s.environ[ENV_REUSE_SERVERS] == "1"  # serve.container reads it from the environment it is given
+    s = Settings.from_cli(environ={ENV_REUSE_SERVERS: "true"})
+    assert s.reuse_servers and s.sources["reuse_servers"] == f"env:{ENV_REUSE_SERVERS}"
+    s = Settings.from_cli(environ={})
+    assert not s.reuse_servers and s.sources["reuse_servers"] == "default" and ENV_REUSE_SERVERS not in s.environ

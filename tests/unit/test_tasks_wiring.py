@@ -130,6 +130,29 @@ def test_in_place_options_reach_equiv_run_smoke_bench(tasks_ns: Any, monkeypatch
     assert kwargs["in_place"] is True
 
 
+def test_reuse_servers_reaches_every_command_that_starts_a_docker_server(
+        tasks_ns: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--reuse-servers`` is a shared option of every command that starts a server; it travels in Settings and in
+    the Settings' environment (what serve.container reads), and --in-place refuses it (exit 2)."""
+    from imageforge.settings import ENV_REUSE_SERVERS
+
+    monkeypatch.delenv(ENV_REUSE_SERVERS, raising=False)
+    for name, argv in (("equiv", []), ("run", []), ("smoke", []), ("bench", []), ("ablate", ["--steps", "a,b"]),
+                       ("sweep", ["--param", "max-num-seqs=1,2"]), ("bisect", [])):
+        calls: Calls = []
+        monkeypatch.setattr(app, name, recorder(calls))
+        with pytest.raises(Reached):
+            run_task(tasks_ns, name, "--target", "cpu", *argv, "--reuse-servers")
+        [(args, _kwargs)] = calls
+        s = args[0]
+        assert s.reuse_servers and s.sources["reuse_servers"] == "cli" and s.environ[ENV_REUSE_SERVERS] == "1", name
+    assert ENV_REUSE_SERVERS not in os.environ  # this process's own environment is left alone
+    with pytest.raises(SystemExit) as info:
+        Program(namespace=tasks_ns).run(["invoke", "smoke", "--target", "cpu", "--in-place", "--reuse-servers"])
+    assert info.value.code == 2
+    assert "--reuse-servers is for servers in Docker containers, not --in-place" in capsys.readouterr().err
+
+
 def test_bisect_options_reach_app_bisect(tasks_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: Calls = []
     monkeypatch.setattr(app, "bisect", recorder(calls))

@@ -86,6 +86,7 @@ class SweepPoint:
     build: str = ""  # which layers were built
     image_id: str | None = None
     startup_seconds: float | None = None
+    reused: bool = False  # served by a running server of the same run spec (--reuse-servers): no start-up of its own
     bench_json: str | None = None
     scores: list[float] = field(default_factory=list)  # every repeat's score (workload.repeat > 1)
     load: float | None = None  # the host's 1-minute load average when the (median) bench started
@@ -95,6 +96,7 @@ class SweepPoint:
     def to_json(self) -> dict[str, Any]:
         return {"params": self.params, "status": self.status, "error": self.error, "build": self.build,
                 "image_id": self.image_id, "startup_seconds": rounded(self.startup_seconds, 2),
+                "reused": self.reused,
                 "bench_json": self.bench_json, "summary": self.summary, "scores": self.scores, "load": self.load,
                 "runs": self.runs, "ratio_to_first": None if self.ratio is None else
                 {"median": round(self.ratio[0], 4), "min": round(self.ratio[1], 4), "max": round(self.ratio[2], 4)}}
@@ -426,7 +428,8 @@ def _sweep_sequential(result: SweepResult, resolved_points: Sequence[Any], workl
                 continue
         _record(point, bench)
         point.runs = list(bench.repeats) or [bench.summary() | {"seed": bench.workload.seed}]
-        echo(f"  ready after {bench.startup_seconds or 0:.0f}s")
+        echo("  a running server reused (--reuse-servers)" if bench.startup_seconds is None
+             else f"  ready after {bench.startup_seconds:.0f}s")
         _echo_point(point, echo)
         result.write()
 
@@ -450,8 +453,9 @@ def _sweep_interleaved(result: SweepResult, resolved_points: Sequence[Any], work
                 point.status, point.error = "no-start", _first_line(exc)
                 echo(f"  [{i + 1}] server failed: {point.error}")
                 continue
-            point.startup_seconds = servers[i].startup_seconds
-            echo(f"  [{i + 1}] server up after {point.startup_seconds or 0:.0f}s on {servers[i].url}")
+            point.startup_seconds, point.reused = servers[i].startup_seconds, servers[i].reused
+            echo(f"  [{i + 1}] " + (f"server {servers[i].name} reused" if point.reused else
+                                    f"server up after {point.startup_seconds or 0:.0f}s") + f" on {servers[i].url}")
         up = [i for i in built if i in servers]
         for r, order in enumerate(rotations(len(up), workload.repeat)):
             echo(f"round {r + 1}/{workload.repeat}: " + " ".join(f"[{up[k] + 1}]" for k in order))

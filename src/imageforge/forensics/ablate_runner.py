@@ -152,7 +152,8 @@ def ablate_target(resolved: Resolved, workload: Workload, *, steps: Sequence[str
     full_resolved = subset_resolved(resolved, plan.full, suffix="ablate")
     with serving(full_resolved, environ=environ, image=images[FULL], run_id=f"{run_id}-full",
                  startup_timeout=startup_timeout, log=file_log(out / "servers.log"), host_address=host_address) as full:
-        echo(f"  full image serving at {full.url} (ready after {full.startup_seconds or 0:.0f}s)")
+        echo(f"  full image serving at {full.url} "
+             + (f"({full.name} reused)" if full.reused else f"(ready after {full.startup_seconds or 0:.0f}s)"))
         for block, variant in enumerate(plan.variants):
             runs = [r for r in plan.schedule if r.block == block]
             if variant.step not in images:

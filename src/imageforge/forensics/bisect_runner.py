@@ -299,13 +299,15 @@ def _probe_cut(k: int, build_as: Resolved, serve_as: Resolved, p: _Probing, *, w
                 return measure(process, log)
         except SmokeError as exc:
             return Outcome(False, f"{no_server.format(k=k)}: {first_line(exc)}")
+    image: str | None = None
+    if k > 0:  # no step yet: the base image itself, served with the serving arguments as `run --base` serves it
+        try:
+            image = p.build_cut(k, log, build_as)
+        except ImageforgeError as exc:
+            return Outcome(False, f"the image after step {k} did not build: {first_line(exc)}")
     try:
-        image = p.build_cut(k, log, build_as)
-    except ImageforgeError as exc:
-        return Outcome(False, f"the image after step {k} did not build: {first_line(exc)}")
-    try:
-        with serving(serve_as, environ=p.environ, image=image, startup_timeout=p.startup_timeout, log=log,
-                     host_address=p.host_address) as server:
+        with serving(serve_as, environ=p.environ, image=image, base=k == 0, startup_timeout=p.startup_timeout,
+                     log=log, host_address=p.host_address) as server:
             return measure(server, log)
     except SmokeError as exc:
         return Outcome(False, f"{no_server.format(k=k)}: {first_line(exc)}")

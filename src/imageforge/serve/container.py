@@ -44,12 +44,12 @@ from ..docker_engine import (
 )
 from ..docker_engine.forward import SSHForward, end_recorded
 from ..errors import ConfigError, InfraError, SmokeError
-from ..labels import L_KIND, L_RUN, L_STARTED_BY, L_TARGET, L_TOOL, TOOL
+from ..labels import L_KIND, L_RUN, L_RUN_SPEC, L_STARTED_BY, L_TARGET, L_TOOL, TOOL
 from ..resolve import Resolved
 from ..rundirs import new_run_id, run_dir
 from ..verify import record_started
 from ..waits import Health, poll_health
-from .spec import KIND_SERVER, container_port, container_spec
+from .spec import KIND_SERVER, container_port, container_spec, run_spec_digest
 from .startfail import start_error
 
 Log = Callable[[str], None]
@@ -150,6 +150,7 @@ class Server:
     startup_seconds: float | None = None
     image_labels: Mapping[str, str] = field(default_factory=dict)  # the served image's (its verify facts)
     base: bool = False  # the base image with the serving config mounted: none of the steps is in it
+    reused: bool = False  # a running server of the same run spec (--reuse-servers): not started, not removed here
 
     @property
     def name(self) -> str:
@@ -228,6 +229,7 @@ class StartOptions(TypedDict, total=False):
     labels: Mapping[str, str] | None  # extra container labels
     host_address: str | None  # where the port is published and reached (default: from environ)
     detach_forward: bool  # ssh:// daemon: the ssh -L forward outlives this process (`invoke run`)
+    port_is_preference: bool  # reusing, a server on another port will do (`invoke run`: the target's run.port)
 
 
 def start_server(resolved: Resolved, *, log: Log = print, **options: Unpack[StartOptions]) -> Server:
@@ -245,39 +247,35 @@ def start_server(resolved: Resolved, *, log: Log = print, **options: Unpack[Star
     ensure_daemon(log=log)
     run_id = run_id or new_run_id()
     local = endpoint().local  # from the client's base URL: a socket or loopback TCP is this machine
+    reuse = settings.reuse_servers_wanted(False, environ)
     if port is not None:
         if not 0 < port < 65536:
             raise ConfigError("--port must be 1-65535", found=str(port))
-        if local and port_in_use(port, host_address):
+        if local and not reuse and port_in_use(port, host_address):  # reusing, the port may be the reused one's
             raise port_taken_error(port, host_address)
     ref = image or image_for(resolved, environ, log, base=base, build_image=build_image)
     cli = client()
     import docker.errors
 
     try:
-        config = cli.images.get(ref).attrs.get("Config") or {}
+        served = cli.images.get(ref)
     except docker.errors.ImageNotFound:
         raise InfraError(f"image {ref} does not exist", hint=f"invoke build --target {resolved.target.name}") from None
+    config = served.attrs.get("Config") or {}
     host_port: int | None = port if port is not None else (free_port(host_address) if local else None)
     kwargs = container_spec(resolved, ref, host_port=host_port, run_id=run_id, environ=environ, base=base,
                             entrypoint=config.get("Entrypoint"), host_address=host_address)
+    digest = run_spec_digest(str(served.id), kwargs)
     image_name = kwargs.pop("image")
     kwargs.pop("detach")
-    kwargs["labels"] = {**kwargs["labels"], **(labels or {})}
-    with daemon_errors("creating the serving container"):
-        container = cli.containers.create(image_name, **kwargs)
-    with daemon_errors("starting the serving container", hint="check run options (devices, gpus, shm_size) in the "
-                       "manifest"):
-        try:
-            container.start()
-        except docker.errors.APIError as exc:
-            text = explanation(exc)
-            with contextlib.suppress(Exception):
-                container.remove(force=True, v=True)
-            if "port is already allocated" in text or "address already in use" in text.lower():
-                raise port_taken_error(host_port or 0, host_address) from None
-            raise
-    if host_port is None:
+    kwargs["labels"] = {**kwargs["labels"], **(labels or {}), L_RUN_SPEC: digest}
+    container = None
+    if reuse:
+        container = reusable_server(digest, port=None if options.get("port_is_preference") else port, log=log)
+    reused = container is not None
+    if container is None:
+        container = _create_and_start(cli, image_name, kwargs, host_port, host_address)
+    if host_port is None or reused:
         host_port = published_port(container, container_port(resolved))
     url, forward = f"http://{host_address}:{host_port}", None
     ep = endpoint()
@@ -286,8 +284,9 @@ def start_server(resolved: Resolved, *, log: Log = print, **options: Unpack[Star
         try:
             forward.open(detach=bool(options.get("detach_forward")))
         except BaseException:
-            with contextlib.suppress(Exception):
-                container.remove(force=True, v=True)
+            if not reused:
+                with contextlib.suppress(Exception):
+                    container.remove(force=True, v=True)
             raise
         url = forward.url
         log(f"ssh forward {forward.url} -> {host_address}:{host_port} on {ep.host} (ssh pid {forward.pid})")
@@ -303,9 +302,50 @@ def start_server(resolved: Resolved, *, log: Log = print, **options: Unpack[Star
         run_dir=run_dir(resolved.manifest.root, run_id),
         image_labels=dict(config.get("Labels") or {}),
         base=base,
+        reused=reused,
     )
+    if reused:
+        log(f"reusing {server.name} on {server.url}: it serves {ref} with the same run options "
+            "(--reuse-servers; left running afterwards)")
+        return server
     log(f"started {server.name} from {ref} on {server.url} (container port {container_port(resolved)})")
     return server
+
+
+def _create_and_start(cli: Any, image: str, kwargs: dict[str, Any], host_port: int | None, host_address: str) -> Any:
+    """Create and start the serving container; a port another process took meanwhile is a clean error."""
+    import docker.errors
+
+    with daemon_errors("creating the serving container"):
+        container = cli.containers.create(image, **kwargs)
+    with daemon_errors("starting the serving container", hint="check run options (devices, gpus, shm_size) in the "
+                       "manifest"):
+        try:
+            container.start()
+        except docker.errors.APIError as exc:
+            text = explanation(exc)
+            with contextlib.suppress(Exception):
+                container.remove(force=True, v=True)
+            if "port is already allocated" in text or "address already in use" in text.lower():
+                raise port_taken_error(host_port or 0, host_address) from None
+            raise
+    return container
+
+
+def reusable_server(digest: str, *, port: int | None = None, log: Log = print) -> Any | None:
+    """A running server container labelled with ``digest`` (:func:`imageforge.serve.spec.run_spec_digest`), the
+    oldest first; with ``port``, only one published on it. None when there is none."""
+    with daemon_errors("listing running servers"):
+        found = client().containers.list(ignore_removed=True, filters={
+            "status": "running", "label": [f"{L_TOOL}={TOOL}", f"{L_KIND}={KIND_SERVER}", f"{L_RUN_SPEC}={digest}"]})
+    for container in sorted(found, key=lambda c: str(c.attrs.get("Created", ""))):
+        if port is None:
+            return container
+        bindings = (container.attrs.get("HostConfig", {}).get("PortBindings") or {}).values()
+        if any(str(b.get("HostPort")) == str(port) for binding in bindings for b in binding or []):
+            return container
+        log(f"not reusing {container.name}: it is published on another port than --port {port}")
+    return None
 
 
 def published_port(container: Any, cport: int) -> int:
@@ -383,6 +423,9 @@ def wait_ready(
                                 on_poll=progress.update)
     if seconds is not None:
         server.ready_at = time.monotonic()
+        if server.reused:  # up before this use: no start-up time of its own to report
+            progress.done(f"ready: {server.url}/health OK ({server.name} reused)")
+            return seconds
         server.startup_seconds = seconds
         progress.done(f"ready: {server.url}/health OK after {seconds:.1f}s")
         content = record_started(server.image_labels)
@@ -403,10 +446,17 @@ def wait_ready(
 
 
 def remove_server(server: Server, *, log: Log | None = None, keep_log: bool = True) -> None:
-    """Stop and remove the container (and its anonymous volumes); keep its log in the run dir."""
+    """Stop and remove the container (and its anonymous volumes); keep its log in the run dir. A reused server
+    (``--reuse-servers``) is left running: only its log is kept and this use's ssh forward closed."""
     if keep_log:
         with contextlib.suppress(Exception):
             server.save_log()
+    if server.reused:
+        if server.forward is not None:
+            server.forward.close()
+        if log is not None:
+            log(f"left {server.name} running (reused)")
+        return
     with contextlib.suppress(Exception):
         server.container.stop(timeout=STOP_TIMEOUT)
     with contextlib.suppress(Exception):
@@ -456,13 +506,14 @@ def start_detached(resolved: Resolved, *, base: bool, port: int | None, timeout:
 
     Without ``port`` (and with a local daemon) the target's ``run.port`` is used when it is free.
     """
+    preference = port is None
     if port is None and endpoint().local:
         configured = resolved.run.port
         port = None if port_in_use(configured, host_address) else configured
         if port is None:
             log(f"port {configured} is taken: picking a free one")
     server = start_server(resolved, base=base, port=port, log=log, labels={L_STARTED_BY: STARTED_BY_RUN},
-                          host_address=host_address, detach_forward=True)
+                          host_address=host_address, detach_forward=True, port_is_preference=preference)
     try:
         wait_ready(server, timeout=timeout or resolved.target.smoke.startup_timeout, log=log, resolved=resolved)
     except BaseException:

@@ -5,10 +5,13 @@ sources exist.  The image is the built ``<image>:<profile>`` (its CMD already se
 config), or with ``base=True`` the base image with the serving arguments as
 ``vllm serve MODEL --flag value`` (:func:`imageforge.serving.base_command`: fitted to its ENTRYPOINT
 exactly as a build fits its CMD).  The container port is published on ``host_address`` only.
+:func:`run_spec_digest` names what makes two such containers interchangeable (``--reuse-servers``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -156,3 +159,18 @@ def container_spec(
     if limits:
         kwargs["ulimits"] = limits
     return kwargs
+
+
+#: container_spec's keys that name or address one container, not what it serves
+_PER_CONTAINER = ("image", "name", "labels", "ports", "detach")
+
+
+def run_spec_digest(image_id: str, spec: Mapping[str, Any]) -> str:
+    """The digest of what a server serves and how: the image ID and :func:`container_spec`'s run options (command,
+    environment, volumes, devices, limits, the container ports and the address they are published on), not its
+    name, labels or host port. Two servers with one digest answer alike: ``--reuse-servers`` uses one for the
+    other (labelled :data:`imageforge.labels.L_RUN_SPEC` on every server)."""
+    ports = {str(cport): list(binding)[:1] for cport, binding in (spec.get("ports") or {}).items()}
+    options = {key: value for key, value in spec.items() if key not in _PER_CONTAINER}
+    text = json.dumps({"image": image_id, "ports": ports, **options}, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
