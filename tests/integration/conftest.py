@@ -232,13 +232,3 @@ def remove_images() -> Iterator[list[str]]:
                         client().images.remove(tag)
 
 
-@pytest.fixture(scope="session")
-def containers_labelled(docker_ready: None) -> Callable[..., list[Any]]:
-    """``containers_labelled(**{label: value})`` -> containers carrying all those labels (running or not)."""
-    from imageforge.docker_engine import client
-
-    def find(**labels: str) -> list[Any]:
-        filters = [f"{k}={v}" for k, v in labels.items()]
-        return list(client().containers.list(all=True, ignore_removed=True, filters={"label": filters}))
-
-    return find

@@ -239,13 +239,6 @@ def run_id_of(output: str) -> str | None:
     return m.group(1) if m else None
 
 
-def labelled_containers(c: docker.DockerClient | None = None, **labels: str) -> list[Any]:
-    c = c or client()
-    filters = {"label": ["org.imageforge.tool=imageforge", *(f"org.imageforge.{k.replace('_', '-')}={v}"
-                                                               for k, v in labels.items())]}
-    return list(c.containers.list(all=True, ignore_removed=True, filters=filters))
-
-
 def settles(condition: Callable[[], bool], timeout: float = 300) -> bool:
     """``condition`` holds, now or within ``timeout`` s: for a check over the whole daemon (no container or image of a
     kind left behind), which a build or a server of the other worker of ``invoke test`` may make true only once it
@@ -261,7 +254,7 @@ def build_containers(c: docker.DockerClient | None = None) -> set[str]:
     Servers (kind ``server``) are left out: the session's shared server, or another test's, may start or stop
     while the step under test runs, and none of them is the step's to remove.
     """
-    return {x.id for x in labelled_containers(c) if x.labels.get("org.imageforge.kind") != "server"}
+    return {x.id for x in helpers.labelled(c=c) if x.labels.get("org.imageforge.kind") != "server"}
 
 
 def remove_images(c: docker.DockerClient, refs: Sequence[str]) -> None:

@@ -19,6 +19,8 @@
 * :func:`kill_mid_suite` -- the smoke claim "a server killed mid-suite" run against a server a test has finished
   with (issue 24: the claim costs no vLLM start of its own): a suite whose first check is a long generation, the
   container killed once it generates; the caller asserts the report (after its ``serving()`` block: removal).
+* :func:`labelled` -- the containers (running or not) imageforge labelled, with all of the given labels (whole
+  keys, :mod:`imageforge.labels`' constants), on the local daemon or a given client's.
 * :func:`sdk` -- a docker SDK client of the local daemon (or a host) with a long timeout (no imageforge code on
   that side); :func:`one_maker` -- the lock under which a shared fixture image is made.
 * :func:`plain_docker_build` -- ``docker build`` of a directory through the SDK only (a submission tree, as the
@@ -183,6 +185,16 @@ def kill_mid_suite(server: Any, suite_dir: Path, echo: Callable[[str], None]) ->
                        echo=echo, live=False)
     killer.join(timeout=60)
     return report
+
+
+def labelled(labels: Mapping[str, str] | None = None, *, c: docker.DockerClient | None = None) -> list[Any]:
+    """Containers (running or not) carrying ``org.imageforge.tool=imageforge`` and every one of ``labels``, on the
+    local daemon (imageforge's client) or ``c``'s."""
+    from imageforge.docker_engine import client
+    from imageforge.labels import L_TOOL, TOOL
+
+    wanted = [f"{L_TOOL}={TOOL}", *(f"{k}={v}" for k, v in (labels or {}).items())]
+    return list((c or client()).containers.list(all=True, ignore_removed=True, filters={"label": wanted}))
 
 
 def sdk(host: str | None = None) -> docker.DockerClient:

@@ -17,6 +17,7 @@ import pytest
 
 from imageforge import app
 from imageforge.bench import Workload, run_bench, verdict
+from tests.integration.helpers import labelled
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -92,7 +93,7 @@ def test_bench_replay_against_a_url(cpu_server: Any, invoke_cli: Callable[..., A
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_two_point_sweep_of_the_cpu_target(cpu_server: Any, containers_labelled: Callable[..., list[Any]],
+def test_two_point_sweep_of_the_cpu_target(cpu_server: Any,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     """The sweep in float32 (the config ``cpu_server`` serves): its max-num-seqs=8 point is the session's server,
     found by its run spec and reused; max-num-seqs=1 is started for the sweep and removed after it."""
@@ -136,7 +137,7 @@ def test_two_point_sweep_of_the_cpu_target(cpu_server: Any, containers_labelled:
     assert "sweep cpu:conservative" in out and any(line.startswith("best score: max-num-seqs=") for line in lines)
     # the server the sweep started is gone, the reused one is left running; the points are tagged under
     # imageforge/cpu-sweep, not the profile's own tags
-    leftovers = [c for c in containers_labelled(**{L_TARGET: "cpu"})
+    leftovers = [c for c in labelled({L_TARGET: "cpu"})
                  if c.image.id in {p.image_id for p in result.points}]
     assert [c.id for c in leftovers] == [cpu_server.container.id]
     assert cpu_server.running()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from imageforge.labels import L_TARGET
 from imageforge.patchfrom import apply_steps
 from imageforge.steps import PatchSpec
 from tests.integration.forge_fixtures import (
@@ -18,12 +19,12 @@ from tests.integration.forge_fixtures import (
     build_containers,
     client,
     invoke,
-    labelled_containers,
     read_from_image,
     settles,
     tiny_base,
     write_manifest,
 )
+from tests.integration.helpers import labelled
 
 pytestmark = pytest.mark.integration
 
@@ -110,7 +111,7 @@ def test_check_patches_reports_every_failure(tmp_path: Path) -> None:
     # nothing built, nothing left
     assert {i.id for i in client().images.list(all=True, filters={"label": f"org.imageforge.target={target}"})} \
         == images_before
-    assert labelled_containers(target=target) == []
+    assert labelled({L_TARGET: target}) == []
 
 
 def test_check_patches_without_the_vendor_base() -> None:

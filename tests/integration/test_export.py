@@ -27,11 +27,11 @@ from tests.integration.forge_fixtures import (
     client,
     free_port,
     invoke,
-    labelled_containers,
     second_daemon,
     tiny_base,
     write_manifest,
 )
+from tests.integration.helpers import labelled
 
 pytestmark = pytest.mark.integration
 EXPORT_REPO = "imageforge-test/cpu-export"
@@ -191,7 +191,7 @@ def test_cpu_export_loads_on_a_clean_daemon_and_serves(tmp_path: Path, cpu_varia
         container.remove(force=True)
         with contextlib.suppress(docker.errors.APIError):
             c2.images.remove(f"{EXPORT_REPO}:conservative", force=True)
-    assert labelled_containers(c2) == []
+    assert labelled(c=c2) == []
 
 
 def test_export_reads_nothing_but_the_sdk_docker_host(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import docker
 import pytest
 
+from imageforge.labels import L_RUN, L_TARGET
 from tests.integration.forge_fixtures import (
     INVOKE,
     REPO,
@@ -26,12 +27,11 @@ from tests.integration.forge_fixtures import (
     assert_clean_failure,
     client,
     invoke,
-    labelled_containers,
     run_id_of,
     tiny_base,
     write_manifest,
 )
-from tests.integration.helpers import sigint_default
+from tests.integration.helpers import labelled, sigint_default
 
 pytestmark = pytest.mark.integration
 
@@ -128,9 +128,9 @@ def test_daemon_gone_mid_build(tmp_path: Path, base: str, proxy: SocketProxy) ->
     # The daemon is back (it never went away: only the proxy did). The build could not remove its
     # script container while the daemon was unreachable; `invoke clean` knows it belongs to a dead
     # build of this checkout and removes it, whatever its state.
-    left = labelled_containers(run_id=run_id)
+    left = labelled({L_RUN: run_id})
     cleaned = invoke("clean", "--manifest", str(manifest), "--min-age", "0", check=True)
-    assert labelled_containers(run_id=run_id) == [], cleaned.stdout
+    assert labelled({L_RUN: run_id}) == [], cleaned.stdout
     if left:
         assert "step-script" in cleaned.stdout
 
@@ -146,7 +146,7 @@ def test_script_step_exits_non_zero(tmp_path: Path, base: str) -> None:
     assert "about to fail" in err and "detail on stderr" in err, "the script's output is shown"
     assert f"{manifest}:" in err, "the error points into the manifest"
     run_id = run_id_of(proc.stderr)  # the build log is on stderr (stdout: results only)
-    assert run_id and labelled_containers(run_id=run_id) == []
+    assert run_id and labelled({L_RUN: run_id}) == []
     assert tag_id(f"imageforge-test/{target}:small") is None
 
 
@@ -159,7 +159,7 @@ def test_disk_full_reported_by_the_daemon(tmp_path: Path, base: str, proxy: Sock
     assert "out of disk space" in proc.stderr and "no space left on device" in proc.stderr
     assert "invoke clean" in proc.stderr, "the hint says how to free space"
     run_id = run_id_of(proc.stderr)  # the build log is on stderr (stdout: results only)
-    assert run_id and labelled_containers(run_id=run_id) == []
+    assert run_id and labelled({L_RUN: run_id}) == []
     assert tag_id(f"imageforge-test/{target}:small") is None
 
 
@@ -171,7 +171,7 @@ def test_disk_full_inside_a_script_step(tmp_path: Path, base: str) -> None:
     assert_clean_failure(proc, 5)
     assert "No space left on device" in proc.stderr and "out of disk space" in proc.stderr
     run_id = run_id_of(proc.stderr)  # the build log is on stderr (stdout: results only)
-    assert run_id and labelled_containers(run_id=run_id) == []
+    assert run_id and labelled({L_RUN: run_id}) == []
     assert tag_id(f"imageforge-test/{target}:small") is None
 
 
@@ -190,7 +190,7 @@ def test_ctrl_c_during_a_step_then_resume(tmp_path: Path, base: str) -> None:
     assert code == 130, out
     assert "Traceback" not in out and "interrupted" in out, out
     run_id = run_id_of(out)
-    assert run_id and labelled_containers(run_id=run_id) == [], "no dangling containers"
+    assert run_id and labelled({L_RUN: run_id}) == [], "no dangling containers"
     assert tag_id(f"imageforge-test/{target}:small") == before, "the tag did not move"
     again = invoke("build", "--manifest", str(manifest), check=True)
     steps = re.findall(r"\[\d+/\d+\] (\w+)\s+\w+\s+(\S+)", again.stderr)
@@ -209,7 +209,7 @@ def test_base_image_deleted_between_plan_and_build(tmp_path: Path) -> None:
     assert_clean_failure(proc, 5)
     assert f"base image {ref!r} is not on the Docker daemon" in proc.stderr
     assert "hint" in proc.stderr
-    assert labelled_containers(target=target) == []
+    assert labelled({L_TARGET: target}) == []
 
 
 def test_base_image_deleted_after_the_build_planned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -232,5 +232,5 @@ def test_base_image_deleted_after_the_build_planned(tmp_path: Path, monkeypatch:
         app.build(app.settings(manifest=str(manifest)), None, None, [], verbose=False, quiet=True)
     assert "disappeared" in info.value.message or "not on the Docker daemon" in info.value.message
     assert info.value.exit_code == 5
-    assert labelled_containers(target=target) == []
+    assert labelled({L_TARGET: target}) == []
     assert tag_id(f"imageforge-test/{target}:small") is None

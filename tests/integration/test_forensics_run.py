@@ -30,7 +30,7 @@ from imageforge.errors import EXIT_SMOKE
 from imageforge.labels import L_RUN
 from imageforge.manifest_load import load_manifest
 from imageforge.resolve import resolve
-from tests.integration.helpers import REPO, kill_mid_suite
+from tests.integration.helpers import REPO, kill_mid_suite, labelled
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -267,8 +267,7 @@ def test_equiv_the_shipped_cpu_image_matches_its_base(cpu_resolved: Any, cpu_ser
 
 
 def test_equiv_catches_a_scaled_softmax_with_exit_4(cpu_variant: Callable[..., Path], remove_images: list[str],
-                                                     cpu_resolved: Any, cpu_base_run: Any, tmp_path: Path,
-                                                     containers_labelled: Callable[..., list[Any]]) -> None:
+                                                     cpu_resolved: Any, cpu_base_run: Any, tmp_path: Path) -> None:
     """equiv flags the math change (exit 4); then the candidate, compared and no longer needed, is the server that
     test_smoke's claim "a server killed mid-suite" kills (``helpers.kill_mid_suite``: no vLLM start of its own)."""
     from imageforge.equiv.compare import raise_if_failed
@@ -301,5 +300,5 @@ def test_equiv_catches_a_scaled_softmax_with_exit_4(cpu_variant: Callable[..., P
         assert by_id[check_id].failures[0].startswith("not run: the server is down")
     text = "\n".join(lines)
     assert "the server went away during the suite" in text and "0 passed, 4 failed" in text
-    assert containers_labelled(**{L_RUN: served.run_id}) == []  # always removed
+    assert labelled({L_RUN: served.run_id}) == []  # always removed
     assert (served.run_dir / "server.log").is_file() and (served.run_dir / "smoke-junit.xml").is_file()

@@ -11,16 +11,17 @@ from pathlib import Path
 import docker
 import pytest
 
+from imageforge.labels import L_TARGET
 from tests.integration.forge_fixtures import (
     assert_clean_failure,
     client,
     copy_image,
     invoke,
-    labelled_containers,
     second_daemon,
     tiny_base,
     write_manifest,
 )
+from tests.integration.helpers import labelled
 
 pytestmark = pytest.mark.integration
 
@@ -112,7 +113,7 @@ def test_clean_keeps_what_tags_need_and_removes_the_rest(tmp_path: Path) -> None
     after = image_ids(target)
     assert finals[2] in after and finals[0] not in after and finals[1] not in after
     assert after == all_before - doomed
-    assert labelled_containers(target=target) == []
+    assert labelled({L_TARGET: target}) == []
     # every tag still works: a rebuild of both profiles is all HIT
     for profile in ("small", "big"):
         again = invoke("build", "--manifest", str(manifest), "--profile", profile, check=True).stderr

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from imageforge.labels import L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL
-from tests.integration.helpers import sigint_default
+from tests.integration.helpers import labelled, sigint_default
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -37,8 +37,7 @@ def taken_port() -> Iterator[int]:
         yield int(sock.getsockname()[1])
 
 
-def test_run_base_prints_url_then_stop_removes_it(cpu_base_run: Any, invoke_cli: Callable[..., Any],
-                                                   containers_labelled: Callable[..., list[Any]]) -> None:
+def test_run_base_prints_url_then_stop_removes_it(cpu_base_run: Any, invoke_cli: Callable[..., Any]) -> None:
     """``run --base`` (conftest's ``cpu_base_run``: float32, so that test_forensics_run's equiv tests compare against
     the same server before this test removes it) prints the URL, leaves the server up; ``stop`` removes it."""
     from imageforge.labels import L_STARTED_BY
@@ -53,7 +52,7 @@ def test_run_base_prints_url_then_stop_removes_it(cpu_base_run: Any, invoke_cli:
         match = re.search(r"started imageforge-cpu-(\S+) from imageforge/vllm-cpu-base:", cli.output)
         assert match, cli.output
         run_id = match.group(1)
-        (container,) = containers_labelled(**{L_RUN: run_id})
+        (container,) = labelled({L_RUN: run_id})
         labels = container.labels
         assert labels[L_TOOL] == "imageforge" and labels[L_KIND] == "server"
         assert labels[L_TARGET] == "cpu" and labels[L_PROFILE] == "base"
@@ -81,7 +80,7 @@ def test_run_base_prints_url_then_stop_removes_it(cpu_base_run: Any, invoke_cli:
         stop = invoke_cli("stop", "--target", "cpu")
     assert stop.code == 0, stop.output
     assert run_id is not None and f"removed imageforge-cpu-{run_id}" in stop.output
-    assert containers_labelled(**{L_RUN: run_id}) == []
+    assert labelled({L_RUN: run_id}) == []
     assert not cpu_base_run.answers()
 
 
@@ -110,7 +109,7 @@ def test_missing_image_is_an_infra_error(cpu_resolved: Any) -> None:
     assert "does not exist" in info.value.message and "invoke build" in (info.value.hint or "")
 
 
-def test_interrupted_smoke_removes_its_server(containers_labelled: Callable[..., list[Any]]) -> None:
+def test_interrupted_smoke_removes_its_server() -> None:
     """Ctrl-C while `invoke smoke` waits for readiness: exit 130, nothing left running. The interrupt reaches
     ``serving()``'s block (its ``wait_ready``): that ``serving()`` removes its running container on an interrupt and
     keeps its log is checked here too (it had a test and a vLLM start of its own, issue 24). SIGTERM, which
@@ -135,7 +134,7 @@ def test_interrupted_smoke_removes_its_server(containers_labelled: Callable[...,
             if run_id and "waiting for" in line:
                 break
         assert run_id, "".join(lines)
-        (container,) = containers_labelled(**{L_RUN: run_id})
+        (container,) = labelled({L_RUN: run_id})
         assert container.status == "running"
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
@@ -146,5 +145,5 @@ def test_interrupted_smoke_removes_its_server(containers_labelled: Callable[...,
     output = "".join(lines) + rest
     assert proc.returncode == 130, output
     assert "interrupted" in output and f"removed imageforge-cpu-{run_id}" in output
-    assert containers_labelled(**{L_RUN: run_id}) == []
+    assert labelled({L_RUN: run_id}) == []
     assert (REPO / ".imageforge" / "runs" / run_id / "server.log").is_file()

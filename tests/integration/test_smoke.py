@@ -26,7 +26,7 @@ import pytest
 
 from imageforge.labels import L_RUN
 from imageforge.smoke import load_suite, run_suite, target_vars
-from tests.integration.helpers import free_port, hooks_for
+from tests.integration.helpers import free_port, hooks_for, labelled
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -180,8 +180,7 @@ def test_bad_suite_file(invoke_cli: Callable[..., Any], tmp_path: Path, text: st
 # ----------------------------------------------------------------------------- servers of their own
 
 
-def test_invoke_smoke_target_end_to_end(invoke_cli: Callable[..., Any],
-                                        containers_labelled: Callable[..., list[Any]]) -> None:
+def test_invoke_smoke_target_end_to_end(invoke_cli: Callable[..., Any]) -> None:
     cli = invoke_cli("smoke", "--target", "cpu", "--profile", "conservative")
     assert cli.code == 0, cli.output
     passed, failed, _ = summary(cli.output)
@@ -190,7 +189,7 @@ def test_invoke_smoke_target_end_to_end(invoke_cli: Callable[..., Any],
     name = re.search(r"started (imageforge-cpu-(\S+)) from imageforge/cpu:conservative", cli.output)
     assert name, cli.output
     assert f"removed {name.group(1)}" in cli.output
-    assert containers_labelled(**{L_RUN: name.group(2)}) == []
+    assert labelled({L_RUN: name.group(2)}) == []
     # Issue 25: a start that reached /health recorded the served content's imports as verified.
     from imageforge.docker_engine import client
     from imageforge.verify import verified_contents, verified_label_content
@@ -200,8 +199,7 @@ def test_invoke_smoke_target_end_to_end(invoke_cli: Callable[..., Any],
 
 
 def test_overlay_that_stops_vllm_serve_from_starting(cpu_variant: Callable[..., Path], invoke_cli: Callable[..., Any],
-                                                     remove_images: list[str],
-                                                     containers_labelled: Callable[..., list[Any]]) -> None:
+                                                     remove_images: list[str]) -> None:
     image = "imageforge-test/cpu-no-serve"
     remove_images.append(image)
     manifest = cpu_variant(image, steps=[{
@@ -226,7 +224,7 @@ def test_overlay_that_stops_vllm_serve_from_starting(cpu_variant: Callable[..., 
                      r"start: RuntimeError in vllm/entrypoints/launchers/api_server/entry\.py line 1, written by "
                      r"step 'break-serve' \(overlay\)", cli.output), cli.output
     name = re.search(r"started imageforge-cpu-(\S+) from", cli.output)
-    assert name and containers_labelled(**{L_RUN: name.group(1)}) == []
+    assert name and labelled({L_RUN: name.group(1)}) == []
     assert "Traceback (most recent call last)" not in cli.output.split("last log lines:")[0]
 
 
