@@ -269,7 +269,8 @@ def smoke(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         root = resolved.manifest.root if resolved is not None else Path.cwd()
         chosen = tag_list or (tuple(resolved.target.smoke.tags) if resolved is not None else ()) or DEFAULT_TAGS
         report = smoke_url(url, suite_path=suite_path, tags=chosen, run_root=root, echo=echo,
-                           vars=target_vars(resolved) if resolved is not None and target else None, wait=wait)
+                           vars=target_vars(resolved) if resolved is not None and target else None, wait=wait,
+                           target=resolved.target.name if resolved is not None and target else None)
     else:
         resolved = _resolve(s, load(s), target, profile, sets)
         with _applied(s, resolved, in_place, echo, starts=1):

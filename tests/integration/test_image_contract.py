@@ -9,11 +9,13 @@ manager), with computility-run.yaml's command and env, and checks both claims on
 * the image serves its rendered config (the profile's values in the serving config, the profile's env in the image
   config) and passes the smoke suite through ``invoke smoke --url``;
 * a server started with computility-run.yaml's command and env passes the dummy smoke suite (was
-  test_submission.py's own start; test_submission keeps the filesystem/env equality of the two builds).
+  test_submission.py's own start; test_submission keeps the filesystem/env equality of the two builds): the same
+  run of the suite, one test.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -62,7 +64,15 @@ def generic_container(cpu_submission: dict[str, Any], run_yaml: dict[str, Any]) 
 
 
 def test_image_serves_its_rendered_config_without_imageforge(generic_container: Any, run_yaml: dict[str, Any],
+                                                             cpu_submission: dict[str, Any],
                                                              invoke_cli: Callable[..., Any]) -> None:
+    """Both claims of the module on its one server: the tree's own build, started with computility-run.yaml's
+    command and env, serves the profile's rendered config, and passes the target's dummy smoke suite through
+    ``invoke smoke --url`` (the suite ran a second time here, on the same server, through ``run_suite``: that claim
+    was test_submission.py's, moved here with its start; one run of the suite holds both)."""
+    resolved = cpu_submission["resolved"]
+    assert run_yaml["concurrency"] == 1
+    assert generic_container.get_wrapped_container().image.id == cpu_submission["plain"]  # the tree's own build
     attrs = generic_container.get_wrapped_container().attrs
     assert attrs["Config"]["Cmd"] == run_yaml["command"]  # started as computility-run.yaml says
     code, out = generic_container.exec(["cat", "/etc/imageforge/serving.yaml"])
@@ -73,23 +83,10 @@ def test_image_serves_its_rendered_config_without_imageforge(generic_container: 
     assert "VLLM_CPU_KVCACHE_SPACE=2" in env  # the profile's serving env is in the image config
     assert generic_container.get_container_host_ip() == "127.0.0.1"
     url = f"http://127.0.0.1:{generic_container.get_exposed_port(8000)}"
-    result = invoke_cli("smoke", "--url", url, "--tags", "dummy-ok")
+    # the target's suite with the target's variables (its model name), as the moved claim ran it
+    result = invoke_cli("smoke", "--url", url, "--target", resolved.target.name, "--tags", "dummy-ok", "--json")
     assert result.code == 0, result.output
     assert "43 passed, 0 failed" in result.output
-
-
-def test_cpu_server_started_with_the_yaml_passes_the_dummy_smoke_suite(
-        generic_container: Any, cpu_submission: dict[str, Any], run_yaml: dict[str, Any], tmp_path: Path) -> None:
-    """Moved from test_submission.py (its own start, through the docker SDK, is this module's container now)."""
-    from imageforge.rundirs import new_run_id
-    from imageforge.smoke import load_suite, run_suite, target_vars
-
-    resolved = cpu_submission["resolved"]
-    assert run_yaml["concurrency"] == 1
-    assert generic_container.get_wrapped_container().image.id == cpu_submission["plain"]  # the tree's own build
-    url = f"http://127.0.0.1:{generic_container.get_exposed_port(8000)}"
-    suite = load_suite(resolved.target.smoke.suite)
-    report = run_suite(suite, url, tags=("dummy-ok",), run_id=new_run_id(), run_dir=tmp_path / "run",
-                       vars=target_vars(resolved), live=False)
-    assert report.ok, report.summary_line()
-    assert len(report.results) >= 5
+    report = json.loads(result.stdout)
+    assert report["ok"] is True and len(report["checks"]) == 43 >= 5 and report["target"] == "cpu"
+    assert Path(report["suite_path"]).resolve() == (resolved.manifest.root / resolved.target.smoke.suite).resolve()

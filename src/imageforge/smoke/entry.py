@@ -121,15 +121,16 @@ def suite_for(resolved: Any, explicit: str | None) -> Path:
 
 
 def smoke_url(url: str, *, suite_path: Path, tags: Sequence[str], run_root: Path, echo: Log = print,
-              vars: Mapping[str, Any] | None = None, wait: float = 0.0) -> SmokeReport:
-    """``invoke smoke --url``: a server somebody else started."""
+              vars: Mapping[str, Any] | None = None, wait: float = 0.0, target: str | None = None) -> SmokeReport:
+    """``invoke smoke --url``: a server somebody else started (``target``: the one --target named, for the
+    report)."""
     check_url(url)
     suite = load_suite(suite_path)
     if wait > 0:
         _wait_for_url(url, wait, echo)
     run_id = new_run_id()
     return run_suite(suite, url, tags=tags, run_id=run_id, run_dir=run_root / ".imageforge" / "runs" / run_id,
-                     vars=vars, echo=echo)
+                     vars=vars, echo=echo, target=target)
 
 
 def _wait_for_url(url: str, timeout: float, echo: Log) -> None:
