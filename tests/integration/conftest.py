@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -37,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.integration import helpers
 
@@ -177,42 +175,13 @@ def cpu_submission(docker_ready: None, tmp_path_factory: pytest.TempPathFactory)
             helpers.sdk().images.remove(plain, force=True)
 
 
-def _copy_sources(target: dict[str, Any], root: Path) -> None:
-    """Copy every file a step or the smoke section reads into ``root`` (same relative path)."""
-    paths: list[str] = [str(step["source"]) for step in target.get("steps", []) if "source" in step]
-    for profile in target.get("profiles", {}).values():
-        paths += [str(step["source"]) for step in profile.get("steps", []) if "source" in step]
-    if "suite" in target.get("smoke", {}):
-        paths.append(str(target["smoke"]["suite"]))
-    for rel in paths:
-        src = REPO / rel
-        dest = root / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if not dest.exists():
-            shutil.copy2(src, dest)
-
-
 @pytest.fixture
 def cpu_variant(tmp_path: Path) -> Callable[..., Path]:
-    """``write(image, steps=[...], files={rel: text})`` -> a manifest whose cpu target has extra steps."""
+    """``write(image, steps=[...], files={rel: text})`` -> a manifest whose cpu target has extra steps
+    (:func:`helpers.write_cpu_variant` in the test's tmp dir)."""
 
     def write(image: str, steps: Sequence[dict[str, Any]] = (), files: dict[str, str] | None = None) -> Path:
-        data = yaml.safe_load((REPO / "build.yaml").read_text())
-        target = data["targets"]["cpu"]
-        target["image"] = image
-        target["base"]["recipe"] = str((REPO / target["base"]["recipe"]).resolve())
-        for volume in target.get("run", {}).get("volumes", []):  # the repository's tiny model, not a copy per test:
-            if volume.get("type", "bind") == "bind" and not Path(volume["source"]).is_absolute():  # the same run spec
-                volume["source"] = str(REPO / volume["source"])  # as the session's servers (--reuse-servers)
-        target["steps"] = [*target.get("steps", []), *steps]
-        for rel, text in (files or {}).items():
-            (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tmp_path / rel).write_text(text)
-        _copy_sources(target, tmp_path)  # what `files` did not provide comes from the repository
-        manifest = {"version": 1, "default_target": "cpu", "targets": {"cpu": target}}
-        path = tmp_path / "build.yaml"
-        path.write_text(yaml.safe_dump(manifest, sort_keys=False))
-        return path
+        return helpers.write_cpu_variant(tmp_path, image, steps, files)
 
     return write
 

@@ -153,9 +153,10 @@ def _drop_test_images() -> None:
 
 
 def write_manifest(root: Path, base: str, *, target: str | None = None, steps: str | None = None,
-                   profiles: str | None = None, files: dict[str, str] | None = None) -> tuple[Path, str]:
+                   profiles: str | None = None, files: dict[str, str] | None = None,
+                   command: str = "[python3, -m, http.server]") -> tuple[Path, str]:
     """A manifest with one target on ``base``; returns (path, target name).  The target's images
-    are removed when the test process exits."""
+    are removed when the test process exits. ``command``: its serving command (YAML flow list)."""
     target = target or f"t{secrets.token_hex(3)}"
     _targets.add(target)
     root.mkdir(parents=True, exist_ok=True)
@@ -208,7 +209,7 @@ targets:
       imports: [vllm.ops.attn, vllm.ops.extra]
     serving:
       config_path: /etc/imageforge/serving.yaml
-      command: [python3, -m, http.server]
+      command: {command}
       args: {{model: /m, max-num-seqs: 1}}
     default_profile: small
     profiles:

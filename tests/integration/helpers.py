@@ -25,6 +25,8 @@
   that side); :func:`one_maker` -- the lock under which a shared fixture image is made.
 * :func:`plain_docker_build` -- ``docker build`` of a directory through the SDK only (a submission tree, as the
   platform builds it): (image id or None, build log lines).
+* :func:`write_cpu_variant` -- a manifest whose cpu target is the repository's plus extra steps, under its own image
+  name (conftest's ``cpu_variant`` writes one per test; a module fixture writes its own).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import contextlib
 import io
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -44,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import yaml
 
 from imageforge import commands
 from imageforge.serve.container import free_port
@@ -222,3 +226,42 @@ def plain_docker_build(tree: Path) -> tuple[str | None, list[str]]:
         for chunk in exc.build_log:
             lines.extend(str(chunk.get("stream", "") or chunk.get("error", "")).splitlines())
         return None, lines
+
+
+def _copy_sources(target: dict[str, Any], root: Path) -> None:
+    """Copy every file a step or the smoke section reads into ``root`` (same relative path)."""
+    paths: list[str] = [str(step["source"]) for step in target.get("steps", []) if "source" in step]
+    for profile in target.get("profiles", {}).values():
+        paths += [str(step["source"]) for step in profile.get("steps", []) if "source" in step]
+    if "suite" in target.get("smoke", {}):
+        paths.append(str(target["smoke"]["suite"]))
+    for rel in paths:
+        src = REPO / rel
+        dest = root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if not dest.exists():
+            shutil.copy2(src, dest)
+
+
+def write_cpu_variant(root: Path, image: str, steps: Sequence[Mapping[str, Any]] = (),
+                      files: Mapping[str, str] | None = None) -> Path:
+    """``root/build.yaml``: the repository's cpu target under ``image`` with ``steps`` added after its own and
+    ``files`` (relative to ``root``) written; what a step or the suite reads and ``files`` does not give is copied
+    from the repository. The shared steps reuse the real target's cached layers; the volumes' sources are the
+    repository's (the same run spec as the session's servers, for --reuse-servers)."""
+    data = yaml.safe_load((REPO / "build.yaml").read_text())
+    target = data["targets"]["cpu"]
+    target["image"] = image
+    target["base"]["recipe"] = str((REPO / target["base"]["recipe"]).resolve())
+    for volume in target.get("run", {}).get("volumes", []):  # the repository's tiny model, not a copy per test:
+        if volume.get("type", "bind") == "bind" and not Path(volume["source"]).is_absolute():  # the same run spec
+            volume["source"] = str(REPO / volume["source"])  # as the session's servers (--reuse-servers)
+    target["steps"] = [*target.get("steps", []), *(dict(s) for s in steps)]
+    for rel, text in (files or {}).items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    _copy_sources(target, root)  # what `files` did not provide comes from the repository
+    manifest = {"version": 1, "default_target": "cpu", "targets": {"cpu": target}}
+    path = root / "build.yaml"
+    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    return path

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -142,5 +143,12 @@ def test_two_point_sweep_of_the_cpu_target(cpu_server: Any,
     assert [c.id for c in leftovers] == [cpu_server.container.id]
     assert cpu_server.running()
     assert (cpu_server.container.labels or {}).get(L_RUN_SPEC)
+    # the first point's own start, as `smoke --target` starts one (the same serving(); test_smoke's end-to-end
+    # test reuses cpu_server): started, ready after N s, removed after its benches, its log kept
+    point_log = (result.run_dir / "point-1.log").read_text()
+    started = re.search(r"started (imageforge-cpu-\S+) from (\S+) on ", point_log)
+    assert started and started.group(2) == result.points[0].image_id, point_log
+    assert re.search(r"ready: http://127\.0\.0\.1:\d+/health OK after [\d.]+s", point_log), point_log
+    assert f"removed {started.group(1)}" in point_log
     tags = client().images.get(str(result.points[0].image_id)).tags
     assert tags and all(t.startswith("imageforge/cpu-sweep:") for t in tags), tags

@@ -1,19 +1,25 @@
-"""equiv, bisect and ablate on real images and real vLLM servers of the cpu target. Each test starts real servers
-(30-120 s each on this machine): keep them few. vLLM starts: bisect's failing probe (the whole dummy suite on each
-probe; the failing one is also test_smoke's former "a patch that breaks tool-call parsing"; the base probe is the
-session's ``cpu_base_run``, reused), ablate's variant (its full side is the session's ``cpu_server``, reused), and
-the scaled-softmax equiv candidate (once compared, it is also the server test_smoke's claim "a server killed mid-
-suite" kills); the shipped image's equiv candidate is the session's ``cpu_server`` (conftest: served as equiv serves
-its candidate, float32; no start here when an earlier module started it); both equiv tests compare (``compare_urls``)
-against the session's ``run --target cpu --base --set dtype=float32`` (conftest ``cpu_base_run``: equiv's base
-reference, and test_run's ``run --base`` under test, which removes it later). ``equiv_target``'s own orchestration
-(build the candidate, serve both sides, compare, remove both) is tests/unit/test_equiv.py's, with the servers faked
-at that boundary.
+"""equiv, bisect and ablate on real images and real vLLM servers of the cpu target. Each vLLM start costs 30-120 s
+on this machine: keep them few. The module's two starts are its fixture ``planted`` (issue 24: they were three, one
+per test): the base image plus two planted steps, break-hermes (tool-call parsing: the dummy suite's tools-required
+fails) and scaled-softmax (the math: equiv fails), in float32, and the base plus break-hermes alone. Every command here
+runs with --reuse-servers and finds its servers among those and the session's (conftest ``cpu_base_run``: the base
+image, float32; ``cpu_server``: the shipped image, float32):
+
+* bisect over the two steps probes the base (``cpu_base_run``), both steps (``planted.full``) and break-hermes alone
+  (``planted.hermes``): the failing probe is also test_smoke's former "a patch that breaks tool-call parsing";
+* ablate drops scaled-softmax (full ``planted.full``, variant ``planted.hermes``) and skips break-hermes (required);
+* the shipped image's equiv compares ``cpu_server`` with ``cpu_base_run``; the scaled softmax's, ``planted.full``
+  with ``cpu_base_run`` (``compare_urls``), and then ``planted.full``, no longer needed, is the server test_smoke's
+  claim "a server killed mid-suite" kills: that test is the module's last.
+
+``equiv_target``'s own orchestration (build the candidate, serve both sides, compare, remove both) is
+tests/unit/test_equiv.py's, with the servers faked at that boundary.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -30,7 +36,7 @@ from imageforge.errors import EXIT_SMOKE
 from imageforge.labels import L_RUN
 from imageforge.manifest_load import load_manifest
 from imageforge.resolve import resolve
-from tests.integration.helpers import REPO, kill_mid_suite, labelled
+from tests.integration.helpers import REPO, kill_mid_suite, labelled, write_cpu_variant
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -54,14 +60,67 @@ SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed(?:, (\d+) skipped)?$", re.M)
 
 
 def _prompts(resolved: Any, n: int, greedy: int) -> Any:
-    import dataclasses
-
     s = resolved.target.equiv
     return dataclasses.replace(s, prompts=s.prompts[:n], greedy_tokens=greedy)
 
 
-def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[..., Path], invoke_cli: Callable[..., Any],
-                                                        remove_images: list[str], cpu_base_run: Any) -> None:
+PLANTED = "imageforge-test/planted"
+
+
+@dataclasses.dataclass
+class Planted:
+    """The module's servers (see the module): ``full`` = base + break-hermes + scaled-softmax, ``hermes`` = base +
+    break-hermes; both in float32, conservative, as bisect's and ablate's cuts of ``path`` serve them."""
+
+    path: Path
+    resolved: Any
+    full: Any
+    hermes: Any
+    full_stack: contextlib.ExitStack
+
+    def stop_full(self) -> None:
+        """``full``'s ``serving()`` block ends: its server removed, its log kept."""
+        self.full_stack.close()
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory, docker_ready: None) -> Iterator[Planted]:
+    from imageforge.build import build_target
+    from imageforge.docker_engine import client
+    from imageforge.forensics.subsets import subset_resolved
+    from imageforge.serve.container import serving, wait_ready
+
+    path = write_cpu_variant(tmp_path_factory.mktemp("planted"), PLANTED,
+                             steps=[{**BREAK_HERMES, "required": True}, SCALED_SOFTMAX])
+    data = yaml.safe_load(path.read_text())
+    target = data["targets"]["cpu"]
+    target["steps"] = [s for s in target["steps"] if s["id"] in ("break-hermes", "scaled-softmax")]
+    target["verify"]["imports"] = ["vllm.v1.attention.ops.prefix_prefill"]  # the cpu steps' modules are not there
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    resolved = resolve(load_manifest(path), "cpu", "conservative", environ=os.environ, sets=["dtype=float32"])
+    subjects = (resolved, subset_resolved(resolved, ["break-hermes"], suffix="hermes"))
+    full_stack, hermes_stack = contextlib.ExitStack(), contextlib.ExitStack()
+    try:
+        servers = []
+        for subject, stack in zip(subjects, (full_stack, hermes_stack), strict=True):
+            built = build_target(subject, environ=os.environ, echo=print)
+            servers.append(stack.enter_context(serving(subject, environ=os.environ, image=built.image_id, log=print,
+                                                       wait=False)))
+        for subject, server in zip(subjects, servers, strict=True):  # both start at once
+            wait_ready(server, timeout=resolved.target.smoke.startup_timeout, log=print, resolved=subject)
+        yield Planted(path, resolved, servers[0], servers[1], full_stack)
+    finally:
+        hermes_stack.close()
+        full_stack.close()
+        for repo in (PLANTED, *(f"{PLANTED}-{suffix}" for suffix in ("hermes", "bisect", "ablate"))):
+            for image in client().images.list(name=repo):
+                for tag in image.tags:
+                    with contextlib.suppress(Exception):
+                        client().images.remove(tag)
+
+
+def test_bisect_finds_a_planted_break_within_the_bound(planted: Planted, invoke_cli: Callable[..., Any],
+                                                        cpu_base_run: Any) -> None:
     """`imageforge bisect` (in process) finds a patch that breaks tool-call parsing, and shows why its probe failed.
 
     Also the home of the former test_smoke::test_patch_that_breaks_tool_call_parsing (its own server start): its
@@ -70,38 +129,32 @@ def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[...
     test_smoke.py::test_server_answering_500s's (a local stub, no vLLM); the verdict naming the check,
     tests/unit/test_smoke.py::test_failures_show_request_response_and_exit_4's.
     """
-    remove_images += ["imageforge-test/bisect-bisect"]
-    path = cpu_variant("imageforge-test/bisect", steps=[BREAK_HERMES])
-    # the planted break alone (one step) keeps the probes at two (one start: the base's server is reused): the base
-    # passes, the final image fails, so the culprit is the one step; the bound is ceil(log2 1) + 2 = 2 points. The
-    # binary search between them (the midpoint order [0, 2, 1] for two steps, the bound for any n and any break) is
-    # tests/unit/test_bisect.py's.
-    data = yaml.safe_load(path.read_text())
-    data["targets"]["cpu"]["steps"] = [s for s in data["targets"]["cpu"]["steps"] if s["id"] == "break-hermes"]
-    data["targets"]["cpu"]["verify"]["imports"] = ["vllm.v1.attention.ops.prefix_prefill"]
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    resolved = resolve(load_manifest(path), "cpu", "conservative", environ=os.environ)
-    ids = [s.id for s in resolved.steps]
-    assert ids == ["break-hermes"]
-    # every check of the cpu target's suite (as `smoke --target cpu` runs them) on both probes. In float32 with
-    # --reuse-servers: the base probe (k = 0: the base image served as `run --base` serves it) is the session's
-    # `run --base --set dtype=float32`, reused; the image after break-hermes is started and removed.
+    path = planted.path
+    ids = [s.id for s in planted.resolved.steps]
+    assert ids == ["break-hermes", "scaled-softmax"]
+    # two steps: the base passes, the final image fails, the midpoint (break-hermes alone) fails too: the culprit
+    # is the first step; the bound is ceil(log2 2) + 2 = 3 points, in the midpoint order [0, 2, 1] (the search for
+    # any n and any break is tests/unit/test_bisect.py's). Every check of the dummy suite on each probe. In float32
+    # with --reuse-servers, no probe starts a server: k = 0 (the base image served as `run --base` serves it) is the
+    # session's `run --base --set dtype=float32`; k = 2 and k = 1 are the module's planted servers.
     base_name = re.findall(r"started (imageforge-cpu-\S+) from", cpu_base_run.up().output)[-1]
     cli = invoke_cli("bisect", "--manifest", str(path), "--target", "cpu", "--profile", "conservative",
                      "--set", "dtype=float32", "--reuse-servers", "--suite", str(REPO / "smoke" / "dummy.yaml"),
                      timeout=900)
     assert cli.code == EXIT_SMOKE == 4, cli.output  # raise_for: a step broke the checks
-    assert cpu_base_run.answers()  # the reused server is left running
+    assert cpu_base_run.answers() and planted.full.running() and planted.hermes.running()  # reused: left running
     assert "smoke failure: bisect: the first failing step is break-hermes" in cli.output
     bisect_json = Path(re.findall(r"reports: \S+, (\S+/bisect\.json)", cli.output)[-1])
     saved = json.loads(bisect_json.read_text())
-    base_probe = (bisect_json.parent / "cut-0.log").read_text()
-    assert f"reusing {base_name} on {cpu_base_run.url}" in base_probe and f"left {base_name} running" in base_probe
+    for k, name, url in ((0, base_name, cpu_base_run.url), (2, planted.full.name, planted.full.url),
+                         (1, planted.hermes.name, planted.hermes.url)):
+        probe_log = (bisect_json.parent / f"cut-{k}.log").read_text()
+        assert f"reusing {name} on {url}" in probe_log and f"left {name} running" in probe_log, (k, probe_log)
     assert saved["status"] == "found", cli.output
     assert saved["first_failing"] == 1 and saved["last_passing"] == 0
     assert saved["culprit"]["id"] == "break-hermes"
-    assert [p["k"] for p in saved["points"]] == [0, 1]  # base, final: nothing between them to search
-    assert saved["bound"] == math.ceil(math.log2(1)) + 2 == 2 and saved["runs"] <= saved["bound"]
+    assert [p["k"] for p in saved["points"]] == [0, 2, 1]  # base, final, the midpoint
+    assert saved["bound"] == math.ceil(math.log2(2)) + 2 == 3 and saved["runs"] <= saved["bound"]
     assert f"first failing step: break-hermes (patch) at {path}:" in cli.output
     assert f"{HERMES} (patched x1)" in cli.output
     # why the probe failed, as `smoke` prints it: the FAIL lines, the closing line, the report and the log
@@ -128,47 +181,40 @@ def test_bisect_finds_a_planted_break_within_the_bound(cpu_variant: Callable[...
     assert re.search(r"found: +\d+ passed, \d+ failed \([^)]*\btools-required\b", cli.output.split("smoke failure:")[1])
 
 
-def test_ablate_benches_abab_and_skips_required_steps(cpu_variant: Callable[..., Path], remove_images: list[str],
-                                                      cpu_server: Any, tmp_path: Path) -> None:
-    """ablate in float32 with ``IMAGEFORGE_REUSE_SERVERS=1``: its full image is the session's ``cpu_server``'s (the
-    same steps, the same config: one image ID), found by its run spec and reused, left running; the variant is
-    started and removed."""
+def test_ablate_benches_abab_and_skips_required_steps(planted: Planted, tmp_path: Path) -> None:
+    """ablate in float32 with ``IMAGEFORGE_REUSE_SERVERS=1`` over the planted manifest: the full image is
+    ``planted.full``, the variant without scaled-softmax is ``planted.hermes`` (each found by its run spec, reused,
+    left running: no start here); break-hermes, ``required: true``, is skipped. The variant's equiv against the full
+    image fails: the step it drops changes the math."""
     from imageforge.bench import Workload
     from imageforge.forensics.ablate_runner import ablate_target
     from imageforge.settings import ENV_REUSE_SERVERS
 
-    remove_images += ["imageforge-test/ablate-ablate"]
-    path = cpu_variant("imageforge-test/ablate")
-    data = yaml.safe_load(path.read_text())
-    for step in data["targets"]["cpu"]["steps"]:
-        if step["id"] == "ldconfig":
-            step["required"] = True
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    resolved = resolve(load_manifest(path), "cpu", "conservative", environ=os.environ, sets=["dtype=float32"])
     workload = Workload(requests=4, concurrency=2, prompt_tokens=64, output_tokens=8, duration=120)
     out = tmp_path / "ablate-out"
     lines: list[str] = []
-    # prefill-num-warps patches a constant of the Triton prefix-prefill kernel, which the CPU never runs: its
-    # variant must compute exactly the same
-    run = ablate_target(resolved, workload, steps=["prefill-num-warps", "ldconfig"], repeats=2, out=out,
+    run = ablate_target(planted.resolved, workload, steps=["scaled-softmax", "break-hermes"], repeats=2, out=out,
                         environ={**os.environ, ENV_REUSE_SERVERS: "1"}, echo=lines.append)
     print("\n".join(lines))
-    assert [(v.step, v.dropped) for v in run.plan.variants] == [("prefill-num-warps", ("prefill-num-warps",))]
-    assert [(s.step, s.reason) for s in run.table.skipped] == [("ldconfig", "required: true")]
+    assert [(v.step, v.dropped) for v in run.plan.variants] == [("scaled-softmax", ("scaled-softmax",))]
+    assert [(s.step, s.reason) for s in run.table.skipped] == [("break-hermes", "required: true")]
     assert [(r.role, r.round) for r in run.plan.schedule] == [("full", 0), ("variant", 0), ("full", 1),
                                                                ("variant", 1)]
     row = run.table.rows[0]
     assert row.pairs == 2 and row.failed_runs == 0 and row.score is not None and row.spread is not None
-    assert row.equiv == "pass"  # a kernel the CPU never runs changes nothing the server computes
-    # the full side was cpu_server, reused; it is still up, the variant's server is gone
-    assert f"  full image serving at {cpu_server.url} ({cpu_server.name} reused)" in lines, lines
-    assert cpu_server.running()
+    assert row.equiv == "FAIL"  # without the scaled softmax the logits are the base's: far from the full image's
+    assert any(line.startswith("    equiv vs full (float32): ") and line.endswith("-> FAIL") for line in lines)
+    # both sides were the planted servers, reused; they are still up
+    assert f"  full image serving at {planted.full.url} ({planted.full.name} reused)" in lines, lines
+    servers_log = (out / "servers.log").read_text()
+    assert f"reusing {planted.hermes.name} on {planted.hermes.url}" in servers_log, servers_log
+    assert planted.full.running() and planted.hermes.running()
     saved = json.loads((out / "ablate.json").read_text())
-    assert saved["variants"][0]["step"] == "prefill-num-warps" and len(saved["load"]["before"]) == 3
+    assert saved["variants"][0]["step"] == "scaled-softmax" and len(saved["load"]["before"]) == 3
     csv_lines = (out / "ablate.csv").read_text().splitlines()
     assert csv_lines[0].startswith("step,dropped,score,delta_score")
-    assert csv_lines[2].startswith("prefill-num-warps,prefill-num-warps,")
-    assert csv_lines[3].startswith("ldconfig,") and "skipped: required: true" in csv_lines[3]
+    assert csv_lines[2].startswith("scaled-softmax,scaled-softmax,")
+    assert csv_lines[3].startswith("break-hermes,") and "skipped: required: true" in csv_lines[3]
     assert len(list((out / "runs").iterdir())) == 4  # one bench.json per scheduled run
 
 
@@ -179,26 +225,6 @@ MOE_PROMPTS = (
     '{"name": "get_weather", "arguments": {"location": "Paris", "unit": "celsius"}}',
     "First, we read the input. Second, we compute the value. Finally, we return the output.",
 )
-
-
-@contextlib.contextmanager
-def _candidate_float32(resolved: Any, base: Any) -> Iterator[tuple[str, Any]]:
-    """The image under test as ``equiv`` serves it (float32, tagged ``<image>-equiv``), alone, and ``base`` (the
-    session's ``run --base`` in float32: ``equiv --against base``'s reference) up: (label, server). The candidate
-    starts first, so both start at once as in ``serving_pair`` when the base is not up yet."""
-    from imageforge.build import build_target
-    from imageforge.equiv.runner import sides
-    from imageforge.rundirs import new_run_id
-    from imageforge.serve.container import serving, wait_ready
-
-    candidate = sides(resolved, "base", dtype="float32")[0]
-    assert candidate.resolved.serving_args()["dtype"] == "float32"
-    built = build_target(candidate.resolved, environ=os.environ, echo=print)
-    with serving(candidate.resolved, environ=os.environ, image=built.image_id, run_id=new_run_id() + "-cand",
-                 log=print, wait=False) as server:
-        base.up()
-        wait_ready(server, timeout=resolved.target.smoke.startup_timeout, log=print, resolved=candidate.resolved)
-        yield candidate.label, server
 
 
 def test_equiv_the_shipped_cpu_image_matches_its_base(cpu_resolved: Any, cpu_server: Any, cpu_base_run: Any,
@@ -266,23 +292,23 @@ def test_equiv_the_shipped_cpu_image_matches_its_base(cpu_resolved: Any, cpu_ser
     assert overall.top1_agree == overall.positions
 
 
-def test_equiv_catches_a_scaled_softmax_with_exit_4(cpu_variant: Callable[..., Path], remove_images: list[str],
-                                                     cpu_resolved: Any, cpu_base_run: Any, tmp_path: Path) -> None:
-    """equiv flags the math change (exit 4); then the candidate, compared and no longer needed, is the server that
-    test_smoke's claim "a server killed mid-suite" kills (``helpers.kill_mid_suite``: no vLLM start of its own)."""
+def test_equiv_catches_a_scaled_softmax_with_exit_4(planted: Planted, cpu_base_run: Any, cpu_resolved: Any,
+                                                     tmp_path: Path) -> None:
+    """equiv flags the math change (exit 4) of ``planted.full`` (break-hermes changes no logit, scaled-softmax every
+    one) against the base; then that server, compared and no longer needed, is the one that test_smoke's claim "a
+    server killed mid-suite" kills (``helpers.kill_mid_suite``: no vLLM start of its own). The module's last test."""
     from imageforge.equiv.compare import raise_if_failed
     from imageforge.equiv.runner import compare_urls
 
-    remove_images += ["imageforge-test/equiv-math-equiv"]
-    path = cpu_variant("imageforge-test/equiv-math", steps=[SCALED_SOFTMAX])
-    resolved = resolve(load_manifest(path), "cpu", "conservative", environ=os.environ)
-    # the shared reference serves the cpu target's config: the variant's is the same, only its steps differ
-    assert resolved.serving_args() == cpu_resolved.serving_args()
-    with _candidate_float32(resolved, cpu_base_run) as (label, served):
-        result = compare_urls(cpu_base_run.url, served.url, _prompts(resolved, 3, 4), "float32",
-                              labels=(label, "base image"))
-        lines: list[str] = []
-        killed = kill_mid_suite(served, tmp_path, lines.append)  # the comparison is done: the candidate may go
+    served = planted.full
+    # the shared reference serves the cpu target's config: the planted image's is the same, only its steps differ
+    assert planted.resolved.serving_args() == {**cpu_resolved.serving_args(), "dtype": "float32"}
+    cpu_base_run.up()
+    result = compare_urls(cpu_base_run.url, served.url, _prompts(planted.resolved, 3, 4), "float32",
+                          labels=("planted", "base image"))
+    lines: list[str] = []
+    killed = kill_mid_suite(served, tmp_path, lines.append)  # the comparison is done: the server may go
+    planted.stop_full()  # its serving() block ends: removed, its log kept
     print(result.text())
     assert not result.verdict.passed, result.text()
     failed = {c.name for c in result.verdict.checks if not c.passed}

@@ -1,9 +1,9 @@
 """`invoke run` / `invoke stop` and the serving() lifecycle on the real daemon.
 
 One vLLM start here (``invoke run --base``: conftest's ``cpu_base_run``, shared with test_forensics_run's equiv
-tests, which run before this module); the other tests never wait for vLLM. One more container starts vLLM and is
-interrupted before /health (`smoke` under SIGINT; SIGTERM's conversion to the same interrupt is a unit test); the
-``serving()`` interrupt is checked inside it (it reaches ``serving()``'s block), with no start of its own.
+tests, which run before this module); the other tests never wait for vLLM. `smoke` interrupted (SIGINT) while it
+waits for readiness interrupts a tiny target's server that never answers, not vLLM (SIGTERM's conversion to the
+same interrupt is a unit test); the ``serving()`` interrupt is checked inside it (it reaches ``serving()``'s block).
 """
 
 from __future__ import annotations
@@ -109,15 +109,24 @@ def test_missing_image_is_an_infra_error(cpu_resolved: Any) -> None:
     assert "does not exist" in info.value.message and "invoke build" in (info.value.hint or "")
 
 
-def test_interrupted_smoke_removes_its_server() -> None:
+def test_interrupted_smoke_removes_its_server(tmp_path: Path) -> None:
     """Ctrl-C while `invoke smoke` waits for readiness: exit 130, nothing left running. The interrupt reaches
     ``serving()``'s block (its ``wait_ready``): that ``serving()`` removes its running container on an interrupt and
     keeps its log is checked here too (it had a test and a vLLM start of its own, issue 24). SIGTERM, which
     ``serving()`` turns into the same KeyboardInterrupt, was this test's second case and second start: it is
-    tests/unit/test_serve_container.py::test_sigterm_while_serving_removes_the_server_as_ctrl_c_does."""
-    proc = subprocess.Popen([str(INVOKE), "smoke", "--target", "cpu"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                            preexec_fn=sigint_default)
+    tests/unit/test_serve_container.py::test_sigterm_while_serving_removes_the_server_as_ctrl_c_does.
+
+    What is interrupted is imageforge's wait and its container, not vLLM: the server is a tiny target's (forge_fixtures'
+    tiny base) whose serving command runs and never answers /health, so this claim costs no vLLM start (issue 24:
+    it was the cpu target's, killed while vLLM imported)."""
+    from tests.integration.forge_fixtures import tiny_base, write_manifest
+
+    never_ready = '[python3, -c, "import time; print(\'not serving\', flush=True); time.sleep(3600)"]'
+    manifest, target = write_manifest(tmp_path / "m", tiny_base(), command=never_ready)
+    proc = subprocess.Popen([str(INVOKE), "smoke", "--manifest", str(manifest), "--target", target,
+                             "--suite", str(REPO / "smoke" / "dummy.yaml")], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=sigint_default)
     assert proc.stdout is not None
     lines: list[str] = []
     run_id = None
@@ -128,7 +137,7 @@ def test_interrupted_smoke_removes_its_server() -> None:
             if not line:
                 break
             lines.append(line)
-            match = re.search(r"started imageforge-cpu-(\S+) from", line)
+            match = re.search(rf"started imageforge-{target}-(\S+) from", line)
             if match:
                 run_id = match.group(1)
             if run_id and "waiting for" in line:
@@ -136,6 +145,8 @@ def test_interrupted_smoke_removes_its_server() -> None:
         assert run_id, "".join(lines)
         (container,) = labelled({L_RUN: run_id})
         assert container.status == "running"
+        while b"not serving" not in container.logs() and time.monotonic() < deadline:
+            time.sleep(0.2)  # its command runs: the log to keep has a line
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
     finally:
@@ -144,6 +155,7 @@ def test_interrupted_smoke_removes_its_server() -> None:
             proc.wait()
     output = "".join(lines) + rest
     assert proc.returncode == 130, output
-    assert "interrupted" in output and f"removed imageforge-cpu-{run_id}" in output
+    assert "interrupted" in output and f"removed imageforge-{target}-{run_id}" in output
     assert labelled({L_RUN: run_id}) == []
-    assert (REPO / ".imageforge" / "runs" / run_id / "server.log").is_file()
+    server_log = tmp_path / "m" / ".imageforge" / "runs" / run_id / "server.log"
+    assert "not serving" in server_log.read_text()  # the container's own log, kept

@@ -1,12 +1,12 @@
 """The smoke runner against real vLLM servers of the cpu target (and the faults of issues 6-7).
 
-vLLM starts (30-50 s each on 2 cores): the session's shared server (conftest ``cpu_server``),
-one for ``invoke smoke --target cpu`` end to end, and a short one for the overlay that stops
+vLLM starts (30-50 s each on 2 cores): the session's shared server (conftest ``cpu_server``), which
+``invoke smoke --target cpu`` end to end reuses (--reuse-servers), and a short one for the overlay that stops
 ``vllm serve`` from starting. "A patch that breaks tool-call parsing" (the suite on its image: FAIL
 tools-required, its report) is test_forensics_run.py::test_bisect_finds_a_planted_break_within_the_bound's,
 on bisect's failing probe (no start of its own). "A server
 killed mid-suite" (``helpers.kill_mid_suite``) kills a server another claim has finished with:
-test_forensics_run's scaled-softmax equiv candidate, after its comparison (no start of its own).
+test_forensics_run's planted image (scaled softmax) after its equiv comparison (no start of its own).
 """
 
 from __future__ import annotations
@@ -180,21 +180,27 @@ def test_bad_suite_file(invoke_cli: Callable[..., Any], tmp_path: Path, text: st
 # ----------------------------------------------------------------------------- servers of their own
 
 
-def test_invoke_smoke_target_end_to_end(invoke_cli: Callable[..., Any]) -> None:
-    cli = invoke_cli("smoke", "--target", "cpu", "--profile", "conservative")
+def test_invoke_smoke_target_end_to_end(cpu_server: Any, invoke_cli: Callable[..., Any]) -> None:
+    """`smoke --target cpu` as a user runs it: resolve, build (cached), a server, the target's whole suite, in
+    float32 with --reuse-servers: the server is the session's ``cpu_server`` (the same image ID and run options),
+    reused and left running (issue 24: this test's own vLLM start). A start of `smoke`'s own that reaches /health
+    ("ready ... after Ns") and is removed after its suite is the sweep's first point's
+    (test_bench.py::test_two_point_sweep_of_the_cpu_target: the same ``serving()``); `smoke`'s own start that is
+    interrupted, or that stops before /health, is test_run.py's and this module's next test."""
+    cli = invoke_cli("smoke", "--target", "cpu", "--profile", "conservative", "--set", "dtype=float32",
+                     "--reuse-servers")
     assert cli.code == 0, cli.output
     passed, failed, _ = summary(cli.output)
     assert passed >= 30 and failed == 0
-    assert re.search(r"ready: http://127\.0\.0\.1:\d+/health OK after [\d.]+s", cli.output)
-    name = re.search(r"started (imageforge-cpu-(\S+)) from imageforge/cpu:conservative", cli.output)
-    assert name, cli.output
-    assert f"removed {name.group(1)}" in cli.output
-    assert labelled({L_RUN: name.group(2)}) == []
-    # Issue 25: a start that reached /health recorded the served content's imports as verified.
+    assert f"reusing {cpu_server.name} on {cpu_server.url}" in cli.output
+    assert f"ready: {cpu_server.url}/health OK ({cpu_server.name} reused)" in cli.output
+    assert f"left {cpu_server.name} running" in cli.output and cpu_server.running()
+    # Issue 25: a start that reached /health (cpu_server's, at the session's start) recorded the served content's
+    # imports as verified.
     from imageforge.docker_engine import client
     from imageforge.verify import verified_contents, verified_label_content
 
-    content = verified_label_content(client().images.get("imageforge/cpu:conservative").labels)
+    content = verified_label_content(client().images.get(cpu_server.container.image.id).labels)
     assert content is not None and content in verified_contents()
 
 
