@@ -191,13 +191,6 @@ def remove_images() -> Iterator[list[str]]:
     """Repositories a test tagged images into; every tag of them is removed afterwards."""
     repos: list[str] = []
     yield repos
-    from imageforge.docker_engine import client
-
-    for repo in repos:
-        for image in client().images.list(name=repo):
-            for tag in image.tags:
-                if tag.rsplit(":", 1)[0] == repo:
-                    with contextlib.suppress(Exception):
-                        client().images.remove(tag)
+    helpers.remove_tags(repos)
 
 

@@ -25,6 +25,8 @@
   that side); :func:`one_maker` -- the lock under which a shared fixture image is made.
 * :func:`plain_docker_build` -- ``docker build`` of a directory through the SDK only (a submission tree, as the
   platform builds it): (image id or None, build log lines).
+* :func:`remove_tags` -- every tag of some repositories removed (conftest's ``remove_images`` after a test; a module
+  fixture after its module).
 * :func:`write_cpu_variant` -- a manifest whose cpu target is the repository's plus extra steps, under its own image
   name (conftest's ``cpu_variant`` writes one per test; a module fixture writes its own).
 """
@@ -265,3 +267,15 @@ def write_cpu_variant(root: Path, image: str, steps: Sequence[Mapping[str, Any]]
     path = root / "build.yaml"
     path.write_text(yaml.safe_dump(manifest, sort_keys=False))
     return path
+
+
+def remove_tags(repos: Sequence[str]) -> None:
+    """Every tag of these repositories removed from the local daemon (the images go when nothing else tags them)."""
+    from imageforge.docker_engine import client
+
+    for repo in repos:
+        for image in client().images.list(name=repo):
+            for tag in image.tags:
+                if tag.rsplit(":", 1)[0] == repo:
+                    with contextlib.suppress(Exception):
+                        client().images.remove(tag)

@@ -36,7 +36,7 @@ from imageforge.errors import EXIT_SMOKE
 from imageforge.labels import L_RUN
 from imageforge.manifest_load import load_manifest
 from imageforge.resolve import resolve
-from tests.integration.helpers import REPO, kill_mid_suite, labelled, write_cpu_variant
+from tests.integration.helpers import REPO, kill_mid_suite, labelled, remove_tags, write_cpu_variant
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -86,7 +86,6 @@ class Planted:
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory: pytest.TempPathFactory, docker_ready: None) -> Iterator[Planted]:
     from imageforge.build import build_target
-    from imageforge.docker_engine import client
     from imageforge.forensics.subsets import subset_resolved
     from imageforge.serve.container import serving, wait_ready
 
@@ -112,11 +111,7 @@ def planted(tmp_path_factory: pytest.TempPathFactory, docker_ready: None) -> Ite
     finally:
         hermes_stack.close()
         full_stack.close()
-        for repo in (PLANTED, *(f"{PLANTED}-{suffix}" for suffix in ("hermes", "bisect", "ablate"))):
-            for image in client().images.list(name=repo):
-                for tag in image.tags:
-                    with contextlib.suppress(Exception):
-                        client().images.remove(tag)
+        remove_tags([PLANTED, *(f"{PLANTED}-{suffix}" for suffix in ("hermes", "bisect", "ablate"))])
 
 
 def test_bisect_finds_a_planted_break_within_the_bound(planted: Planted, invoke_cli: Callable[..., Any],
