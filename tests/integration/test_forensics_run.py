@@ -82,6 +82,12 @@ class Planted:
         """``full``'s ``serving()`` block ends: its server removed, its log kept."""
         self.full_stack.close()
 
+    def up(self) -> None:
+        """Both servers answer (``full`` is stopped by the scaled-softmax test, which must run after the others)."""
+        assert self.full.running() and self.hermes.running(), (
+            "the planted servers are down: test_equiv_catches_a_scaled_softmax_with_exit_4 stops `full`, so it "
+            "runs after the module's other tests (file order)")
+
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory: pytest.TempPathFactory, docker_ready: None) -> Iterator[Planted]:
@@ -124,6 +130,7 @@ def test_bisect_finds_a_planted_break_within_the_bound(planted: Planted, invoke_
     test_smoke.py::test_server_answering_500s's (a local stub, no vLLM); the verdict naming the check,
     tests/unit/test_smoke.py::test_failures_show_request_response_and_exit_4's.
     """
+    planted.up()
     path = planted.path
     ids = [s.id for s in planted.resolved.steps]
     assert ids == ["break-hermes", "scaled-softmax"]
@@ -185,6 +192,7 @@ def test_ablate_benches_abab_and_skips_required_steps(planted: Planted, tmp_path
     from imageforge.forensics.ablate_runner import ablate_target
     from imageforge.settings import ENV_REUSE_SERVERS
 
+    planted.up()
     workload = Workload(requests=4, concurrency=2, prompt_tokens=64, output_tokens=8, duration=120)
     out = tmp_path / "ablate-out"
     lines: list[str] = []
@@ -295,6 +303,7 @@ def test_equiv_catches_a_scaled_softmax_with_exit_4(planted: Planted, cpu_base_r
     from imageforge.equiv.compare import raise_if_failed
     from imageforge.equiv.runner import compare_urls
 
+    planted.up()
     served = planted.full
     # the shared reference serves the cpu target's config: the planted image's is the same, only its steps differ
     assert planted.resolved.serving_args() == {**cpu_resolved.serving_args(), "dtype": "float32"}
