@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from imageforge.labels import L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL
+from imageforge.waits import wait_until
 from tests.integration.helpers import labelled, sigint_default
 
 pytestmark = pytest.mark.integration
@@ -145,8 +146,8 @@ def test_interrupted_smoke_removes_its_server(tmp_path: Path) -> None:
         assert run_id, "".join(lines)
         (container,) = labelled({L_RUN: run_id})
         assert container.status == "running"
-        while b"not serving" not in container.logs() and time.monotonic() < deadline:
-            time.sleep(0.2)  # its command runs: the log to keep has a line
+        # its command runs: the log to keep has a line
+        assert wait_until(lambda: True if b"not serving" in container.logs() else None, timeout=60, interval=0.2)
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
     finally:
