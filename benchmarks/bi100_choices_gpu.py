@@ -1,4 +1,4 @@
-"""GPU figures behind the bi100 target's two choices (issue 12, items 5 and 6), at Qwen3.6's per-rank shapes.
+"""GPU figures behind two bi100 choices (no V2 decode; the sorted prefill MoE), at Qwen3.6's per-rank shapes.
 
     python3 benchmarks/bi100_choices_gpu.py [--out FILE] [--quick] [--device cuda|cpu]
 

@@ -1,4 +1,4 @@
-"""Build engine vs the plain docker build of its own emitted tree, both measured in the same run (issues 5, 25).
+"""Build engine vs the plain docker build of its own emitted tree, both measured in the same run.
 
     .venv/bin/python benchmarks/build_vs_dockerfile.py [--profile conservative] [--rounds 2] [--repeat 3]
 
@@ -6,8 +6,8 @@ imageforge builds the `cpu` target of a copy of build.yaml (in a tmp dir, image 
 ``imageforge-bench/cpu`` so no real tag moves; base given as the cpu base image's reference);
 ``docker build`` (legacy builder, DOCKER_BUILDKIT=0) builds the submission tree imageforge emits for the
 same manifest (``write_submission``: its Dockerfile makes the same files; it compiles but does not import).
-benchmarks/Dockerfile.cpu, the hand-written one of issue 5 (brought up to today's cpu target: the
-sorted-moe overlay and the two multi-line cpu-moe patches, applied by a python one-liner from copied
+benchmarks/Dockerfile.cpu, written by hand with one instruction per manifest step (brought up to today's cpu
+target: the sorted-moe overlay and the two multi-line cpu-moe patches, applied by a python one-liner from copied
 old/new texts), is built as a fourth side with the same salt and patch stamp.
 Both sides get the same salt in the first patch, so the first build is cold
 for both (nothing of it in any cache), and every time is a whole process (`invoke build ...` /
@@ -16,13 +16,13 @@ for both (nothing of it in any cache), and every time is a whole process (`invok
 Scenarios: first build on the base; no-op rebuild (median of --repeat); one changed patch (the second
 step, prefill-num-warps); one overlay changed (the first one in the manifest); a profile-only change
 (one serving arg of the profile).  imageforge's verification step (stale bytecode, py_compile, overlay hashes,
-links; since issue 25 not the imports of the patched modules, which the first server start proves unless
+links; not the imports of the patched modules, which the first server start proves unless
 ``build --verify-imports``) has no Dockerfile counterpart: users wait for it, so the ratio counts it
-as the build does it by default (issue 25); the ratio without it is shown next to it. The same Dockerfile is
+as the build does it by default; the ratio without it is shown next to it. The same Dockerfile is
 built a second time per round from a copy with its own salt (A/A): its ratio to the first says how much of a
 difference is noise.
-Prints a markdown table; --write-results puts it into bench/RESULTS.md under
-``## Build engine vs Dockerfile (issue 5)`` (only that section is replaced).
+Prints a markdown table; --write-results puts it into bench/RESULTS.md as the **Latest** part of the section
+``## Build engine vs Dockerfile`` (its What, Reproduce and Goal parts stay; see write_latest).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 INVOKE = [sys.executable, "-m", "invoke"]  # this interpreter's invoke, with this checkout's sources (sh)
-SECTION = "## Build engine vs Dockerfile (issue 5)"
+SECTION = "## Build engine vs Dockerfile"
 FIRST_PATCH_NEW = '"BASE_BLOCK = 64  # imageforge: SMEM-bound tile (notes: 48 KiB per block)"'
 SECOND_PATCH_NEW = '"NUM_WARPS = 4  # imageforge: occupancy on a bandwidth-bound device"'
 KiB = 1024
@@ -264,7 +264,7 @@ class Scenario:
     hand: list[Run] = field(default_factory=list)  # benchmarks/Dockerfile.cpu
 
     def row(self) -> tuple[str, ...]:
-        """min [median] max over the rounds; the ratio counts imageforge's verification (issue 25)."""
+        """min [median] max over the rounds; the ratio counts imageforge's verification as `build` does it."""
         f = [r.seconds for r in self.forge]
         fv = [r.seconds - r.verify for r in self.forge]
         d = [r.seconds for r in self.dock]
@@ -423,8 +423,8 @@ def main() -> int:
               "Whole processes, wall clock, three sides interleaved in the same run (imageforge, the emitted tree, "
               "the emitted tree of a copy with its own salt: the A/A control; the order rotates), min [median] max "
               f"over {args.rounds} x first/patch/overlay/profile and {args.rounds * args.repeat} x no-op; steps redone "
-              "as (built/total). The ratio counts imageforge's verification (issue 25): median / median, best / "
-              "best in brackets.")
+              "as (built/total). The ratio counts imageforge's verification as `build` does it by default: median / "
+              "median, best / best in brackets.")
     table = ["| scenario | imageforge, verification counted (steps redone) | imageforge without verification | "
              "emitted tree, docker build (steps redone) | emitted tree again (A/A) | Dockerfile.cpu (steps redone) | "
              "ratio to the tree | without verification | ratio to Dockerfile.cpu (without verification) | "
@@ -435,7 +435,7 @@ def main() -> int:
         f"Verification (imageforge only; counted in the ratio column): best {min(verify):.2f} s (median "
         f"{statistics.median(verify):.2f}, max {max(verify):.2f}) per build that changes files: stale-bytecode check, "
         "py_compile of every changed .py, overlay sha256, symlinks (the imports of the patched modules: at the first "
-        "server start, as `build` does by default since issue 25).",
+        "server start, as `build` does by default).",
         "",
         f"- no-op rebuild: imageforge median {statistics.median(noop_f):.2f} s, max {max(noop_f):.2f} s; the "
         f"repository's own manifest (`invoke build --target cpu`, recipe base, whose lock and recipe are hashed "
@@ -450,20 +450,18 @@ def main() -> int:
     kinds = {k: min(v) for k, v in per_kind(scenarios).items()}
     noop = min(noop_f)
     reading = (
-        "Reading (issue 5's, still true of the steps): a file step costs imageforge about as much as a "
+        "Reading: a file step costs imageforge about as much as a "
         "legacy-builder COPY (create, put_archive, commit: "
         f"overlay {kinds.get('overlay', 0):.2f} s); imageforge is ahead only where a Dockerfile needs a RUN (patch "
         f"{kinds.get('patch', 0):.2f} s, no container started) and pays a {noop:.2f} s process start (Python, invoke, "
         "docker SDK, schema, plan) where the docker CLI pays well under 0.1 s -- most of the profile-only time. "
         "Meeting 0.5x would take a different engine (a resident build server, layers assembled without the "
-        "daemon's commit), not tuning; what tuning gave is in the build-engine commit of issue 5 (one cache "
-        "listing per build, kill instead of stop, cached glob listings, no re-tagging: no-op 0.47 -> 0.37 s, "
-        "script step -0.9 s, symlink step -1.0 s)."
+        "daemon's commit), not tuning."
     )
     body = "\n".join([header, "", *table, "", *lines, "", reading])
     print(body)
     if args.write_results:
-        write_section(REPO / "bench" / "RESULTS.md", body)
+        write_latest(REPO / "bench" / "RESULTS.md", SECTION, body)
     return 0
 
 
@@ -483,17 +481,28 @@ def cleanup() -> None:
             c.api.remove_image(image, noprune=side == "imageforge")
 
 
-def write_section(path: Path, body: str) -> None:
-    text = path.read_text() if path.exists() else "# Measured results\n"
-    block = f"{SECTION}\n\n{body}\n"
-    if SECTION in text:
-        start = text.index(SECTION)
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + block + (text[nxt + 1:] if nxt >= 0 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    path.write_text(text)
+def write_latest(path: Path, section: str, body: str) -> None:
+    """Put ``body`` into RESULTS.md as the **Latest** part of ``section`` (a ``## `` heading line).
 
+    The file's sections each hold **What**, **Reproduce**, **Latest** and **Goal** parts: only the text from the
+    section's ``**Latest.**`` line up to its ``**Goal.**`` line is replaced, so the description and the goal stay.
+    A section that is not there yet is appended in that layout, its What and Goal left for the author to write.
+    """
+    text = path.read_text() if path.exists() else "# Measured results\n"
+    latest = f"**Latest.** {body.strip()}\n\n"
+    heading = f"\n{section}\n"
+    if heading not in text:
+        path.write_text(text.rstrip("\n") + f"\n{heading}\n- **What.** (to write)\n\n{latest}**Goal.** (to write)\n")
+        return
+    start = text.index(heading) + len(heading)
+    nxt = text.find("\n## ", start)
+    end = nxt + 1 if nxt >= 0 else len(text)
+    part = text[start:end]
+    if "\n**Latest." not in part or "\n**Goal." not in part:
+        raise SystemExit(f"{path}: the section {section!r} has no **Latest.** and **Goal.** parts to write between")
+    a = part.index("\n**Latest.") + 1
+    b = part.index("\n**Goal.", a) + 1
+    path.write_text(text[:start] + part[:a] + latest + part[b:] + text[end:])
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,7 +4,7 @@ Usage: .venv/bin/python benchmarks/cli_latency.py [--runs N] [--json FILE] [--ag
 (needs the cpu target built once for the build row). The cases run interleaved, one process of each per
 round, next to the import floor (``python -c "import yaml, jsonschema, invoke"``, the libraries validate
 cannot do without) and an A/A copy of the floor, so that the machine's noise is visible in the same run.
-Prints a markdown table: min / median / max seconds over N runs, the goal, and issue 25's ratios
+Prints a markdown table: min / median / max seconds over N runs, the goal, and the goals' ratios
 (validate / floor <= 1.5, no-op build / validate <= 1.5) from the medians; the load average before and after.
 """
 

@@ -1,4 +1,4 @@
-"""Does imageforge's bench client measure what `vllm bench serve` measures? (issue 14 section 4; bench/RESULTS.md)
+"""Does imageforge's bench client measure what `vllm bench serve` measures? (bench/RESULTS.md)
 
 Usage: .venv/bin/python benchmarks/client_agreement.py [--rounds 11] [--warmup-rounds 2] [--prompt-tokens 1500]
        [--output-tokens 64] [--requests 16] [--concurrency 1] [--server-cpu 0] [--client-cpu 1]

@@ -1,4 +1,4 @@
-"""apply --in-place / revert wall times in the box (issue 21's Done-when: each <= 2 s without the import check).
+"""apply --in-place / revert wall times in the box (the goal: each <= 2 s without the import check).
 
     flock /tmp/imageforge-integration.lock .venv/bin/python benchmarks/inplace_apply.py [--pairs 6] \
         [--against /work/main] [--importtime] [--scan-parts N] [--burn N]
@@ -79,7 +79,7 @@ BURN = "import os; open('/tmp/burn.%d' % os.getpid(), 'w').close()\nwhile True: 
 
 
 def burn(box: Box, processes: int, settle_s: float) -> None:
-    """``processes`` busy loops in the box (the machine's load, as other engineers' runs make it), then
+    """``processes`` busy loops in the box (the machine's load, as other work makes it), then
     ``settle_s`` for the load average to follow."""
     for _ in range(processes):
         box.container.exec_run(["python3", "-c", BURN], detach=True)

@@ -1,4 +1,4 @@
-"""Cold build of the emitted submission tree (plain ``docker build``) vs imageforge's build of the target (issue 13).
+"""Cold build of the emitted submission tree (plain ``docker build``) vs imageforge's build of the target.
 
     .venv/bin/python benchmarks/submission_build.py [--profile conservative] [--rounds 3] [--write-results]
 
@@ -7,7 +7,7 @@ Each round salts the first patch of a copy of build.yaml's ``cpu`` target (bench
 imageforge builds it (``invoke build``, a whole process); the submission tree of the same manifest is
 written (not timed in the build column) and built with ``DOCKER_BUILDKIT=0 docker build --no-cache``
 (a whole process).  The two sides alternate which goes first.  --write-results puts the table into
-bench/RESULTS.md under ``## Submission tree vs imageforge build (issue 13)``.
+bench/RESULTS.md as the **Latest** part of the section ``## Submission tree vs imageforge build``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import re
 import secrets
 import statistics
 import subprocess
@@ -28,9 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "bench"))
 
-from build_vs_dockerfile import MADE, Imageforge, cleanup, sh  # noqa: E402
+from build_vs_dockerfile import MADE, Imageforge, cleanup, sh, write_latest  # noqa: E402
 
-SECTION = "## Submission tree vs imageforge build (issue 13)"
+SECTION = "## Submission tree vs imageforge build"
 
 
 def load() -> str:
@@ -102,39 +101,25 @@ def main() -> None:
                             text=True).stdout.strip()
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
-        SECTION, "",
         f"Measured {stamp} with `benchmarks/submission_build.py --rounds {args.rounds}` "
         f"(profile {args.profile}): 2 cores "
-        f"shared with other engineers' work (load average {load_before} before, {load_after} after), Docker "
+        f"shared with other work (load average {load_before} before, {load_after} after), Docker "
         f"{server}, legacy builder. Each round is cold on both sides (first patch salted; `docker build "
         "--no-cache`), whole processes, wall clock, sides alternating; median [min-max] of the rounds.",
         "",
         "| side | cold build, median [min-max] |",
         "| --- | --- |",
-        f"| imageforge (`invoke build`, 10 layers, verify imports the patched modules) | {cell(forge_s)} |",
+        f"| imageforge (`invoke build`, 10 layers, verification as `build` does it by default) | {cell(forge_s)} |",
         f"| of which verify (imageforge only) | {cell(verify_s)} |",
         f"| imageforge without verify | {cell([f - v for f, v in zip(forge_s, verify_s, strict=True)])} |",
-        f"| emitted tree (`docker build --no-cache`, no imports at build time) | {cell(docker_s)} |",
+        f"| emitted tree (`docker build --no-cache`, no imports: the platform's builder may have no device) | "
+        f"{cell(docker_s)} |",
         f"| writing the tree (`write_submission`, not part of either build) | {cell(write_s, 2)} |",
-        "",
-        "Reading: the emitted Dockerfile's build does not import vLLM (the platform's builder may have no "
-        "device), which is most of imageforge's verify time; the rest is one RUN (a started container + commit) "
-        "per step on the legacy builder vs a created-never-started container + commit per file step in imageforge.",
-        "",
     ]
     table = "\n".join(lines)
     print(table)
     if args.write_results:
-        results = REPO / "bench" / "RESULTS.md"
-        text = results.read_text()
-        if SECTION in text:
-            start = text.index(SECTION)
-            nxt = re.search(r"\n## ", text[start + len(SECTION):])
-            end = start + len(SECTION) + nxt.start() + 1 if nxt else len(text)
-            text = text[:start] + table + text[end:]
-        else:
-            text = text.rstrip("\n") + "\n\n" + table
-        results.write_text(text)
+        write_latest(REPO / "bench" / "RESULTS.md", SECTION, table)
 
 
 if __name__ == "__main__":

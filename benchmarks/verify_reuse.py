@@ -1,4 +1,4 @@
-"""Verification facts by content (issue 25): the cpu target's verify step on new content vs on content verified before.
+"""Verification facts by content: the cpu target's verify step on new content vs on content verified before.
 
     .venv/bin/python benchmarks/verify_reuse.py [--rounds 2]
 

@@ -1,17 +1,17 @@
 """Whole-session plugins for every test tier.
 
 * **vLLM starts**: counts every vLLM server brought up while the session runs and prints "N vLLM starts" in the
-  terminal summary (issue 24's budget: at most 8 in Docker mode and 5 in place for the whole run). Counted where they
-  really happen, not inside one helper: Docker mode from the daemon's container `start` events (a container whose
-  command runs vllm: `start_server`, `invoke run/smoke/bench/equiv/...` subprocesses, and the containers
-  test_submission and test_export start themselves); in-place servers (a process, in a box container or on the host)
-  from a poll of /proc for a process whose command line runs vllm's server and whose parent does not (the top process
-  of each server), leaving out the main process of a container already counted; a server that is the first process of
-its PID namespace (``NSpid`` ends in 1: a container's main process, e.g. one on test_export's second daemon, whose
-events this daemon never sees) counts as a Docker-mode start. It counts what the machine does while
-  the session runs: on a shared machine other users' servers count too (CI has the machine alone). Each start is
-  put down to the test running when it was seen (session fixtures: the first test that asked for them), and the
-  summary lists the starts per test file.
+  terminal summary (the budget: at most 8 in Docker mode and 5 in place for the whole run; bench/RESULTS.md, "CI").
+  Counted where they really happen, not inside one helper: Docker mode from the daemon's container `start` events (a
+  container whose command runs vllm: `start_server`, `invoke run/smoke/bench/equiv/...` subprocesses, and the
+  containers test_submission and test_export start themselves); in-place servers (a process, in a box container or on
+  the host) from a poll of /proc for a process whose command line runs vllm's server and whose parent does not (the
+  top process of each server), leaving out the main process of a container already counted; a server that is the first
+  process of its PID namespace (``NSpid`` ends in 1: a container's main process, e.g. one on test_export's second
+  daemon, whose events this daemon never sees) counts as a Docker-mode start. It counts what the machine does while
+  the session runs: on a shared machine other users' servers count too (CI has the machine alone). Each start is put
+  down to the test running when it was seen (session fixtures: the first test that asked for them), and the summary
+  lists the starts per test file.
 * **Two workers** (``invoke test`` runs ``pytest -n 2``: pytest-xdist, with this file's scheduler, a
   ``LoadScopeScheduling`` whose scope is a test's group): the tests go to the workers in groups. The integration
   files whose tests start vLLM in Docker mode are one group (``VLLM_DOCKER``: they share the session's servers,

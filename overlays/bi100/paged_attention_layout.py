@@ -76,7 +76,7 @@ def use_v1(
     than 512 (sequence, head) pairs to spread over the GPU). Equivalently, V2 iff
     ``max_seq_len > 8192`` or (``max_num_partitions > 1`` and ``num_seqs * num_heads <= 512``).
 
-    Note: issue 8 summarises the rule as "V2 when max_seq_len > 8192 and partitions > 1 and
+    Note: a shorter summary of the rule reads "V2 when max_seq_len > 8192 and partitions > 1 and
     num_seqs*num_heads <= 512"; that conjunction is not vLLM's rule (it would send a batch of long
     sequences with many heads to V1, whose shared-memory logits overflow past 8192 tokens, and would
     send short multi-partition batches to V1). The notes ask for "vllm's heuristic", which is this.

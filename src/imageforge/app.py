@@ -519,7 +519,7 @@ def submission(s: Settings, target: str | None, profile: str | None, sets: Seque
     from .submission import write_submission
 
     resolved = _resolve(s, load(s), target, profile, sets)
-    note = check_resolved(resolved, s.environ)  # serving flags vs the image's own vLLM (exit 2), issue 16
+    note = check_resolved(resolved, s.environ)  # serving flags vs the image's own vLLM (exit 2)
     if note:
         log(note)
     return write_submission(resolved, Path(out), environ=s.environ, git=git, log=log)
@@ -551,7 +551,7 @@ def engine(log: Log = print) -> dict[str, Any]:
             "os": version.get("Os"), "arch": version.get("Arch")}
 
 
-# --------------------------------------------------------------------------- the card's box (issue 21)
+# --------------------------------------------------------------------------- the card's box (in place)
 
 
 def wheels(python: str, out: str, *, log: Log | None = None) -> Wheelhouse:

@@ -1,4 +1,4 @@
-"""Which step of a plan wrote the file a Python traceback goes through (issue 25).
+"""Which step of a plan wrote the file a Python traceback goes through.
 
 A build imports ``verify.imports`` only with ``--verify-imports``; otherwise the first server start proves them. Both
 name the step that broke an import the same way, from the traceback:

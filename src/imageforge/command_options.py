@@ -88,7 +88,7 @@ SHARED_HELP = {
     "reuse_servers": "Use a running imageforge server of the same image and run options instead of starting one, "
                      "and leave it running (its caches are warm: not for final figures; also "
                      "IMAGEFORGE_REUSE_SERVERS=1)",
-    # in-place mode (issue 21): the target's files under --root, served as a process (no Docker)
+    # in-place mode: the target's files under --root, served as a process (no Docker)
     "in_place": "On this machine, no Docker: the target's files under --root, served as a process",
     "root": "In place: the root the target's files live under (default /)",
     "python": "In place: the target's interpreter (default python3 on PATH)",

@@ -1,4 +1,4 @@
-"""Serving flags learnt from the target's own package and the manifest checked against them (issue 16).
+"""Serving flags learnt from the target's own package and the manifest checked against them.
 
 :mod:`imageforge.flags` (read: `flags_read`, checked: `flags_check`); this module wires it to the image and a cache:
 
@@ -104,7 +104,7 @@ def parser_steps(steps: Sequence[Step]) -> tuple[Step, ...]:
 
 
 def key_parts(steps: Sequence[Step], environ: Mapping[str, str]) -> list[Any]:
-    """What of the parser steps decides the flags, by content (issue 25), never the layer chain:
+    """What of the parser steps decides the flags, by content, never the layer chain:
 
     each step that can change the parser (:func:`changes_parser`) by its own definition and input digests;
     every other file step by the path it writes only (a new module can add a choice to a registry, a patch to a

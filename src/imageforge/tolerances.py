@@ -4,7 +4,7 @@ Pure data, no imports from the rest of imageforge: :mod:`imageforge.manifest` bu
 :class:`EquivSettings` from the manifest (after the schema check), and :mod:`imageforge.equiv`
 gates a comparison with the :class:`Tolerance` of the dtype both servers ran in.
 
-Why two dtypes have different gates (numbers measured on this project's machine, issue 15):
+Why two dtypes have different gates (numbers measured on this project's machine):
 the stock CPU MoE kernel and the ``sorted_moe`` overlay, same real-scale weights, differ by
 max |delta logprob| 4e-6 in float32, but in bfloat16 by max 0.67, mean 0.015, p95 0.039 and
 top-1 agreement 149/152.  One bf16 rounding flip can move one logprob by more than half a nat
@@ -14,7 +14,7 @@ float32 is tight enough for a max gate.
 Manifest form (every key optional)::
 
     equiv:
-      dtype: float32          # what both servers are served in (the lead's wiring sets `dtype`)
+      dtype: float32          # what both servers are served in (equiv sets `dtype` on both)
       top_k: 5                # prompt_logprobs asked of each server
       greedy_tokens: 16       # greedy continuation length, for the first-divergence measure
       prompts: ["...", ...]   # replaces the built-in prompt set
@@ -112,7 +112,7 @@ class EquivSettings:
         return self.tolerances[dtype or self.dtype]
 
     def serving_overrides(self) -> dict[str, str]:
-        """``--set`` values the lead applies to BOTH servers so they compute in the same dtype."""
+        """``--set`` values equiv applies to BOTH servers so they compute in the same dtype."""
         return {"dtype": self.dtype}
 
 

@@ -73,7 +73,7 @@ class VerifySpec:
 
 def verify_context(plan: Plan, base_id: str, python: str, spec: VerifySpec,
                    environ: Mapping[str, str] | None = None) -> str:
-    """What an import result depends on besides the bytes of the files the steps changed (issue 25).
+    """What an import result depends on besides the bytes of the files the steps changed.
 
     The base image ID (every file no step wrote), the interpreter, the imports and their environment, the
     links, and every script step (definition and input digests: a script can change anything). The image

@@ -1,4 +1,4 @@
-"""The vendor-layout fixture for the ``bi100`` target (issue 12), written from the facts note.
+"""The vendor-layout fixture for the ``bi100`` target, written from the facts note.
 
 * :func:`vendor_image` -- the project's OS image (the ``imageforge/os:*`` that ``invoke base --target
   cpu`` imports) plus ``tests/fixtures/bi100-vendor/`` (the vendor's vLLM tree reduced to the lines the

@@ -1,4 +1,4 @@
-"""A "box": the card's machine rehearsed here (issue 21 item 7), shared by the in-place integration tests.
+"""A "box": the card's machine rehearsed here, shared by the in-place integration tests.
 
 A container from the cpu base image (real vLLM for CPU in ``/opt/venv``, ``python3`` on PATH is the target
 interpreter), started with ``--shm-size 1g``, no network and no Docker socket.  Into it go the repository (the

@@ -1,4 +1,4 @@
-"""Shared helpers for the issue-5 integration tests (export, check-patches, faults, housekeeping).
+"""Shared helpers for the build engine's integration tests (export, check-patches, faults, housekeeping).
 
 * :func:`tiny_base` -- a ~170 MB base image with python3 and a fake ``vllm`` distribution,
   made from the cpu recipe's OS image in a second: builds on it take a few seconds.

@@ -17,7 +17,7 @@
   ``process=True`` for ``.venv/bin/invoke`` in a child process (signals, a timeout, a fresh interpreter's state).
 * :func:`hooks_for` -- the smoke runner's :class:`ServerHooks` (alive, log tail) of a started server.
 * :func:`kill_mid_suite` -- the smoke claim "a server killed mid-suite" run against a server a test has finished
-  with (issue 24: the claim costs no vLLM start of its own): a suite whose first check is a long generation, the
+  with (the claim costs no vLLM start of its own): a suite whose first check is a long generation, the
   container killed once it generates; the caller asserts the report (after its ``serving()`` block: removal).
 * :func:`labelled` -- the containers (running or not) imageforge labelled, with all of the given labels (whole
   keys, :mod:`imageforge.labels`' constants), on the local daemon or a given client's.

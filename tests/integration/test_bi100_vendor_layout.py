@@ -1,4 +1,4 @@
-"""The bi100 target against the vendor-layout fixture (issue 12): the baseline runs for real, then every
+"""The bi100 target against the vendor-layout fixture: the baseline runs for real, then every
 team step applies to the files as the baseline leaves them; a drifted line fails with its step's name."""
 
 from __future__ import annotations

@@ -195,7 +195,7 @@ print(json.dumps({"calls": calls, "clients": len(de.CLIENTS_MADE), "states": [s.
 
 
 def test_a_no_op_build_makes_one_client_one_ping_and_no_container(project: Path) -> None:
-    """Issue 25: the no-op path is one SDK client whose API version comes from the one /_ping (no GET /version,
+    """The no-op path is one SDK client whose API version comes from the one /_ping (no GET /version,
     no second client for the ping), no container and no write to the daemon; paramiko (the ssh transport) is not
     imported for a local socket. A fresh process, as `invoke build` is."""
     do_build(project)
@@ -281,7 +281,7 @@ def test_content_verified_before_is_not_imported_again(project: Path, own_verify
 
 
 def test_imports_are_left_to_the_first_start_unless_verify_imports(project: Path, own_verify_facts: Path) -> None:
-    """Issue 25: a default build does not import verify.imports (the first server start does, and names the step
+    """A default build does not import verify.imports (the first server start does, and names the step
     when it fails); ``--verify-imports`` imports them before any tag moves, on a cached verify layer too, and
     fails (exit 3) on a module-level import error that compiles and binds every name."""
     from imageforge import verify
@@ -405,7 +405,7 @@ def test_same_size_patch_defeats_stale_bytecode(project: Path) -> None:
 
 
 def test_a_syntax_error_fails_its_step_and_no_tag_moves(project: Path) -> None:
-    """Issue 22: the overlay's step itself fails (compile after every .py step), before any verify layer."""
+    """The overlay's step itself fails (compile after every .py step), before any verify layer."""
     good = do_build(project)
     (project / "overlays" / "extra.py").write_text("def broken(:\n")
     with pytest.raises(BuildError) as info:

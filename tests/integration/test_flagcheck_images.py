@@ -1,4 +1,4 @@
-"""Serving flags learnt from real images (issue 16): the bi100 fixture read statically after the fake baseline,
+"""Serving flags learnt from real images: the bi100 fixture read statically after the fake baseline,
 the cpu base introspected by its own vLLM; then ``invoke validate`` / ``plan`` use what was learnt.
 
 Each test keeps its flag cache in its own folder (``IMAGEFORGE_CACHE`` passed in the environ given to

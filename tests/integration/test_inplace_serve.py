@@ -1,4 +1,4 @@
-"""In-place serving rehearsed in a box (issue 21 items 4-7): no Docker inside, the server as a process.
+"""In-place serving rehearsed in a box: no Docker inside, the server as a process.
 
 One box for the module (:mod:`box_fixture`: the cpu base image, ``--shm-size 1g``, no network, no Docker
 socket, imageforge in its own venv).  vLLM starts: five (run, serving the dummy suite, the evaluator suite's

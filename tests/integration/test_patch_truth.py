@@ -1,4 +1,4 @@
-"""A patch that "applies" leaves code that compiles (issue 22), on the bi100 vendor-layout fixture.
+"""A patch that "applies" leaves code that compiles, on the bi100 vendor-layout fixture.
 
 Two baseline variants (the organisers' folder copied, its ``qwen3_5.py`` changed) make ``sorted-moe-call``
 fail the way a real drift would, and each must fail at that step, with the same message, in all three

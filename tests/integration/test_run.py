@@ -113,13 +113,13 @@ def test_missing_image_is_an_infra_error(cpu_resolved: Any) -> None:
 def test_interrupted_smoke_removes_its_server(tmp_path: Path) -> None:
     """Ctrl-C while `invoke smoke` waits for readiness: exit 130, nothing left running. The interrupt reaches
     ``serving()``'s block (its ``wait_ready``): that ``serving()`` removes its running container on an interrupt and
-    keeps its log is checked here too (it had a test and a vLLM start of its own, issue 24). SIGTERM, which
+    keeps its log is checked here too (it had a test and a vLLM start of its own). SIGTERM, which
     ``serving()`` turns into the same KeyboardInterrupt, was this test's second case and second start: it is
     tests/unit/test_serve_container.py::test_sigterm_while_serving_removes_the_server_as_ctrl_c_does.
 
     What is interrupted is imageforge's wait and its container, not vLLM: the server is a tiny target's (forge_fixtures'
-    tiny base) whose serving command runs and never answers /health, so this claim costs no vLLM start (issue 24:
-    it was the cpu target's, killed while vLLM imported)."""
+    tiny base) whose serving command runs and never answers /health, so this claim costs no vLLM start
+    (it was the cpu target's, killed while vLLM imported)."""
     from tests.integration.forge_fixtures import tiny_base, write_manifest
 
     never_ready = '[python3, -c, "import time; print(\'not serving\', flush=True); time.sleep(3600)"]'

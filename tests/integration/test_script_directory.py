@@ -1,4 +1,4 @@
-"""A script step that copies a host directory (``${VAR}``) into the image and runs in it (issue 12)."""
+"""A script step that copies a host directory (``${VAR}``) into the image and runs in it."""
 
 from __future__ import annotations
 

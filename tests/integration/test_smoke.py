@@ -1,4 +1,4 @@
-"""The smoke runner against real vLLM servers of the cpu target (and the faults of issues 6-7).
+"""The smoke runner against real vLLM servers of the cpu target (and the faults it must report).
 
 vLLM starts (30-50 s each on 2 cores): the session's shared server (conftest ``cpu_server``), which
 ``invoke smoke --target cpu`` end to end reuses (--reuse-servers), and a short one for the overlay that stops
@@ -183,7 +183,7 @@ def test_bad_suite_file(invoke_cli: Callable[..., Any], tmp_path: Path, text: st
 def test_invoke_smoke_target_end_to_end(cpu_server: Any, invoke_cli: Callable[..., Any]) -> None:
     """`smoke --target cpu` as a user runs it: resolve, build (cached), a server, the target's whole suite, in
     float32 with --reuse-servers: the server is the session's ``cpu_server`` (the same image ID and run options),
-    reused and left running (issue 24: this test's own vLLM start). A start of `smoke`'s own that reaches /health
+    reused and left running (it costs no vLLM start of its own). A start of `smoke`'s own that reaches /health
     ("ready ... after Ns") and is removed after its suite is the sweep's first point's
     (test_bench.py::test_two_point_sweep_of_the_cpu_target: the same ``serving()``); `smoke`'s own start that is
     interrupted, or that stops before /health, is test_run.py's and this module's next test."""
@@ -195,7 +195,7 @@ def test_invoke_smoke_target_end_to_end(cpu_server: Any, invoke_cli: Callable[..
     assert f"reusing {cpu_server.name} on {cpu_server.url}" in cli.output
     assert f"ready: {cpu_server.url}/health OK ({cpu_server.name} reused)" in cli.output
     assert f"left {cpu_server.name} running" in cli.output and cpu_server.running()
-    # Issue 25: a start that reached /health (cpu_server's, at the session's start) recorded the served content's
+    # A start that reached /health (cpu_server's, at the session's start) recorded the served content's
     # imports as verified.
     from imageforge.docker_engine import client
     from imageforge.verify import verified_contents, verified_label_content
@@ -223,7 +223,7 @@ def test_overlay_that_stops_vllm_serve_from_starting(cpu_variant: Callable[..., 
     assert "RuntimeError: imageforge fault test: the API server cannot start" in cli.output
     assert "hint:" in cli.output and "server.log" in cli.output
     assert "step 'break-serve' (overlay, " in cli.output
-    # Issue 25: the build did not import (built now: "imports: at first start"; or a cached layer), the start names
+    # The build did not import (built now: "imports: at first start"; or a cached layer), the start names
     # the step.
     assert "imports ok" not in cli.output
     assert re.search(r"smoke failure: \S+build\.yaml:\d+(?::\d+)?: targets\.cpu\.steps\[\d+\]: vLLM did not "

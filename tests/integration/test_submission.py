@@ -1,4 +1,4 @@
-"""The submission tree (issue 13) on a real daemon: what the platform builds equals what imageforge built and tested.
+"""The submission tree on a real daemon: what the platform builds equals what imageforge built and tested.
 
 * cpu: the emitted tree built with plain ``docker build`` (docker SDK, legacy builder, no imageforge code
   on that side) vs imageforge's build of the same manifest and profile (conftest ``cpu_submission``: the

@@ -1,4 +1,4 @@
-"""The bi100 call-site patches (issue 12): each patched function of the baseline fixture calls its
+"""The bi100 call-site patches: each patched function of the baseline fixture calls its
 overlay module and gives the same numbers as the code it replaces.
 
 The patches are read from build.yaml and applied to the fake baseline files in tests/fixtures/ (written

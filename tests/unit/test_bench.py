@@ -3,7 +3,7 @@
 No daemon: the client's HTTP goes through ``httpx.MockTransport`` (no sockets), and the sweep's build and serve
 steps are replaced by stubs; except the in-place sweep, which applies a patch to a tmp root and serves each point
 with the fake vLLM of test_equiv_record as a real process (the claim of the box test that served two real vLLM
-points in place; issue 24's in-place budget).
+points in place; the in-place budget of vLLM starts).
 """
 
 from __future__ import annotations
@@ -603,7 +603,7 @@ def test_sweep_table_shows_requests_cut_by_the_duration_limit(tmp_path: Path) ->
     assert rows[0][header.index("errors")] == "1/64, 32 cut"
 
 
-# ----------------------------------------------------------------------------- interleaved sweeps (issue 14 s. 5)
+# ----------------------------------------------------------------------------- interleaved sweeps
 
 
 def test_rotations_interleave_and_rotate_the_first_point() -> None:

@@ -1,4 +1,4 @@
-"""The competition target (issue 12): the organisers' command, the default profile's safety, the deploy order."""
+"""The competition target: the organisers' command, the default profile's safety, the deploy order."""
 
 from __future__ import annotations
 

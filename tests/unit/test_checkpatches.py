@@ -296,7 +296,7 @@ def test_derive_property(a: list[str], b: list[str], nl_a: bool, nl_b: bool) -> 
         assert yaml.safe_load(render_steps_yaml(steps)) == steps
 
 
-# --------------------------------------------------------------------------- issue 22: the rule and the file checks
+# ------------------------------------------------------------------------ the line-anchored rule and the file checks
 
 
 def _step(ident: str, kind_name: str, spec: dict[str, object], index: int = 0) -> object:

@@ -121,7 +121,7 @@ def test_resolving_first_in_a_fresh_process_imports_the_sdk_cleanly(tmp_path: Pa
 
 
 def test_the_sdk_is_imported_without_its_ssh_transport_until_an_ssh_endpoint_asks(tmp_path: Path) -> None:
-    """Issue 25: paramiko (+ cryptography, PyNaCl, bcrypt: ~55 ms) stays out of a process whose daemon is a socket;
+    """paramiko (+ cryptography, PyNaCl, bcrypt: ~55 ms) stays out of a process whose daemon is a socket;
     an ssh:// endpoint later in the same process still gets the SDK's ssh adapter. A fresh process, as a command."""
     import importlib.util
     import os

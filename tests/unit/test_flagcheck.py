@@ -1,4 +1,4 @@
-"""Serving flags wired to validate (issue 16), without a daemon: the cache here is a file the test writes from a
+"""Serving flags wired to validate, without a daemon: the cache here is a file the test writes from a
 static read of the 0.6.3-style parser fixture (tests/fixtures/vllm-0.6.3-parser/, baseline cli_args included),
 stored under the key ``validate`` computes for the manifest; ``invoke validate`` then runs as a user runs it.
 The caches learnt from real images (introspection of the cpu base, the static read of the bi100 fixture after
@@ -217,7 +217,7 @@ def test_flags_off_unquoted_or_quoted_turns_the_check_off(tmp_path: Path, writte
     assert proc.returncode == 0 and "flags not checked" not in proc.stdout, proc.stdout + proc.stderr
 
 
-# --------------------------------------------------------------------------- the no-op path (issue 25)
+# --------------------------------------------------------------------------- the no-op path
 
 
 def _accept_all(resolved: Resolved) -> FlagTable:
@@ -287,7 +287,7 @@ def test_the_flag_index_is_keyed_by_content_so_a_fresh_clone_finds_it(tmp_path: 
 
 def test_every_command_that_resolves_refuses_what_validate_refuses(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 22: `many` in the target's args, the selected profile overriding the key: validate refused it,
+    """`many` in the target's args, the selected profile overriding the key: validate refused it,
     plan and build accepted it. Every command resolving a target now says validate's message (exit 2)."""
     from imageforge import app
 

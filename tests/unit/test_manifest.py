@@ -42,7 +42,7 @@ def test_repo_manifest_validates() -> None:
     assert {"cpu", "bi100"} <= set(m.targets)
     assert m.default_target == "bi100"
     assert {"baseline", "conservative", "aggressive"} <= set(m.targets["cpu"].profiles)
-    assert {"baseline", "replay"} <= set(m.targets["bi100"].profiles)  # bi100: one request at a time (issue 12)
+    assert {"baseline", "replay"} <= set(m.targets["bi100"].profiles)  # bi100: one request at a time
 
 
 def test_unknown_key_did_you_mean(write_manifest: Callable[[str], Path]) -> None:

@@ -1,4 +1,4 @@
-"""No Python program longer than 20 lines lives in a string literal in src/ (issue 26 item 3).
+"""No Python program longer than 20 lines lives in a string literal in src/.
 
 A program sent into an image (``python -c``) or written into the submission tree is a real module of
 :mod:`imageforge.inimage`, linted and type-checked like the rest, and read back as text. This test parses every

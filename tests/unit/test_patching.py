@@ -52,7 +52,7 @@ def test_unified_diff() -> None:
     assert "-import os" in diff and "+import sys" in diff and diff.startswith("--- a/a.py")
 
 
-# --------------------------------------------------------------------------- the line-anchored rule (issue 22)
+# --------------------------------------------------------------------------- the line-anchored rule
 
 MOE = """def experts(x):
     if T == 1:

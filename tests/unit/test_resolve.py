@@ -97,7 +97,7 @@ def test_parse_assignments_types() -> None:
 def test_repo_manifest_profiles_match_the_notes() -> None:
     summary = validate_all(load_manifest(Path(__file__).resolve().parents[2] / "build.yaml"))
     m = summary.manifest
-    # bi100 (issue 12, facts note): the organisers' baseline, then one-request-at-a-time profiles
+    # bi100 (facts note): the organisers' baseline, then one-request-at-a-time profiles
     expect = {"baseline": (1, 8192, 0.9, 100000), "replay": (2, 8192, 0.9, 256000),
               "replay-big-chunks": (2, 16384, 0.9, 256000)}
     for profile, (seqs, tokens, util, length) in expect.items():

@@ -1,5 +1,5 @@
-"""Directory script steps, their cache input, the argv serving style, and scripts inside check-patches
-(issue 12); pure: no daemon."""
+"""Directory script steps, their cache input, the argv serving style, and scripts inside check-patches;
+pure: no daemon."""
 
 from __future__ import annotations
 

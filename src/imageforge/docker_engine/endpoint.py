@@ -23,7 +23,7 @@ the core install stays without paramiko, cryptography, bcrypt and PyNaCl, and
 
 :func:`sdk` is the one import of the SDK: where the endpoint is not ``ssh://`` it imports ``docker``
 without its ssh transport (paramiko, cryptography, PyNaCl, bcrypt: ~55 ms of a no-op build's ~125 ms SDK
-import, issue 25) and attaches that transport later in the same process only if an ssh endpoint asks.
+import) and attaches that transport later in the same process only if an ssh endpoint asks.
 The default context is recognised without importing the SDK at all (``currentContext`` read as the SDK
 reads it); only another context's endpoint is read through ``ContextAPI``.
 """

@@ -14,7 +14,7 @@ prompt plus its own greedy continuation, so the comparison covers generated text
 candidate (:func:`collect_against`) scores exactly those ids and makes its own greedy
 continuation of the same prompt ids.
 
-How the lead wires ``invoke equiv`` (tasks/app): resolve the image under test and the reference
+How ``invoke equiv`` is wired (tasks/app): resolve the image under test and the reference
 (default: the target's base with only the serving config), apply ``settings.serving_overrides()``
 (``dtype``) to both, start both servers at once on distinct ports (``imageforge.serve.container``), then
 ``ref = collect_reference(ref_url, settings.prompts, top_k=..., greedy_tokens=...)``,

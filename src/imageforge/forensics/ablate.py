@@ -5,17 +5,17 @@ without every step that ``requires:`` it, transitively (:func:`graph.dependents`
 ``required: true`` is listed and skipped, and so is a step whose removal would drop a required
 dependent.  Default choice: every step of the chain (shared, then the profile's).
 
-In place (one server at a time, issue 21): :func:`in_place_slots` -- full, each variant, full again -- and
+In place (one server at a time): :func:`in_place_slots` -- full, each variant, full again -- and
 :func:`bracketed_results` pairs each variant with the geometric mean of the full runs before and after it.
 
-Schedule (ABAB, issue 14 section 5): one block per variant; in a block the full image and the
+Schedule (ABAB): one block per variant; in a block the full image and the
 variant alternate ``full, variant, full, variant, ...`` for ``repeats`` rounds.  The full image's
 server stays up for the whole ablation and each variant's server is started once, for its block,
 so at most two servers run at a time (this machine: 2 cores, 24 GiB).  A variant's deltas are
 medians of the paired ratios (variant run r / the full run just before it), so slow drift of a
 shared machine cancels; the spread is the min..max of those paired score ratios.
 
-How the lead wires it: ``plan = plan_ablation(chain_steps, chosen, repeats)``; build every
+How ``ablate_runner`` wires it: ``plan = plan_ablation(chain_steps, chosen, repeats)``; build every
 ``variant.steps`` image (the kept steps in order, the profile's serving config on top; cache hits
 up to the first removed step); for each ``plan.schedule`` run bench the named server with the SAME
 bench options and turn its BenchResult into :class:`Metrics`; optionally run equiv for each variant
@@ -174,7 +174,7 @@ def bracketed_results(plan: AblationPlan, before: Sequence[Metrics | None], afte
 
 @dataclass(frozen=True)
 class Metrics:
-    """What ablate needs of one bench run (the lead maps a BenchResult onto it)."""
+    """What ablate needs of one bench run (``ablate_runner`` maps a BenchResult onto it)."""
 
     score: float
     output_tps: float

@@ -19,7 +19,7 @@ the cause is at or before it; the search goes on and the result lists the flippe
 ``flaky="unknown"`` the search stops at the first flipped point and reports ``inconclusive``
 with the bracket it had (the last passing and first failing cut so far).
 
-How the lead wires it: ``probe(k)`` builds (cache hits, mostly) the image of the first k steps
+How ``bisect_runner`` wires it: ``probe(k)`` builds (cache hits, mostly) the image of the first k steps
 -- shared then profile steps, the profile's serving config on top -- starts it, runs the smoke
 suite with only the selected checks (or equiv against the reference), removes the server and
 returns ``Outcome(passed, report)``; then prints ``result.text(labels)`` with the culprit's

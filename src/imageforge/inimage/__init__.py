@@ -1,4 +1,4 @@
-"""The programs imageforge runs inside an image, as real modules shipped as text (issue 26 item 3).
+"""The programs imageforge runs inside an image, as real modules shipped as text.
 
 Each runs standalone with the image's own ``python`` (standard library only, Python 3.10 syntax) and is linted
 and type-checked like the rest of the package; :func:`program` reads one back as text (``importlib.resources``:

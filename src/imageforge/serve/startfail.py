@@ -1,4 +1,4 @@
-"""Why a server did not reach ``/health``: the start failure through the exception root, blaming a step (issue 25).
+"""Why a server did not reach ``/health``: the start failure through the exception root, blaming a step.
 
 A build no longer imports ``verify.imports`` by default (``build --verify-imports`` does): the first server start
 proves them, so a start that fails must name what broke it as a failed verify would have. :func:`start_error` reads
