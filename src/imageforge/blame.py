@@ -23,7 +23,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from .manifest import Step
+from .manifest.model import Step
 from .steps import PatchSpec, kind
 
 TRACEBACK = "Traceback (most recent call last):"

@@ -15,9 +15,9 @@ from imageforge.errors import ConfigError
 from imageforge.forensics.ablate_runner import metrics_of
 from imageforge.forensics.bisect_runner import select_checks
 from imageforge.forensics.subsets import changed_files, kept_imports, subset_resolved
-from imageforge.manifest_load import load_manifest
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import resolve
 from imageforge.plan import make_plan
-from imageforge.resolve import resolve
 from imageforge.smoke import load_suite
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,10 +18,10 @@ from typing import Any, ClassVar
 import pytest
 
 from imageforge.errors import ConfigError
-from imageforge.manifest import Step, StepSpec
-from imageforge.manifest_load import load_manifest
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.model import Step, StepSpec
+from imageforge.manifest.resolve import resolve
 from imageforge.plan import chain_key, make_plan, step_inputs
-from imageforge.resolve import resolve
 from imageforge.steps import KINDS, PatchSpec, StepKind, kind
 from imageforge.steps.core import register
 from imageforge.steps.schema import manifest_schema, schema_text, with_kinds

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import Problem, SmokeError
-from ..tolerances import Tolerance
+from ..manifest.tolerances import Tolerance
 from .evidence import Evidence, Position, PromptEvidence, same_sequences
 
 TAIL_FLOOR = 1e-12

@@ -26,7 +26,7 @@ from ..equiv.runner import EquivRun, check_dtype, compare_urls, renamed, with_se
 from ..errors import ConfigError, ImageforgeError, SmokeError
 from ..rundirs import new_run_id
 from ..serve.container import serving
-from ..serving_client import short
+from ..serve.openai_wire import short
 from ..smoke import (
     DEFAULT_TAGS,
     FAIL,
@@ -45,8 +45,8 @@ from .search import BisectResult, FlakyPolicy, Outcome, bisect, probe_bound
 from .subsets import build_subset, changed_files, file_log, first_line, step_label, subset_resolved
 
 if TYPE_CHECKING:
-    from ..manifest import Step
-    from ..resolve import Resolved
+    from ..manifest.model import Step
+    from ..manifest.resolve import Resolved
     from ..serve.container import Server
     from ..smoke import SmokeReport, Suite
 

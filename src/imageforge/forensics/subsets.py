@@ -22,8 +22,8 @@ from ..steps import OverlaySpec, PatchSpec, ScriptSpec, SymlinkSpec
 
 if TYPE_CHECKING:
     from ..build import BuildResult
-    from ..manifest import Step
-    from ..resolve import Resolved
+    from ..manifest.model import Step
+    from ..manifest.resolve import Resolved
 
 Log = Callable[[str], None]
 

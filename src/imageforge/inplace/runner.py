@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..manifest import Step
+from ..manifest.model import Step
 from ..scripts import script_directory
 from ..steps.script import ScriptSpec, exec_script
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import BuildError
-from ..manifest import Step, StepSpec
-from ..patching import unified_diff
+from ..manifest.model import Step, StepSpec
+from ..patches.anchored import unified_diff
 from .core import (
     ApplyContext,
     Changes,

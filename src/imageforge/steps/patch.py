@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import BuildError
-from ..manifest import Step, StepSpec
-from ..patching import apply_patch, describe, reapplies, unified_diff
+from ..manifest.model import Step, StepSpec
+from ..patches.anchored import apply_patch, describe, reapplies, unified_diff
 from .core import (
     ApplyContext,
     Changes,

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from ..docker_engine import client
 from ..docker_engine.containers import file_entry, tar_of
 from ..errors import BuildError, ConfigError, InfraError
-from ..manifest import Step, StepSpec, frozen_map, normalise_image_path, resolve_image_path
+from ..manifest.model import Step, StepSpec, frozen_map, normalise_image_path, resolve_image_path
 from ..scripts import SCRIPT_SCRATCH, Log, exec_argv, script_directory
 from ..scripts import directory_entries as directory_tar
 from .core import ApplyContext, Changes, LoadedSpec, SpecChecks, StepKind, StepProblem, register

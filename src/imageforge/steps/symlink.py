@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import BuildError, ConfigError
-from ..manifest import Step, StepSpec, normalise_image_path
+from ..manifest.model import Step, StepSpec, normalise_image_path
 from .core import ApplyContext, Changes, Facts, LinkChange, LoadedSpec, SpecChecks, StepKind, StepProblem, register
 from .dockerfile import EmitContext, Emitted, applier_group, header
 from .fs import ImageFS

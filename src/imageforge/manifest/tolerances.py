@@ -1,6 +1,6 @@
 """The accuracy gate's settings: a target's ``equiv:`` block as frozen data, with defaults.
 
-Pure data, no imports from the rest of imageforge: :mod:`imageforge.manifest` builds an
+Pure data, no imports from the rest of imageforge: :mod:`imageforge.manifest.model` builds an
 :class:`EquivSettings` from the manifest (after the schema check), and :mod:`imageforge.equiv`
 gates a comparison with the :class:`Tolerance` of the dtype both servers ran in.
 
