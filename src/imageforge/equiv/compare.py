@@ -32,7 +32,6 @@ from ..manifest.tolerances import Tolerance
 from .evidence import Evidence, Position, PromptEvidence, same_sequences
 
 TAIL_FLOOR = 1e-12
-NO_GATE = "-"
 
 
 class EquivError(SmokeError):

@@ -36,7 +36,6 @@ from typing import Any, Literal
 Dtype = Literal["float32", "bfloat16"]
 DTYPES: tuple[Dtype, ...] = ("float32", "bfloat16")
 BYTES_PER_VALUE: Mapping[str, int] = MappingProxyType({"float32": 4, "bfloat16": 2})
-TOLERANCE_KEYS = ("max_abs", "mean_abs", "p95_abs", "top1_min", "kl_max")
 
 
 @dataclass(frozen=True)
