@@ -34,7 +34,7 @@ from ..errors import BuildError, ConfigError, ErrorCollector, InfraError, Locati
 from ..manifest.yamldoc import load_yaml_c
 from ..plan import canonical, chain_key, sha256_bytes, sha256_file, step_inputs
 from ..settings import cache_dir
-from ..steps import one_file
+from ..steps import kind, one_file
 from .check import (
     ServingArg,
     check_serving_args,
@@ -87,8 +87,8 @@ def _in_package(path: str) -> str:
 
 
 def changes_parser(step: Step) -> bool:
-    """A script step (it may do anything), or a file step writing a parser file."""
-    if step.kind == "script":
+    """A step that runs a process (a script: it may do anything), or a file step writing a parser file."""
+    if kind(step.kind).runs_process:
         return True
     written = one_file(step)
     if written is None:

@@ -220,6 +220,21 @@ class StepKind:
         """Image paths the step writes at or under (the build's directory-listing cache keys off them)."""
         return ()
 
+    def describe(self, step: Step) -> list[str]:
+        """What the step changes, from its definition, as report lines (bisect names the first bad step with them;
+        package-relative paths are under the site directory)."""
+        return [f"{step.kind} step: its changes are not listed here"]
+
+    def provides(self, step: Step) -> str | None:
+        """The package-relative file the step puts into the image whole (a module verify may import), else None:
+        a subset image without the step leaves that module out of its verify imports."""
+        return None
+
+    def wrote_line(self, step: Step, code: str) -> bool:
+        """Whether the step's own text holds the source line ``code`` (a traceback's line): of several steps
+        writing one file, blame names the last that does."""
+        return False
+
 
 class OneFileKind(StepKind):
     """A kind that writes one image file (:meth:`path`, relative to the package's site or absolute)."""

@@ -201,6 +201,11 @@ class Script(StepKind):
         spec = ScriptSpec.of(step)
         return spec.dest or spec.source or ""
 
+    def describe(self, step: Step) -> list[str]:
+        spec = ScriptSpec.of(step)
+        what = spec.source or spec.command or spec.directory
+        return [f"script {what} {' '.join(spec.args)}".rstrip() + ": its files are whatever it writes (not declared)"]
+
     def touches(self, step: Step, site: str) -> tuple[str, ...]:
         """What the script declares it may change (``touches:``; relative paths under the site directory)."""
         return tuple(resolve_image_path(p, site) for p in step.touches)

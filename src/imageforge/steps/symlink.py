@@ -89,6 +89,10 @@ class Symlink(StepKind):
         spec = SymlinkSpec.of(step)
         return spec.glob or spec.link or ""
 
+    def describe(self, step: Step) -> list[str]:
+        spec = SymlinkSpec.of(step)
+        return [f"links {spec.glob} into {spec.into}"]
+
     def touches(self, step: Step, site: str) -> tuple[str, ...]:
         spec = SymlinkSpec.of(step)
         return tuple(posixpath.normpath(p) for p in (spec.link, spec.into) if p is not None)
