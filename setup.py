@@ -3,7 +3,7 @@
 Everything else about the package is in pyproject.toml. schema/ is the one place the JSON Schemas live
 (editors find them beside build.yaml); a wheel must carry them, so build_py copies them under the
 package in the build tree. A source checkout (editable install, PYTHONPATH=src) reads schema/ itself:
-see imageforge.yaml_schema.schema_text.
+see imageforge.manifest.yaml_schema.schema_text.
 """
 
 from __future__ import annotations

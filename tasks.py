@@ -1,6 +1,6 @@
 """The repository's invoke tasks: the `imageforge` command's collection, plus `test` and `schema` (repository-only).
 
-The tasks live in the package (`src/imageforge/commands.py`), so `pip install` gives the same
+The tasks live in the package (`src/imageforge/cli/commands.py`), so `pip install` gives the same
 `imageforge` command; this file re-exports them so that `invoke TASK` here works the same. Run
 `invoke --list`, or `invoke TASK --help`.
 Exit codes: 0 ok, 1 usage (invoke's own), 2 config, 3 build, 4 smoke/bench, 5 infrastructure, 130 interrupted.
@@ -18,9 +18,10 @@ ROOT = Path(__file__).resolve().parent
 WORKERS = 2  # the two server groups run side by side; on 2 cores a third worker only adds contention
 sys.path.insert(0, str(ROOT / "src"))
 
-from imageforge import app, commands  # noqa: E402
-from imageforge.cli import user_errors  # noqa: E402
-from imageforge.command_options import task  # noqa: E402
+from imageforge import app  # noqa: E402
+from imageforge.cli import commands  # noqa: E402
+from imageforge.cli.options import task  # noqa: E402
+from imageforge.cli.output import user_errors  # noqa: E402
 
 
 @task(help={"unit": "Only the fast tests (no Docker daemon)", "k": "pytest -k expression",

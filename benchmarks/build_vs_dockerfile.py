@@ -115,7 +115,7 @@ class Imageforge:
                    tuple((s["kind"], s["cache"], float(s["seconds"])) for s in steps))
 
     def first_overlay(self) -> tuple[str, str]:
-        from imageforge.manifest_load import load_manifest
+        from imageforge.manifest.load import load_manifest
         from imageforge.steps import OverlaySpec
 
         t = load_manifest(self.manifest).targets["cpu"]
@@ -138,9 +138,9 @@ class Imageforge:
         self.manifest.write_text(text.replace(SECOND_PATCH_NEW, SECOND_PATCH_NEW[:-1] + f' {stamp}"', 1))
 
     def serving_config(self) -> bytes:
-        from imageforge.manifest_load import load_manifest
-        from imageforge.resolve import resolve
-        from imageforge.serving import render_serving_config
+        from imageforge.manifest.load import load_manifest
+        from imageforge.manifest.resolve import resolve
+        from imageforge.serve.command import render_serving_config
 
         return render_serving_config(resolve(load_manifest(self.manifest), "cpu", self.profile, environ={}))
 
@@ -159,8 +159,8 @@ class Tree:
         self.write()
 
     def write(self) -> None:
-        from imageforge.manifest_load import load_manifest
-        from imageforge.resolve import resolve
+        from imageforge.manifest.load import load_manifest
+        from imageforge.manifest.resolve import resolve
         from imageforge.submission import write_submission
 
         resolved = resolve(load_manifest(self.forge.manifest), "cpu", self.forge.profile, environ={})
@@ -194,7 +194,7 @@ class Hand:
         self.write()
 
     def write(self) -> None:
-        from imageforge.manifest_load import load_manifest
+        from imageforge.manifest.load import load_manifest
         from imageforge.steps import OverlaySpec, PatchSpec
 
         t = load_manifest(self.forge.manifest).targets["cpu"]
@@ -384,8 +384,8 @@ def main() -> int:
             "--target", "cpu"])
     finally:
         shutil.rmtree(warm, ignore_errors=True)
-    from imageforge.manifest_load import load_manifest
-    from imageforge.resolve import resolve
+    from imageforge.manifest.load import load_manifest
+    from imageforge.manifest.resolve import resolve
     from imageforge.submission import discover_base
 
     facts_dir = Path(tempfile.mkdtemp(prefix="bench-build-facts-"))

@@ -157,7 +157,7 @@ def against_server(url: str, before: dict[str, float], run: dict[str, Any], requ
     """Add what the client measured beyond what the server measured for the same requests (at concurrency 1 the
     server's speed cancels out): ``gap_ms_per_request`` = (client wall - the server's summed e2e latency) / n,
     ``ttft_gap_ms`` = client mean TTFT - the server's mean TTFT.  Waits (<= 5 s) for the counts to catch up."""
-    from imageforge.waits import wait_until
+    from imageforge.serve.waits import wait_until
 
     count = "vllm:e2e_request_latency_seconds_count"
 
@@ -249,12 +249,12 @@ def start_server(profile: str, server_cpu: str) -> tuple[Any, str, str, str]:
 
     from imageforge.build import build_target
     from imageforge.docker_engine import client
-    from imageforge.manifest_load import load_manifest
-    from imageforge.resolve import resolve
+    from imageforge.manifest.load import load_manifest
+    from imageforge.manifest.resolve import resolve
     from imageforge.rundirs import new_run_id
     from imageforge.serve.container import HOST, free_port
     from imageforge.serve.spec import container_spec
-    from imageforge.waits import probe_health, wait_until
+    from imageforge.serve.waits import probe_health, wait_until
 
     # prefix caching off: every client of a round sends the same prompts, and each run must compute all of them
     resolved = resolve(load_manifest(REPO / "build.yaml"), "cpu", profile, environ=os.environ,

@@ -114,8 +114,9 @@ def timed(box: Box, venv: str, args: str) -> dict[str, Any]:
 
 def importtime(box: Box, venv: str) -> list[tuple[str, float]]:
     code, out = box.sh(f"env -u PYTHONDONTWRITEBYTECODE {venv}/bin/python -X importtime -c "
-                       f"'import sys; sys.argv = [\"imageforge\", *sys.argv[1:]]; from imageforge.launch import main; "
-                       f"main()' {APPLY} 2>&1 >/dev/null && {venv}/bin/imageforge revert >/dev/null")
+                       f"'import sys; sys.argv = [\"imageforge\", *sys.argv[1:]]; "
+                       f"from imageforge.cli.launch import main; main()' {APPLY} 2>&1 >/dev/null "
+                       f"&& {venv}/bin/imageforge revert >/dev/null")
     assert code == 0, out[-3000:]
     rows = []
     for line in out.splitlines():

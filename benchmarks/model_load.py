@@ -21,8 +21,8 @@ from typing import Any
 
 import httpx
 
-from imageforge.manifest_load import load_manifest
-from imageforge.resolve import resolve
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import resolve
 from imageforge.serve.container import serving
 
 REPO = Path(__file__).resolve().parents[1]

@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from imageforge.bench import Workload, run_bench
-from imageforge.manifest import frozen_map
-from imageforge.manifest_load import load_manifest
-from imageforge.resolve import Resolved, resolve
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.model import frozen_map
+from imageforge.manifest.resolve import Resolved, resolve
 from imageforge.serve.container import serving
 from imageforge.smoke import load_suite, run_suite, target_vars
 

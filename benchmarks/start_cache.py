@@ -26,8 +26,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from imageforge.manifest_load import load_manifest
-from imageforge.resolve import Resolved, resolve
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import Resolved, resolve
 from imageforge.serve.container import serving
 
 REPO = Path(__file__).resolve().parents[1]

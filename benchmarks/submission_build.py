@@ -44,8 +44,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from imageforge import base as base_mod
-    from imageforge.manifest_load import load_manifest
-    from imageforge.resolve import resolve
+    from imageforge.manifest.load import load_manifest
+    from imageforge.manifest.resolve import resolve
     from imageforge.submission import discover_base, write_submission
 
     base_ref = base_mod.base_image_status(REPO / "images" / "cpu").ref

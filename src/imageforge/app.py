@@ -24,21 +24,21 @@ from .settings import Settings
 if TYPE_CHECKING:
     from .bench import SweepResult, Workload
     from .build import BuildResult
-    from .checkpatches import CheckReport
     from .equiv.runner import EquivRun
     from .export import ExportResult
     from .forensics.ablate_runner import AblationRun
     from .forensics.bisect_runner import BisectRun
     from .housekeeping import CleanResult
-    from .manifest import Manifest
-    from .patchfrom_image import PatchFromResult
+    from .manifest.model import Manifest
+    from .manifest.resolve import Resolved, ValidationSummary
+    from .patches.check import CheckReport
+    from .patches.from_image import PatchFromResult
     from .plan import PlanReport
-    from .resolve import Resolved, ValidationSummary
     from .serve.container import Server
     from .serve.process import InPlace, ProcessServer
     from .smoke import SmokeReport
     from .submission import SubmissionResult
-    from .wheelhouse import Wheelhouse
+    from .wheelhouse.make import Wheelhouse
 
 Log = Callable[[str], None]
 
@@ -55,7 +55,7 @@ def settings(*, manifest: str = "", traceback: bool = False, host_address: str =
 
 
 def load(s: Settings) -> Manifest:
-    from .manifest_load import load_manifest
+    from .manifest.load import load_manifest
 
     return load_manifest(s.manifest)
 
@@ -65,8 +65,8 @@ def _validated(s: Settings, manifest: Manifest) -> None:
     whichever profile it selects: every profile of every target resolves, and the serving args of every
     target and profile pass the cached flag tables. Pure and cheap (no YAML parse: the loaded document;
     ~3 ms)."""
-    from .flagcheck import check_validate
-    from .resolve import validate_all
+    from .flags.images import check_validate
+    from .manifest.resolve import validate_all
 
     validate_all(manifest)
     check_validate(manifest, s.environ)
@@ -74,7 +74,7 @@ def _validated(s: Settings, manifest: Manifest) -> None:
 
 def _resolve(s: Settings, manifest: Manifest, target: str | None, profile: str | None,
              sets: Sequence[str] = ()) -> Resolved:
-    from .resolve import resolve
+    from .manifest.resolve import resolve
 
     _validated(s, manifest)
     return resolve(manifest, target, profile, environ=s.environ, sets=sets)
@@ -85,8 +85,8 @@ def _resolve(s: Settings, manifest: Manifest, target: str | None, profile: str |
 
 def validate(s: Settings) -> ValidationSummary:
     """`validate`: YAML, schema, files, paths and every profile of every target."""
-    from .flagcheck import check_validate
-    from .resolve import validate_all
+    from .flags.images import check_validate
+    from .manifest.resolve import validate_all
 
     summary = validate_all(load(s))
     return replace(summary, notes=tuple(check_validate(summary.manifest, s.environ)))
@@ -96,7 +96,7 @@ def plan(s: Settings, target: str | None, profile: str | None, sets: Sequence[st
          use_daemon: bool) -> PlanReport:
     """`plan`: resolve, then ask the daemon (when one answers) what is cached."""
     from .base import daemon_probe
-    from .flagcheck import check_resolved
+    from .flags.images import check_resolved
     from .plan import PlanReport, make_plan
 
     resolved = _resolve(s, load(s), target, profile, sets)
@@ -117,7 +117,7 @@ def build(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
     """`build`: every layer of TARGET:PROFILE built or reused, verified, tagged (``verify_imports``: verify also
     imports ``verify.imports``; by default the first server start proves them)."""
     from .build import build_target
-    from .flagcheck import check_resolved
+    from .flags.images import check_resolved
 
     resolved = _resolve(s, load(s), target, profile, sets)
     note = check_resolved(resolved, s.environ)  # exit 2 before any build work
@@ -133,9 +133,9 @@ def build(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
 def check_patches(s: Settings, target: str | None, profile: str | None, *, diff: bool,
                   show: Callable[[CheckReport], None]) -> CheckReport:
     """`check-patches`: ``show`` the report, then fail (exit 3) when a step would not apply."""
-    from .checkpatches import check_patches as check
-    from .checkpatches import fail_if_broken
-    from .flagcheck import check_target
+    from .flags.images import check_target
+    from .patches.check import check_patches as check
+    from .patches.check import fail_if_broken
 
     manifest = load(s)
     _validated(s, manifest)
@@ -149,7 +149,7 @@ def check_patches(s: Settings, target: str | None, profile: str | None, *, diff:
 def patch_from(s: Settings, target: str | None, file: str, edited: str, *, against_base: bool,
                id_prefix: str) -> PatchFromResult:
     """`patch-from`: the anchored patch steps that turn an image file into EDITED."""
-    from .patchfrom_image import patch_from as derive
+    from .patches.from_image import patch_from as derive
 
     manifest = load(s)
     _validated(s, manifest)
@@ -318,7 +318,7 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
     from .bench.replay import replay_bench
     from .errors import ConfigError
     from .rundirs import new_run_id, run_dir
-    from .serving_client import check_url
+    from .serve.openai_wire import check_url
 
     if replay is None:
         w = _workload(workload)
@@ -399,7 +399,7 @@ def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         settings_from_cli,
     )
     from .errors import ConfigError
-    from .serving_client import check_url
+    from .serve.openai_wire import check_url
 
     if url:
         _refuse_equiv_url(record, against, profile, sets, in_place)
@@ -515,7 +515,7 @@ def ablate(s: Settings, target: str | None, profile: str | None, sets: Sequence[
 def submission(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, out: str,
                git: bool = False, log: Log = print) -> SubmissionResult:
     """`submission`: write (or rewrite) the tree the platform builds: root Dockerfile, computility-run.yaml, context."""
-    from .flagcheck import check_resolved
+    from .flags.images import check_resolved
     from .submission import write_submission
 
     resolved = _resolve(s, load(s), target, profile, sets)
@@ -559,7 +559,7 @@ def wheels(python: str, out: str, *, log: Log | None = None) -> Wheelhouse:
 
     No manifest and no daemon: the wheel is built from the checkout this package was imported from.
     """
-    from .wheelhouse import make_wheelhouse
+    from .wheelhouse.make import make_wheelhouse
 
     return make_wheelhouse(Path(out), python=python, log=log)
 

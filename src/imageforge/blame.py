@@ -23,8 +23,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from .manifest import Step
-from .steps import PatchSpec, kind
+from .manifest.model import Step
+from .steps import kind
 
 TRACEBACK = "Traceback (most recent call last):"
 FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+)(?:, in (?P<function>.+))?\s*$')
@@ -112,7 +112,7 @@ def writers(steps: Sequence[Step], path: str) -> list[Step]:
 def _blamed_last(written: Sequence[Step], frame: Frame) -> tuple[Step, ...]:
     """``written`` with the step to blame last: of several patches to one file, the last whose new text holds the
     failing line (the traceback shows it), else the last writer."""
-    holding = [s for s in written if frame.code and isinstance(s.spec, PatchSpec) and frame.code in s.spec.new]
+    holding = [s for s in written if kind(s.kind).wrote_line(s, frame.code)]
     if not holding or holding[-1] is written[-1]:
         return tuple(written)
     blamed = holding[-1]

@@ -77,9 +77,9 @@ from .labels import (
     LABEL,
     TOOL,
 )
-from .manifest import Step, Target
+from .manifest.model import Step, Target
+from .manifest.resolve import Resolved
 from .plan import Plan, PlannedStep, canonical, make_plan
-from .resolve import Resolved
 from .rundirs import RunLog, image_lock
 from .rundirs import new_run_id as new_run_id  # smoke and bench still import it from here
 from .scripts import IDLE_LOOP

@@ -34,11 +34,11 @@ from typing import IO, Any
 
 from . import labels as lb
 from .base import DaemonProbe
+from .cli.progress import Tracker, progress
 from .docker_engine import DiskNeed, check_disk, client, daemon_errors, ensure_daemon, human_bytes
 from .errors import BuildError, ConfigError, InfraError
+from .manifest.resolve import Resolved
 from .plan import Plan, make_plan
-from .progress import Tracker, progress
-from .resolve import Resolved
 from .rundirs import image_lock
 
 Log = Callable[[str], None]

@@ -44,9 +44,9 @@ from .docker_engine import client, daemon_errors, ensure_daemon, explanation, hu
 from .docker_engine.containers import containers
 from .errors import ConfigError, Problem
 from .labels import L_FINAL, L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL, TOOL
-from .manifest import Manifest, Target
+from .manifest.model import Manifest, Target
+from .manifest.resolve import Resolved
 from .plan import step_inputs
-from .resolve import Resolved
 from .rundirs import free_image_locks, runs_dir
 
 Log = Callable[[str], None]

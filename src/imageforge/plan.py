@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from .manifest import Step
-from .resolve import Resolved
-from .serving import render_serving_config, serving_argv
+from .manifest.model import Step
+from .manifest.resolve import Resolved
+from .serve.command import render_serving_config, serving_argv
 
 # Bump when the engine makes different layers from the same inputs (v3: verify cleans /tmp/torchinductor_*).
 KEY_VERSION = "imageforge-cache-v3"
@@ -342,7 +342,7 @@ def format_plan(plan: Plan) -> str:
 @dataclass(frozen=True)
 class PlanReport:
     plan: Plan
-    notes: tuple[str, ...] = ()  # e.g. "flags not checked: ..." (imageforge.flagcheck)
+    notes: tuple[str, ...] = ()  # e.g. "flags not checked: ..." (imageforge.flags.images)
 
     def to_json(self) -> dict[str, Any]:
         return {**self.plan.to_json(), **({"notes": list(self.notes)} if self.notes else {})}

@@ -16,7 +16,7 @@ from typing import Any
 from .docker_engine import client
 from .docker_engine.containers import FIXED_MTIME, file_entry, symlink_entry
 from .errors import InfraError
-from .manifest import Step
+from .manifest.model import Step
 
 Log = Callable[[str], None]
 

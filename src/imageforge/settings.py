@@ -8,7 +8,7 @@ Each option is taken, highest precedence first, from
 3. the default.
 
 The rule is written once (:func:`pick`); every reader of these variables goes through it, and
-:class:`Settings` remembers where each value came from, the way :mod:`imageforge.resolve` does for
+:class:`Settings` remembers where each value came from, the way :mod:`imageforge.manifest.resolve` does for
 serving values.  Serving values themselves (``IMAGEFORGE_SET``, ``--set``) stay in ``resolve``.
 """
 

@@ -33,7 +33,7 @@ from .docker_engine.containers import process_overrides
 from .errors import BuildError
 from .inimage import program
 from .labels import L_KIND, L_VERIFIED
-from .manifest import Step, Target
+from .manifest.model import Step, Target
 from .plan import Plan
 from .settings import cache_dir
 from .steps import kind

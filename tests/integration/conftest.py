@@ -62,8 +62,8 @@ def docker_ready() -> None:
 
 @pytest.fixture(scope="session")
 def cpu_resolved(docker_ready: None) -> Any:
-    from imageforge.manifest_load import load_manifest
-    from imageforge.resolve import resolve
+    from imageforge.manifest.load import load_manifest
+    from imageforge.manifest.resolve import resolve
 
     return resolve(load_manifest(REPO / "build.yaml"), "cpu", "conservative", environ=os.environ)
 
@@ -155,8 +155,8 @@ def cpu_submission(docker_ready: None, tmp_path_factory: pytest.TempPathFactory)
     import time
 
     from imageforge.build import build_target
-    from imageforge.manifest_load import load_manifest
-    from imageforge.resolve import resolve
+    from imageforge.manifest.load import load_manifest
+    from imageforge.manifest.resolve import resolve
     from imageforge.submission import write_submission
 
     resolved = resolve(load_manifest(REPO / "build.yaml"), "cpu", "aggressive", environ=os.environ)

@@ -244,7 +244,7 @@ def settles(condition: Callable[[], bool], timeout: float = 300) -> bool:
     """``condition`` holds, now or within ``timeout`` s: for a check over the whole daemon (no container or image of a
     kind left behind), which a build or a server of the other worker of ``invoke test`` may make true only once it
     has finished with its own; what a test leaked stays, and the check fails."""
-    from imageforge.waits import wait_until
+    from imageforge.serve.waits import wait_until
 
     return wait_until(lambda: True if condition() else None, timeout=timeout, interval=1.0) is True
 

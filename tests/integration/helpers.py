@@ -51,7 +51,7 @@ from typing import Any
 import docker
 import yaml
 
-from imageforge import commands
+from imageforge.cli import commands
 from imageforge.serve.container import free_port
 from imageforge.smoke import ServerHooks, SmokeReport, load_suite, run_suite
 

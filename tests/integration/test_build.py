@@ -23,9 +23,9 @@ import pytest
 from imageforge.build import build_target
 from imageforge.errors import BuildError, InfraError
 from imageforge.labels import L_KEY, L_TARGET, L_TOOL, L_VERIFIED
-from imageforge.manifest_load import load_manifest
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import resolve
 from imageforge.plan import make_plan
-from imageforge.resolve import resolve
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -184,8 +184,8 @@ def counting(self, request, **kwargs):
     return send(self, request, **kwargs)
 requests.sessions.Session.send = counting
 from imageforge.build import build_target
-from imageforge.manifest_load import load_manifest
-from imageforge.resolve import resolve
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import resolve
 import imageforge.docker_engine as de
 r = resolve(load_manifest(sys.argv[1]), None, None, environ={})
 result = build_target(r, environ={}, echo=lambda _line: None)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from imageforge.labels import L_TARGET
-from imageforge.patchfrom import apply_steps
+from imageforge.patches.from_text import apply_steps
 from imageforge.steps import PatchSpec
 from tests.integration.forge_fixtures import (
     ATTN,
@@ -124,7 +124,7 @@ def test_check_patches_without_the_vendor_base() -> None:
 
 def test_patch_from_cpu_file_reproduces_the_edit(cpu_base: str, tmp_path: Path) -> None:
     """The printed steps, applied to the file as the target's steps leave it, give the edited file exactly."""
-    from imageforge.manifest_load import load_manifest
+    from imageforge.manifest.load import load_manifest
 
     site = "/opt/venv/lib/python3.11/site-packages"
     pristine = read_from_image(cpu_base, f"{site}/{PREFIX_PREFILL}").decode()

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from imageforge.docker_engine import client
-from imageforge.patchfrom import apply_steps
+from imageforge.patches.from_text import apply_steps
 from tests.integration.forge_fixtures import read_from_image
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from imageforge.equiv import collect_against, collect_reference, compare, gate
-from imageforge.tolerances import EquivSettings
+from imageforge.manifest.tolerances import EquivSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -2,7 +2,7 @@
 the cpu base introspected by its own vLLM; then ``invoke validate`` / ``plan`` use what was learnt.
 
 Each test keeps its flag cache in its own folder (``IMAGEFORGE_CACHE`` passed in the environ given to
-imageforge.flagcheck, and to ``invoke validate``, which reads nothing else from the cache). Manifest variants
+imageforge.flags.images, and to ``invoke validate``, which reads nothing else from the cache). Manifest variants
 are written beside build.yaml (their relative paths must resolve as the repository's do) and removed after.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from imageforge.flagcheck import flags_cache_dir, learn_flags
-from imageforge.manifest_load import load_manifest
+from imageforge.flags.images import flags_cache_dir, learn_flags
+from imageforge.manifest.load import load_manifest
 from tests.integration.bi100_fixture import BASELINE, vendor_image
 from tests.integration.forge_fixtures import REPO, assert_clean_failure, client, invoke, settles
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from imageforge.flags import FlagTable, Range
-from imageforge.flags_check import ServingArg, check_serving_args, serving_args_of_target
-from imageforge.flags_read import INTROSPECT_COMMAND, introspection_source, parse_introspection
+from imageforge.flags.check import ServingArg, check_serving_args, serving_args_of_target
+from imageforge.flags.learn import INTROSPECT_COMMAND, introspection_source, parse_introspection
+from imageforge.flags.model import FlagTable, Range
 
 REPO = Path(__file__).resolve().parents[2]
 LABEL = "org.imageforge.test"
@@ -93,7 +93,7 @@ def test_traps_are_unwrapped(table: FlagTable) -> None:
 
 
 def test_the_repository_cpu_target_passes_against_its_own_vllm(table: FlagTable) -> None:
-    from imageforge.manifest_load import load_manifest
+    from imageforge.manifest.load import load_manifest
 
     manifest = load_manifest(REPO / "build.yaml")
     assert check_serving_args(serving_args_of_target(manifest, "cpu"), table) == []
@@ -140,9 +140,9 @@ main()
 def test_a_false_boolean_in_the_rendered_config_reaches_vllm_serve(docker_ready: None, tmp_path: Path) -> None:
     """`vllm serve --config FILE` (0.32) drops `enable-prefix-caching: false` and serves with the cache on; the file
     imageforge renders says `no-enable-prefix-caching: true`, which vLLM's own CLI parses as off."""
-    from imageforge.manifest_load import load_manifest
+    from imageforge.manifest.load import load_manifest
+    from imageforge.manifest.resolve import resolve
     from imageforge.plan import make_plan
-    from imageforge.resolve import resolve
 
     resolved = resolve(load_manifest(REPO / "build.yaml"), "cpu", "conservative", environ={},
                        sets=["enable-prefix-caching=false", "max-num-seqs=3"])

@@ -34,8 +34,8 @@ import yaml
 from imageforge.equiv.compare import EquivError
 from imageforge.errors import EXIT_SMOKE
 from imageforge.labels import L_RUN
-from imageforge.manifest_load import load_manifest
-from imageforge.resolve import resolve
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import resolve
 from tests.integration.helpers import REPO, kill_mid_suite, labelled, remove_tags, write_cpu_variant
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -241,7 +241,7 @@ def test_equiv_the_shipped_cpu_image_matches_its_base(cpu_resolved: Any, cpu_ser
     from imageforge.build import build_target
     from imageforge.docker_engine import client
     from imageforge.equiv.runner import compare_urls, sides
-    from imageforge.serving import config_file_args
+    from imageforge.serve.command import config_file_args
 
     settings = _prompts(cpu_resolved, 3, 4)
     settings = dataclasses.replace(settings, prompts=(*settings.prompts, *MOE_PROMPTS))

@@ -23,8 +23,8 @@ CHECK = """\
 import sys
 from pathlib import Path
 import imageforge
-from imageforge.manifest_load import load_manifest
-from imageforge.resolve import validate_all
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import validate_all
 from imageforge.smoke import load_suite
 from imageforge.inimage import PROGRAMS, program
 repo = Path(sys.argv[1])
@@ -90,7 +90,7 @@ import sys
 from importlib.resources import files
 from pathlib import Path
 import imageforge
-from imageforge.yaml_schema import CHECKOUT_SCHEMAS, load_schema
+from imageforge.manifest.yaml_schema import CHECKOUT_SCHEMAS, load_schema
 packaged = files("imageforge").joinpath("schema").joinpath("build.schema.json").is_file()
 print("packaged" if packaged else f"checkout {CHECKOUT_SCHEMAS}")
 print(sorted(load_schema("build.schema.json")["$defs"])[:1], sorted(load_schema("smoke.schema.json")["$defs"])[:1])

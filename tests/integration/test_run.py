@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from imageforge.labels import L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL
-from imageforge.waits import wait_until
+from imageforge.serve.waits import wait_until
 from tests.integration.helpers import labelled, sigint_default
 
 pytestmark = pytest.mark.integration

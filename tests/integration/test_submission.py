@@ -157,8 +157,8 @@ def test_cpu_tree_builds_the_same_filesystem_and_env(cpu_submission: dict[str, A
 
 
 def bi100_tree(tmp: Path, base: str, *, scripts: Path = BASELINE) -> Path:
-    from imageforge.manifest_load import load_manifest
-    from imageforge.resolve import resolve
+    from imageforge.manifest.load import load_manifest
+    from imageforge.manifest.resolve import resolve
     from imageforge.submission import write_submission
 
     env = {**os.environ, "IMAGEFORGE_BI100_BASE": base, "IMAGEFORGE_BI100_SCRIPTS": str(scripts)}

@@ -25,10 +25,10 @@ CHECK = """\
 import sys
 from pathlib import Path
 import imageforge
-from imageforge.manifest_load import load_manifest
-from imageforge.resolve import validate_all
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import validate_all
 from imageforge.smoke import load_suite
-from imageforge.yaml_schema import load_schema
+from imageforge.manifest.yaml_schema import load_schema
 repo = Path(sys.argv[1])
 assert Path(imageforge.__file__).resolve().is_relative_to(Path(sys.prefix).resolve()), imageforge.__file__
 assert load_schema("build.schema.json")["title"] and load_schema("smoke.schema.json")["title"]
@@ -62,7 +62,7 @@ def test_wheels_for_3_11_join_and_install_offline_into_a_fresh_venv(tmp_path: Pa
     with zipfile.ZipFile(own) as wheel:
         held = set(wheel.namelist())
     assert {"imageforge/schema/build.schema.json", "imageforge/schema/smoke.schema.json"} <= held
-    assert "imageforge/wheelhouse_join.py" in held
+    assert "imageforge/wheelhouse/join.py" in held
 
     joined = tmp_path / "joined"
     join = subprocess.run([sys.executable, "-I", str(out / "parts" / "wheelhouse_join.py"), "--out", str(joined)],

@@ -20,9 +20,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from imageforge.manifest_load import load_manifest
-from imageforge.patchfrom import apply_steps
-from imageforge.patching import apply_patch
+from imageforge.manifest.load import load_manifest
+from imageforge.patches.anchored import apply_patch
+from imageforge.patches.from_text import apply_steps
 from imageforge.steps import PatchSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -247,7 +247,7 @@ AFTER_BASELINE = {  # where patch_ops.sh puts the baseline files (tests/fixtures
 
 
 def test_every_bi100_patch_applies_once_and_leaves_python_310_code_with_bound_names() -> None:
-    from imageforge.pycheck import check_python
+    from imageforge.patches.pycheck import check_python
 
     target = load_manifest(REPO / "build.yaml").target("bi100")
     for step in (s for s in target.steps if s.kind == "patch"):

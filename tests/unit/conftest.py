@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from imageforge.manifest_load import load_manifest
-from imageforge.resolve import Resolved, resolve
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import Resolved, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -425,7 +425,7 @@ SWEEP_MANIFEST = manifest_text("""\
 def test_sweep_continues_past_failing_points_and_builds_under_a_sweep_image(
         write_manifest: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from imageforge.build import StepResult
-    from imageforge.manifest_load import load_manifest
+    from imageforge.manifest.load import load_manifest
 
     manifest = load_manifest(write_manifest(SWEEP_MANIFEST))
     built: list[tuple[str, Any]] = []

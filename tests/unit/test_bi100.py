@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from imageforge.errors import InfraError
-from imageforge.manifest_load import load_manifest
-from imageforge.patchfrom import apply_steps
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import resolve
+from imageforge.patches.from_text import apply_steps
 from imageforge.plan import make_plan
-from imageforge.resolve import resolve
-from imageforge.serving import render_serving_config, serving_argv
+from imageforge.serve.command import render_serving_config, serving_argv
 from imageforge.steps import OverlaySpec, PatchSpec
 
 REPO = Path(__file__).resolve().parents[2]

@@ -20,8 +20,8 @@ import pytest
 from imageforge.errors import EXIT_SMOKE, BuildError, SmokeError
 from imageforge.forensics import bisect_runner, raise_for
 from imageforge.forensics.bisect_runner import BisectRun, bisect_target
-from imageforge.manifest_load import load_manifest
-from imageforge.resolve import resolve
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import resolve
 from imageforge.smoke import run_suite
 
 PORT = 9000  # the fake server of the image after step k answers on 127.0.0.1:PORT+k (no traffic: a MockTransport)

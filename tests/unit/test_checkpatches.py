@@ -11,12 +11,12 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imageforge.checkpatches import CheckRow, DictFS, check_steps
-from imageforge.manifest_load import load_manifest
-from imageforge.patchfrom import apply_steps, derive_patch_steps, occurrences, render_steps_yaml
-from imageforge.patchfrom_image import package_file
-from imageforge.patching import apply_patch
-from imageforge.resolve import resolve
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import resolve
+from imageforge.patches.anchored import apply_patch
+from imageforge.patches.check import CheckRow, DictFS, check_steps
+from imageforge.patches.from_image import package_file
+from imageforge.patches.from_text import apply_steps, derive_patch_steps, occurrences, render_steps_yaml
 from imageforge.steps import PatchSpec, SymlinkSpec, kind
 from tests.unit.conftest import manifest_text
 
@@ -145,7 +145,7 @@ def test_check_steps_statuses(setup: Callable[[], tuple[list[CheckRow], DictFS]]
 
 def test_already_applied_patch_and_links() -> None:
     from imageforge.errors import Location
-    from imageforge.manifest import Step
+    from imageforge.manifest.model import Step
 
     loc = Location("build.yaml", 1)
     patch = Step("p", "patch", None, loc, "steps[0]", None, PatchSpec(file="vllm/y.py", old="A = 1", new="A = 2"))
@@ -159,7 +159,7 @@ def test_already_applied_patch_and_links() -> None:
 
 def test_symlink_conflict_and_link_path() -> None:
     from imageforge.errors import Location
-    from imageforge.manifest import Step
+    from imageforge.manifest.model import Step
 
     loc = Location("build.yaml", 1)
     link = Step("l", "symlink", None, loc, "steps[0]", None, SymlinkSpec(link="/usr/local/lib/libx.so",
@@ -301,7 +301,7 @@ def test_derive_property(a: list[str], b: list[str], nl_a: bool, nl_b: bool) -> 
 
 def _step(ident: str, kind_name: str, spec: dict[str, object], index: int = 0) -> object:
     from imageforge.errors import Location
-    from imageforge.manifest import Step
+    from imageforge.manifest.model import Step
 
     return Step(ident, kind_name, None, Location("build.yaml", 1 + index), f"steps[{index}]", None,
                 kind(kind_name).spec_type(**spec))
@@ -329,7 +329,7 @@ def test_deeper_line_and_broken_file_rows() -> None:
 
 
 def test_final_state_checks_what_verify_checks(tmp_path: Path) -> None:
-    from imageforge.checkpatches import Overlay, final_state
+    from imageforge.patches.check import Overlay, final_state
 
     source = tmp_path / "o.py"
     source.write_text("X = 1\n")

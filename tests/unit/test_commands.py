@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import command_options, commands
-from imageforge.cli import EXIT_CLOSED_PIPE
+from imageforge.cli import commands
+from imageforge.cli import options as command_options
+from imageforge.cli.output import EXIT_CLOSED_PIPE
 
 REPO = Path(__file__).resolve().parents[2]
 OPTION = re.compile(r"^  (-\S.*?)(?:\s{2,}|$)")  # an option line of a task's help: its flags
@@ -138,14 +139,14 @@ def test_a_closed_stdout_ends_quietly() -> None:
     """`imageforge validate --json | head -c0`: the reader is gone before the first write."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("IMAGEFORGE_")}
     env["PYTHONPATH"] = str(REPO / "src")
-    proc = subprocess.Popen([sys.executable, "-c", "from imageforge.commands import main; main()", "validate",
+    proc = subprocess.Popen([sys.executable, "-c", "from imageforge.cli.commands import main; main()", "validate",
                              "--json"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # before the command writes anything
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == EXIT_CLOSED_PIPE, err
     assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err
-    listing = subprocess.Popen([sys.executable, "-c", "from imageforge.commands import main; main()", "--list"],
+    listing = subprocess.Popen([sys.executable, "-c", "from imageforge.cli.commands import main; main()", "--list"],
                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert listing.stdout is not None and listing.stderr is not None
     listing.stdout.close()

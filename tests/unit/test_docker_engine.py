@@ -13,18 +13,6 @@ from imageforge import docker_engine as de
 from imageforge.errors import EXIT_BUILD, EXIT_INFRA, BuildError, InfraError
 
 
-def test_docker_host_and_local_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("DOCKER_HOST", raising=False)
-    assert de.docker_host() is None
-    assert de.is_local_default_host(None)
-    monkeypatch.setenv("DOCKER_HOST", " ")
-    assert de.docker_host() is None
-    monkeypatch.setenv("DOCKER_HOST", "unix:///var/run/docker.sock")
-    assert de.is_local_default_host(de.docker_host())
-    assert not de.is_local_default_host("tcp://127.0.0.1:2375")
-    assert not de.is_local_default_host("unix:///tmp/other.sock")
-
-
 def test_tail_lines_and_human_bytes() -> None:
     text = b"a\n\nb\r\nc\xff\n" + b"x\n" * 50
     assert de.tail_lines(text, 3) == ["x", "x", "x"]

@@ -26,7 +26,7 @@ from imageforge.equiv import (
 )
 from imageforge.equiv.compare import compare_position, nearest_rank
 from imageforge.errors import EXIT_SMOKE, SmokeError
-from imageforge.tolerances import DEFAULT_TOLERANCES, Tolerance
+from imageforge.manifest.tolerances import DEFAULT_TOLERANCES, Tolerance
 
 LN = math.log
 
@@ -334,8 +334,8 @@ def test_equiv_target_builds_the_candidate_serves_both_sides_compares_and_remove
     from types import SimpleNamespace
 
     from imageforge.equiv import runner
-    from imageforge.manifest_load import load_manifest
-    from imageforge.resolve import resolve
+    from imageforge.manifest.load import load_manifest
+    from imageforge.manifest.resolve import resolve
 
     resolved = resolve(load_manifest(write_manifest()), "t", "small", environ={})
     assert resolved.serving_args().get("dtype") is None
@@ -384,8 +384,8 @@ def test_equiv_target_removes_both_servers_when_one_never_gets_ready(write_manif
     from types import SimpleNamespace
 
     from imageforge.equiv import runner
-    from imageforge.manifest_load import load_manifest
-    from imageforge.resolve import resolve
+    from imageforge.manifest.load import load_manifest
+    from imageforge.manifest.resolve import resolve
 
     resolved = resolve(load_manifest(write_manifest()), "t", "small", environ={})
     removed: list[str] = []

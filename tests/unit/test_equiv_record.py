@@ -17,12 +17,12 @@ from imageforge.equiv.compare import EquivError
 from imageforge.equiv.record import FORMAT, Record, is_record_path, load_record, make_record, write_record
 from imageforge.equiv.runner import check_fits, required_resolved
 from imageforge.errors import ConfigError, SmokeError
-from imageforge.manifest_load import load_manifest
-from imageforge.resolve import resolve
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import resolve
+from imageforge.manifest.tolerances import EquivSettings
 from imageforge.serve.container import free_port
 from imageforge.serve.process import InPlace, running_records
-from imageforge.tolerances import EquivSettings
-from imageforge.waits import wait_healthy
+from imageforge.serve.waits import wait_healthy
 
 from .test_equiv import evidence, pos
 

@@ -21,9 +21,9 @@ from imageforge.housekeeping import (
     target_inputs,
 )
 from imageforge.labels import L_FINAL, L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL
-from imageforge.manifest_load import load_manifest
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import resolve
 from imageforge.plan import make_plan
-from imageforge.resolve import resolve
 from tests.unit.conftest import manifest_text
 
 MANIFEST = manifest_text("""\

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import checkpatches, yamldoc
 from imageforge.errors import ConfigError
-from imageforge.flagcheck import (
+from imageforge.flags.check import serving_args_of_resolved
+from imageforge.flags.images import (
     NOT_CHECKED,
     changes_parser,
     check_resolved,
@@ -28,11 +28,12 @@ from imageforge.flagcheck import (
     table_from_json,
     table_to_json,
 )
-from imageforge.flags import FlagSpec, FlagTable
-from imageforge.flags_check import serving_args_of_resolved
-from imageforge.flags_read import read_static
-from imageforge.manifest_load import load_manifest
-from imageforge.resolve import Resolved, resolve
+from imageforge.flags.learn import read_static
+from imageforge.flags.model import FlagSpec, FlagTable
+from imageforge.manifest import yamldoc
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import Resolved, resolve
+from imageforge.patches import check as checkpatches
 
 REPO = Path(__file__).resolve().parents[2]
 INVOKE = REPO / ".venv" / "bin" / "invoke"
@@ -199,7 +200,7 @@ def test_the_cache_file_round_trips_a_table() -> None:
 
 
 def test_the_static_reader_resolves_choices_named_by_a_module_constant() -> None:
-    from imageforge.flags_read import flags_from_source
+    from imageforge.flags.learn import flags_from_source
 
     source = ('PARSERS = ["hermes", "qwen3_coder"]\n'
               'parser.add_argument("--tool-call-parser", type=str, choices=PARSERS)\n')

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.errors import ConfigError, Location
-from imageforge.flags import FlagSpec, FlagTable, Range
-from imageforge.flags_check import (
+from imageforge.flags.check import (
     ServingArg,
     check_serving_args,
     run_port_of,
@@ -18,10 +17,11 @@ from imageforge.flags_check import (
     serving_args_of_target,
     suite_models,
 )
-from imageforge.flags_read import STATIC_FILES, flags_from_source, parse_introspection, read_static
-from imageforge.manifest_load import load_manifest
-from imageforge.resolve import resolve
-from imageforge.yamldoc import load_yaml
+from imageforge.flags.learn import STATIC_FILES, flags_from_source, parse_introspection, read_static
+from imageforge.flags.model import FlagSpec, FlagTable, Range
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import resolve
+from imageforge.manifest.yamldoc import load_yaml
 from tests.unit.conftest import MINIMAL
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,11 +14,12 @@ from imageforge.equiv.runner import check_dtype, served_dtype, sides, with_servi
 from imageforge.errors import ConfigError
 from imageforge.forensics.ablate_runner import metrics_of
 from imageforge.forensics.bisect_runner import select_checks
-from imageforge.forensics.subsets import changed_files, kept_imports, subset_resolved
-from imageforge.manifest_load import load_manifest
+from imageforge.forensics.subsets import kept_imports, subset_resolved
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import resolve
 from imageforge.plan import make_plan
-from imageforge.resolve import resolve
 from imageforge.smoke import load_suite
+from imageforge.steps import kind
 
 REPO = Path(__file__).resolve().parents[2]
 CPU_STEPS = ["prefill-base-block", "prefill-num-warps", "sorted-moe-module", "cpu-moe-skip-prepack",
@@ -103,11 +104,11 @@ def test_sides_for_base_and_for_a_profile(cpu: Any) -> None:
 
 def test_changed_files_of_a_patch_is_its_file_and_diff(cpu: Any) -> None:
     step = cpu.steps[1]
-    lines = changed_files(step)
+    lines = kind(step.kind).describe(step)
     assert lines[0] == "vllm/v1/attention/ops/prefix_prefill.py (patched x1)"
     assert "    -NUM_WARPS = 4 if current_platform.is_rocm() else 8" in lines
     assert "    +NUM_WARPS = 4  # imageforge: occupancy on a bandwidth-bound device" in lines
-    assert changed_files(cpu.steps[2]) == [
+    assert kind(cpu.steps[2].kind).describe(cpu.steps[2]) == [
         "vllm/model_executor/layers/fused_moe/sorted_moe.py (overlaid from overlays/bi100/sorted_moe.py)"]
 
 

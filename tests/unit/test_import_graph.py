@@ -1,8 +1,9 @@
 """The import graph of src/imageforge, drawn from the code: no cycle, no module importing a higher stage.
 
 Every import counts: top-of-file, inside functions and under ``if TYPE_CHECKING:`` (``ast.walk``
-sees them all).  A module's stage is that of its top-level name (``base.identity`` is ``base``);
-a module may import its own stage or lower ones, and within a stage the imports must not cycle.
+sees them all).  A module's stage is that of its longest name in STAGES (``base.identity`` is ``base``,
+``serve.waits`` has its own); a module may import its own stage or lower ones, and within a stage the imports must
+not cycle.
 A new module must be given a stage here (and in CONTRIBUTING.md's list).
 """
 
@@ -18,30 +19,35 @@ PACKAGE = "imageforge"
 
 #: Lowest first. The pipeline reads upwards: manifest -> resolve -> plan -> build (its verify layer
 #: inside) -> serve -> smoke/bench -> export, over the primitives at the bottom; app is the front door.
+#: An entry is a top-level name (a module, or a package and all its modules) or a dotted name inside a
+#: package: a package groups one concern, and a module of it that sits at another level is named on its own
+#: (``serve.openai_wire``: the wire formats every client uses, far below the server runtime).
 STAGES: tuple[tuple[str, ...], ...] = (
     ("errors", "labels", "settings"),  # one error root, every label, the tool's own options
-    # pure helpers; run directories and locks; HTTP wire formats and the health wait; equiv tolerances
-    ("yaml_messages", "yamldoc", "yaml_schema",  # YAML: the problems' words, the loader, the schemas and their check
-     "patching", "pycheck", "patchfrom", "rundirs", "cli", "serving_client", "waits", "tolerances", "starter",
-     "progress", "workload", "wheelhouse_join", "wheelhouse",  # wheelhouse_join: the stdlib joiner beside the parts
+    # pure helpers; run directories and locks; HTTP wire formats and the health wait; progress and output
+    ("patches", "rundirs", "cli.output", "cli.progress", "serve.openai_wire", "serve.waits", "workload",
+     "wheelhouse",  # wheelhouse.join: the stdlib joiner beside the parts
      "inimage"),  # the programs run inside an image (verify, the flag listing, the tree's step runtime), as text
     ("docker_engine",),  # the daemon: engine setup, SDK client, the one error translator, container files
-    ("manifest",),  # the frozen model of build.yaml
-    ("resolve", "serving"),  # the one precedence chain; the serving command made of it (argv, config file, CMD)
-    ("plan", "flags", "flags_read", "flags_check"),  # content keys; serving flags: model, learnt from the vLLM, checked
+    # the frozen model of build.yaml and YAML (problem words, loader, schemas); equiv tolerances; the one
+    # precedence chain
+    ("manifest",),
+    ("serve.command",),  # the serving command made of the resolved values (argv, config file, CMD)
+    ("plan", "flags"),  # content keys; serving flags: model, learnt from the vLLM, checked
     ("base", "scripts"),  # which image a target builds on (identity, discovery, probe), the cpu recipe; script steps
     # one class per step kind: fields, defaults, load, inputs, apply -> Changes, verify facts, Dockerfile emit;
-    # manifest_load: build.yaml loaded and checked into the manifest (each step's keys by its kind's class)
-    ("steps", "manifest_load"),
+    # manifest.load: build.yaml loaded and checked into the manifest (each step's keys by its kind's class)
+    ("steps", "manifest.load"),
     ("verify", "blame", "housekeeping"),  # the verify layer's checks; the step a traceback blames; build.lock, clean
-    ("build", "checkpatches", "patchfrom_image", "flagcheck"),  # the layers; dry runs of the steps, patch-from; flags
+    # the layers; dry runs of the steps, patch-from against an image; flags learnt from an image
+    ("build", "patches.check", "patches.from_image", "flags.images"),
     ("inplace",),  # the steps applied to the machine itself through a journal; revert, status
     ("serve",),  # the server runtime: the container (spec, container), the server as a process (in place)
     ("smoke", "bench"),  # checks and load against a server (bench: the evaluator replay, its metrics, plots)
     ("equiv", "forensics"),  # teacher-forced comparison; bisect and ablate over the step chain
     ("export", "submission"),  # the deliverables: a saved image; the tree the platform builds
     ("app",),  # the front door: the commands call only this
-    ("commands", "command_options", "launch"),  # the `imageforge` command: its tasks, how a task is declared; launch
+    ("cli", "starter"),  # the `imageforge` command: its tasks, how a task is declared, launch; `init`'s project
 )
 STAGE = {name: level for level, names in enumerate(STAGES) for name in names}
 
@@ -89,8 +95,12 @@ def import_graph(root: Path) -> dict[str, set[str]]:
 
 
 def stage_name(module: str) -> str:
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else ""
+    """The STAGES entry a module falls under: its longest dotted prefix named there, else its top-level name."""
+    parts = module.split(".")[1:]
+    for n in range(len(parts), 1, -1):
+        if ".".join(parts[:n]) in STAGE:
+            return ".".join(parts[:n])
+    return parts[0] if parts else ""
 
 
 def problems(graph: dict[str, set[str]]) -> list[str]:
@@ -163,3 +173,14 @@ def test_a_new_module_needs_a_stage(tmp_path: Path) -> None:
     assert problems(import_graph(root)) == [
         f"{PACKAGE}.newcomer has no stage: add 'newcomer' to STAGES (and CONTRIBUTING.md)"
     ]
+
+
+def test_a_module_named_on_its_own_has_its_own_stage(tmp_path: Path) -> None:
+    # serve.waits sits at stage 1, below the runtime of its package: importing serve.container from it is upward
+    assert stage_name(f"{PACKAGE}.serve.waits") == "serve.waits"
+    assert stage_name(f"{PACKAGE}.serve.container") == "serve"
+    root = _copy(tmp_path)
+    _append(root, "serve/waits", "def _planted() -> None:\n    from .container import serving\n")
+    expected = (f"upward import: {PACKAGE}.serve.waits (stage {STAGE['serve.waits']}) -> "
+                f"{PACKAGE}.serve.container (stage {STAGE['serve']})")
+    assert expected in problems(import_graph(root))

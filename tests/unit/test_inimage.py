@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from setuptools import find_packages
 
-from imageforge import flags_read, inimage, verify
+from imageforge import inimage, verify
 from imageforge.docker_engine.containers import FIXED_MTIME
+from imageforge.flags import learn as flags_read
 from imageforge.inimage import PROGRAMS, apply_step, program
 from imageforge.submission.applier import applier_source, verifier_source
 
@@ -42,7 +43,7 @@ def test_each_program_imports_the_standard_library_only(name: str) -> None:
     tree = ast.parse(program(name))
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level:  # apply_step's imports for the type checker
-            assert name == "apply_step" and node.module in ("patching", "pycheck")
+            assert name == "apply_step" and node.module in ("patches.anchored", "patches.pycheck")
         elif isinstance(node, ast.Import | ast.ImportFrom):
             for top in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]):
                 assert top.split(".")[0] in sys.stdlib_module_names or top == "__future__", (name, top)

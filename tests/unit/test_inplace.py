@@ -22,8 +22,8 @@ import pytest
 
 from imageforge import inplace
 from imageforge.errors import BuildError, ConfigError
-from imageforge.manifest_load import load_manifest
-from imageforge.resolve import Resolved, resolve
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import Resolved, resolve
 from tests.unit.conftest import manifest_text
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -311,8 +311,8 @@ RUNNER = """
 import os, sys
 from pathlib import Path
 from imageforge import inplace
-from imageforge.manifest_load import load_manifest
-from imageforge.resolve import resolve
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import resolve
 repo, root = Path(sys.argv[1]), Path(sys.argv[2])
 env = dict(os.environ)
 r = resolve(load_manifest(repo / "build.yaml"), "t", None, environ=env)
@@ -434,7 +434,7 @@ def test_the_console_command_runs_without_the_callers_pythonpath(tmp_path: Path)
     shadow.mkdir()
     (shadow / "yaml.py").write_text("raise ImportError('the box PYTHONPATH shadowed imageforge')\n")
     script = tmp_path / "imageforge"
-    script.write_text(f"import sys\nsys.path.insert(0, {str(SRC)!r})\nfrom imageforge.launch import main\n"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(SRC)!r})\nfrom imageforge.cli.launch import main\n"
                       "from imageforge import settings\nprint('CALLER', settings.Settings.from_cli().environ"
                       ".get('PYTHONPATH'), file=sys.stderr)\nmain()\n")
     env = {**os.environ, "PYTHONPATH": str(shadow)}
@@ -446,7 +446,7 @@ def test_the_console_command_runs_without_the_callers_pythonpath(tmp_path: Path)
 
 
 def test_pythonpath_is_cut_to_imageforges_own_folder() -> None:
-    from imageforge.launch import without_caller_pythonpath
+    from imageforge.cli.launch import without_caller_pythonpath
 
     assert without_caller_pythonpath({"PYTHONPATH": str(SRC)}, str(SRC)) is None
     env = without_caller_pythonpath({"PYTHONPATH": f"{SRC}{os.pathsep}/usr/local/corex", "A": "1"}, str(SRC))

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from imageforge.errors import EXIT_CONFIG, ConfigError
-from imageforge.manifest import normalise_image_path
-from imageforge.manifest_load import load_manifest
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.model import normalise_image_path
 from imageforge.steps import PatchSpec
 from tests.unit.conftest import MINIMAL
 

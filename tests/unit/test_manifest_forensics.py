@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from imageforge.errors import EXIT_CONFIG, ConfigError
-from imageforge.manifest_load import load_manifest
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.tolerances import DEFAULT_PROMPTS, DEFAULT_TOLERANCES
 from imageforge.plan import chain_key, step_inputs
-from imageforge.tolerances import DEFAULT_PROMPTS, DEFAULT_TOLERANCES
 from tests.unit.conftest import MINIMAL
 
 REPO = Path(__file__).resolve().parents[2]

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from imageforge.patching import apply_patch, describe, indent_words, matches, near_matches, reapplies, unified_diff
+from imageforge.patches.anchored import (
+    apply_patch,
+    describe,
+    indent_words,
+    matches,
+    near_matches,
+    reapplies,
+    unified_diff,
+)
 
 SOURCE = """import os
 BLOCK = 128 if has_cap(80) else 64

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import yaml
 
-from imageforge.manifest_load import load_manifest
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import resolve
 from imageforge.plan import chain_key, format_plan, make_plan
-from imageforge.resolve import resolve
 
 
 class FakeProbe:

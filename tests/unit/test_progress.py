@@ -1,4 +1,4 @@
-"""imageforge.progress: plain lines off a terminal, a rich bar on one, nothing under --quiet; watch_size."""
+"""imageforge.cli.progress: plain lines off a terminal, a rich bar on one, nothing under --quiet; watch_size."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import progress as pg
-from imageforge.cli import command_io
+from imageforge.cli import progress as pg
+from imageforge.cli.output import command_io
 
 
 class Clock:

@@ -1,4 +1,5 @@
-"""imageforge.pycheck: a changed .py must compile, parse as the base's Python and bind every name its lines load."""
+"""imageforge.patches.pycheck: a changed .py must compile, parse as the base's Python and bind every name its
+lines load."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import sys
 
 import pytest
 
-from imageforge.pycheck import check_python, context_lines, parse_version
+from imageforge.patches.pycheck import check_python, context_lines, parse_version
 
 MODULE = '''import os
 from typing import Optional as Opt

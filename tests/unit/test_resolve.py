@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from imageforge.errors import ConfigError
-from imageforge.manifest import Manifest
-from imageforge.manifest_load import load_manifest
-from imageforge.resolve import Resolved, parse_assignments, resolve, validate_all
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.model import Manifest
+from imageforge.manifest.resolve import Resolved, parse_assignments, resolve, validate_all
 
 
 @pytest.fixture

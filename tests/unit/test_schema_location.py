@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import yaml_schema
+from imageforge.manifest import yaml_schema
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [(REPO / "build.yaml", "build.schema.json"),

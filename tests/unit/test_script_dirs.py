@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from imageforge.checkpatches import AFTER_FAILED_SCRIPT, DictFS, Overlay, ScriptOutcome, check_steps
 from imageforge.errors import ConfigError
-from imageforge.manifest import Step
-from imageforge.manifest_load import load_manifest
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.model import Step
+from imageforge.manifest.resolve import resolve
+from imageforge.patches.check import AFTER_FAILED_SCRIPT, DictFS, Overlay, ScriptOutcome, check_steps
 from imageforge.plan import make_plan, step_inputs
-from imageforge.resolve import resolve
-from imageforge.serving import serving_argv
+from imageforge.serve.command import serving_argv
 from imageforge.steps import PatchSpec, ScriptSpec
 from tests.unit.conftest import MINIMAL
 

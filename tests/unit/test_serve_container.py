@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from imageforge.errors import InfraError, SmokeError
-from imageforge.manifest import Volume, frozen_map
-from imageforge.resolve import Resolved
+from imageforge.manifest.model import Volume, frozen_map
+from imageforge.manifest.resolve import Resolved
 from imageforge.serve.container import (
     HOST,
     Progress,

@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from imageforge.errors import ConfigError, InfraError, SmokeError
-from imageforge.manifest_load import load_manifest
-from imageforge.resolve import Resolved, resolve
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import Resolved, resolve
 from imageforge.serve import process as sp
 from imageforge.serve import process_spec as ps
 from imageforge.serve import procfs
@@ -303,8 +303,8 @@ def test_the_process_path_never_imports_docker(tmp_path: Path) -> None:
         from dataclasses import replace
         from pathlib import Path
         from imageforge import app
-        from imageforge.manifest_load import load_manifest
-        from imageforge.resolve import resolve
+        from imageforge.manifest.load import load_manifest
+        from imageforge.manifest.resolve import resolve
         from imageforge.serve.process import InPlace
         from imageforge.serve.process_spec import process_spec
         r = resolve(load_manifest(Path({str(REPO / "build.yaml")!r})), "cpu", None, environ={{}})

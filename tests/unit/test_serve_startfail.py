@@ -17,8 +17,8 @@ import yaml
 
 from imageforge.blame import Frame, diagnose, tracebacks, writers
 from imageforge.errors import InfraError, SmokeError
-from imageforge.manifest_load import load_manifest
-from imageforge.resolve import Resolved, resolve
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import Resolved, resolve
 from imageforge.serve import process as sp
 from imageforge.serve.container import exit_hint, free_port
 from imageforge.serve.startfail import start_error

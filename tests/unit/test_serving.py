@@ -1,4 +1,4 @@
-"""The serving command (imageforge.serving): flags as argv, the command fitted to an image's ENTRYPOINT."""
+"""The serving command (imageforge.serve.command): flags as argv, the command fitted to an image's ENTRYPOINT."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from imageforge.manifest_load import load_manifest
-from imageforge.resolve import Resolved, resolve
-from imageforge.serving import (
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import Resolved, resolve
+from imageforge.serve.command import (
     base_command,
     cli_args,
     fit_command,

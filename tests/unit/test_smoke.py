@@ -190,7 +190,7 @@ def test_shipped_suites_load_and_have_enough_checks() -> None:
 
 
 def test_manifest_points_at_the_suites() -> None:
-    from imageforge.manifest_load import load_manifest
+    from imageforge.manifest.load import load_manifest
 
     m = load_manifest(REPO / "build.yaml")
     assert m.targets["cpu"].smoke.suite == (REPO / "smoke" / "dummy.yaml").resolve()

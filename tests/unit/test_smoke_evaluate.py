@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from imageforge.errors import Location
-from imageforge.serving_client import MetricRow
+from imageforge.serve.openai_wire import MetricRow
 from imageforge.smoke import Exchange, Expectations, Expr, MetricExpectation, PathExpectation, RegexExpectation
 from imageforge.smoke.evaluate import (
     MetricDelta,

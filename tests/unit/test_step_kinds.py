@@ -9,6 +9,7 @@ a manifest using every kind's fields are the ones main's code computed before th
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, fields
@@ -18,10 +19,10 @@ from typing import Any, ClassVar
 import pytest
 
 from imageforge.errors import ConfigError
-from imageforge.manifest import Step, StepSpec
-from imageforge.manifest_load import load_manifest
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.model import Step, StepSpec
+from imageforge.manifest.resolve import resolve
 from imageforge.plan import chain_key, make_plan, step_inputs
-from imageforge.resolve import resolve
 from imageforge.steps import KINDS, PatchSpec, StepKind, kind
 from imageforge.steps.core import register
 from imageforge.steps.schema import manifest_schema, schema_text, with_kinds
@@ -212,3 +213,36 @@ def test_cache_keys_are_mains(tmp_path: Path) -> None:
         parent = chain_key(parent, step.definition(), step_inputs(step, {}))
         found.append((json.dumps(step.definition()), parent))  # json.dumps keeps the order (the in-place journal's)
     assert found == MAINS
+
+
+def test_what_other_stages_ask_of_a_step_its_kind_answers(cpu: Any) -> None:
+    """Bisect's report, the subset images' verify imports, blame and the flags' parser steps ask the kind."""
+    by_kind = {step.kind: step for step in cpu.steps}
+    patch, overlay = by_kind["patch"], by_kind["overlay"]
+    new_line = PatchSpec.of(patch).new.splitlines()[0].strip()
+    assert kind("patch").wrote_line(patch, new_line) and not kind("patch").wrote_line(patch, "")
+    assert not kind("overlay").wrote_line(overlay, new_line)
+    assert kind("overlay").provides(overlay) == "vllm/model_executor/layers/fused_moe/sorted_moe.py"
+    assert kind("patch").provides(patch) is None
+    for step in cpu.steps:
+        lines = kind(step.kind).describe(step)
+        assert lines and "not listed here" not in lines[0], (step.kind, lines)
+    assert [name for name, of in KINDS.items() if of.runs_process] == ["script"]
+
+
+def test_no_module_outside_steps_branches_on_a_kind_name() -> None:
+    """``x.kind == "patch"`` (or ``in (...)``) belongs in the kind's class: a method or an attribute."""
+    src = REPO / "src" / "imageforge"
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        if path.parent.name == "steps":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            names = {c.value for s in sides for c in ast.walk(s) if isinstance(c, ast.Constant)}
+            on_kind = any(isinstance(s, ast.Attribute) and s.attr == "kind" for s in sides)
+            if on_kind and names & set(KINDS):
+                found.append(f"{path.relative_to(src)}:{node.lineno}")
+    assert found == []

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from imageforge.errors import BuildError, ConfigError, Location
-from imageforge.manifest import Step
+from imageforge.manifest.model import Step
 from imageforge.steps import KINDS, ApplyContext, Changes, DictFS, FileChange, FileMeta, LinkChange, StepProblem, kind
 
 SITE = "/site"

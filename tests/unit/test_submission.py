@@ -19,11 +19,11 @@ import pytest
 import yaml
 
 from imageforge.errors import ConfigError
-from imageforge.manifest_load import load_manifest
-from imageforge.patching import apply_patch, describe
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import Resolved, resolve
+from imageforge.patches.anchored import apply_patch, describe
+from imageforge.patches.pycheck import check_python
 from imageforge.plan import make_plan
-from imageforge.pycheck import check_python
-from imageforge.resolve import Resolved, resolve
 from imageforge.submission import RECORD, BaseFacts, check_submission, render_tree, run_yaml_doc, write_submission
 from imageforge.submission.applier import applier_source
 

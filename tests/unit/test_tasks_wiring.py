@@ -21,8 +21,8 @@ from invoke.program import Program
 from imageforge import app
 from imageforge.bench import Workload
 from imageforge.errors import ConfigError
-from imageforge.manifest_load import load_manifest
-from imageforge.resolve import resolve
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.resolve import resolve
 from imageforge.settings import Settings
 from imageforge.submission import BaseFacts, write_submission
 

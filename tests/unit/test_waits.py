@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from imageforge.serving_client import parse_sse
-from imageforge.waits import probe_health, wait_healthy, wait_until
+from imageforge.serve.openai_wire import parse_sse
+from imageforge.serve.waits import probe_health, wait_healthy, wait_until
 
 HOST = "127.0.0.1"
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from imageforge import wheelhouse, wheelhouse_join
 from imageforge.errors import ConfigError
+from imageforge.wheelhouse import join as wheelhouse_join
+from imageforge.wheelhouse import make as wheelhouse
 
 
 def _fake_wheel(folder: Path, filename: str, payload: bytes) -> Path:
@@ -185,6 +186,6 @@ def test_out_folder_must_be_empty_or_an_earlier_wheelhouse(tmp_path: Path) -> No
 
 def test_project_root_is_the_checkout_of_this_package() -> None:
     root = wheelhouse.project_root()
-    assert (root / "pyproject.toml").is_file() and (root / "src" / "imageforge" / "wheelhouse.py").is_file()
+    assert (root / "pyproject.toml").is_file() and (root / "src" / "imageforge" / "wheelhouse" / "make.py").is_file()
     with pytest.raises(ConfigError, match="source checkout"):
         wheelhouse.project_root(Path("/usr/lib/x.py"))

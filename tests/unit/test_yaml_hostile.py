@@ -23,7 +23,7 @@ RUNNER = textwrap.dedent(
     """
     import json, sys, time
     from imageforge.errors import ImageforgeError
-    from imageforge.manifest_load import load_manifest
+    from imageforge.manifest.load import load_manifest
     t0, c0 = time.monotonic(), time.process_time()
     try:
         load_manifest(sys.argv[1])
@@ -77,7 +77,7 @@ def test_hostile_yaml_exits_2_quickly_under_a_memory_limit(tmp_path: Path, case:
 
 
 def test_deep_but_legal_nesting_still_loads(tmp_path: Path) -> None:
-    from imageforge.yamldoc import load_yaml
+    from imageforge.manifest.yamldoc import load_yaml
 
     path = tmp_path / "ok.yaml"
     path.write_text("x: " + "[" * 30 + "]" * 30 + "\n" + "a: &a [1, 2]\nb: [*a, *a, *a]\n")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from imageforge.errors import EXIT_CONFIG, ConfigError
-from imageforge.manifest_load import load_manifest
-from imageforge.yaml_messages import key_path_at
+from imageforge.manifest.load import load_manifest
+from imageforge.manifest.yaml_messages import key_path_at
 from tests.unit.conftest import MINIMAL
 
 Write = Callable[..., Path]

@@ -30,9 +30,9 @@ from .recipe import Recipe, load_recipe
 
 if TYPE_CHECKING:
     from imageforge.docker_engine.containers import Containers
-    from imageforge.manifest import Target
+    from imageforge.manifest.model import Target
+    from imageforge.manifest.resolve import Resolved
     from imageforge.plan import CacheProbe
-    from imageforge.resolve import Resolved
 
 Log = Callable[[str], None]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from imageforge import docker_engine as de
+from imageforge.cli.progress import progress
 from imageforge.errors import BuildError
-from imageforge.progress import progress
 from imageforge.rundirs import file_lock
 from imageforge.settings import cache_dir
 

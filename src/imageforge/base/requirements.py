@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from imageforge import docker_engine as de
+from imageforge.cli.progress import progress, watch_size
 from imageforge.errors import BuildError, ConfigError
 from imageforge.plan import sha256_file
-from imageforge.progress import progress, watch_size
 
 Log = Callable[[str], None]
 

@@ -8,7 +8,7 @@
   ``min_tokens``: vLLM's min-tokens logits processor costs every decode step, and ``vllm bench serve`` does
   not send it), so random weights produce exactly the tokens asked for.
 * :func:`run_bench` (``runner``, over ``client``) -- the load client (asyncio + httpx, streaming through
-  :mod:`imageforge.serving_client` for the time to first token).  It stops by itself: after ``requests``
+  :mod:`imageforge.serve.openai_wire` for the time to first token).  It stops by itself: after ``requests``
   requests or ``duration`` seconds, whichever is first; it talks only to the URL it is given.
 * Measures (``results``, ``metrics``): Output TPS (generated tokens / wall), Input TPS (prompt tokens / wall),
   Cache TPS (prompt tokens served from the prefix cache / wall: from ``usage.prompt_tokens_details.cached_tokens``

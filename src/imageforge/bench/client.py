@@ -1,6 +1,6 @@
 """The HTTP side of one bench: one httpx.AsyncClient against the URL it is given, nothing else.
 
-The streams are read by :func:`imageforge.serving_client.open_stream` (httpx-sse), the same reader smoke uses.
+The streams are read by :func:`imageforge.serve.openai_wire.open_stream` (httpx-sse), the same reader smoke uses.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from httpx_sse import SSEError
 
 from ..errors import SmokeError
-from ..serving_client import StreamReader, open_stream
+from ..serve.openai_wire import StreamReader, open_stream
 from ..workload import Prompt, Workload
 from .metrics import metrics_counters
 from .results import RequestResult
@@ -261,7 +261,7 @@ def _carries_token(choice: Any) -> bool:
 
 async def stream_request(http: Any, endpoint: str, body: dict[str, Any], *,
                          clock: Callable[[], float] = time.perf_counter) -> Streamed:
-    """POST one streamed request through :func:`imageforge.serving_client.open_stream` and time it.
+    """POST one streamed request through :func:`imageforge.serve.openai_wire.open_stream` and time it.
 
     The one request loop of the bench: the concurrent bench (:meth:`BenchClient.send`) and the replay
     (:func:`imageforge.bench.replay.run_replay`) both call it.  Never raises for HTTP or stream trouble:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-from ..serving_client import parse_metrics
+from ..serve.openai_wire import parse_metrics
 
 #: Score = Output TPS x 16.796 + Input TPS x 2.799 + Cache TPS x 0.56 (the competition's published weights:
 #: generated tokens/s, prompt tokens processed/s, prompt tokens served from the prefix cache/s).

@@ -32,8 +32,8 @@ from typing import Any
 
 import httpx
 
+from ..cli.progress import progress
 from ..errors import ConfigError, SmokeError
-from ..progress import progress
 from .client import stream_request
 from .evaluator import ErrorClass, EvalReport, RequestRecord, classify_error, evaluate
 from .plots import available as plots_available

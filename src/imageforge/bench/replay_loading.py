@@ -2,8 +2,8 @@
 
 * :func:`load_jsonl` -- one OpenAI chat-completions body per line, validated line by line: a bad line is a
   ConfigError naming ``file:line``; an optional ``"_replay"`` object is metadata, never sent.
-* :func:`tokenizer_counter` (a ``tokenizer.json``) and :func:`server_counter` (the server's ``/tokenize``): the
-  :data:`.replay_workload.TokenCounter` the generator measures its lengths with.
+* :func:`server_counter` (the server's ``/tokenize``): the :data:`.replay_workload.TokenCounter` the generator
+  measures its lengths with.
 """
 
 from __future__ import annotations
@@ -106,21 +106,6 @@ def load_jsonl(path: Path) -> list[ReplayRequest]:
 
 
 # --------------------------------------------------------------------------- token counters
-
-
-def tokenizer_counter(tokenizer_json: Path) -> TokenCounter:
-    """A counter from a Hugging Face ``tokenizer.json`` (the ``tokenizers`` library), no special tokens."""
-    from tokenizers import Tokenizer
-
-    try:
-        tok = Tokenizer.from_file(str(tokenizer_json))
-    except Exception as exc:  # tokenizers raises its own Exception types
-        raise ConfigError(f"cannot load tokenizer {tokenizer_json}: {exc}") from None
-
-    def count(text: str) -> int:
-        return len(tok.encode(text, add_special_tokens=False).ids) if text else 0
-
-    return count
 
 
 def server_counter(url: str, model: str, *, timeout: float = 30.0, transport: Any = None) -> TokenCounter:

@@ -69,10 +69,6 @@ class ReplaySpec:
     def max_input(self) -> int:
         return int(self.max_model_len * self.max_input_fraction)
 
-    @property
-    def mean_input(self) -> float:
-        return self.max_model_len * self.mean_input_fraction
-
 
 @dataclass(frozen=True)
 class ReplayRequest:

@@ -12,12 +12,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..cli.progress import progress
 from ..errors import ConfigError, SmokeError
-from ..progress import progress
 from ..rundirs import new_run_id
 from ..serve.container import serving
-from ..serving_client import check_url
-from ..waits import await_until
+from ..serve.openai_wire import check_url
+from ..serve.waits import await_until
 from ..workload import Prompt, Workload
 from .client import BenchClient
 from .metrics import CACHED_TOKEN_COUNTERS, GENERATION_TOKEN_COUNTERS, PROMPT_TOKEN_COUNTERS, counter_delta

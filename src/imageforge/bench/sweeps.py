@@ -21,7 +21,7 @@ from typing import Any
 
 from ..build import build_target
 from ..errors import ConfigError, ImageforgeError, SmokeError
-from ..resolve import resolve
+from ..manifest.resolve import resolve
 from ..rundirs import new_run_id
 from ..serve.container import serving
 from ..workload import Workload

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imageforge.docker_engine.endpoint import DEFAULT_SOCKETS, Endpoint, client_kwargs, resolve_endpoint, sdk
+from imageforge.docker_engine.endpoint import Endpoint, client_kwargs, resolve_endpoint, sdk
 from imageforge.errors import BuildError, InfraError
 from imageforge.labels import L_KIND, L_RECIPE_KEY, L_TOOL, TOOL
 from imageforge.rundirs import file_lock
@@ -62,19 +62,6 @@ MiB = 1024**2
 # --------------------------------------------------------------------------------------------
 # pure helpers (unit-tested without a daemon)
 # --------------------------------------------------------------------------------------------
-
-
-def docker_host() -> str | None:
-    """DOCKER_HOST as set, or None when unset/empty."""
-    value = os.environ.get("DOCKER_HOST", "").strip()
-    return value or None
-
-
-def is_local_default_host(host: str | None) -> bool:
-    """True when ``host`` means this machine's default socket (so we may start dockerd)."""
-    if host is None:
-        return True
-    return host.rstrip("/") in DEFAULT_SOCKETS
 
 
 def endpoint() -> Endpoint:

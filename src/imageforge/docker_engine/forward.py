@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from imageforge.docker_engine import _terminate  # the package's one TERM-then-KILL
 from imageforge.errors import InfraError
-from imageforge.waits import wait_until
+from imageforge.serve.waits import wait_until
 
 #: Seconds the forward may take to accept connections (ssh login included).
 OPEN_TIMEOUT = 30.0

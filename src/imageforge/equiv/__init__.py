@@ -8,7 +8,7 @@
 * :mod:`.runner` -- ``invoke equiv`` itself: the two sides served (or one at a time, in place, against a
   recorded reference), compared and gated, the reports written.
 
-Tolerances come from the target's ``equiv:`` block (:mod:`imageforge.tolerances`).
+Tolerances come from the target's ``equiv:`` block (:mod:`imageforge.manifest.tolerances`).
 """
 
 from __future__ import annotations

@@ -28,11 +28,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import Problem, SmokeError
-from ..tolerances import Tolerance
+from ..manifest.tolerances import Tolerance
 from .evidence import Evidence, Position, PromptEvidence, same_sequences
 
 TAIL_FLOOR = 1e-12
-NO_GATE = "-"
 
 
 class EquivError(SmokeError):

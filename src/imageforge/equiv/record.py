@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..tolerances import DTYPES, Dtype, EquivSettings
+from ..manifest.tolerances import DTYPES, Dtype, EquivSettings
 from .evidence import Evidence
 
 FORMAT = "imageforge-equiv-record/1"

@@ -36,17 +36,17 @@ import httpx
 from ..build import build_target
 from ..docker_engine import image_or_none
 from ..errors import ConfigError
-from ..resolve import Value, resolve
+from ..manifest.resolve import Value, resolve
+from ..manifest.tolerances import DTYPES, Dtype, EquivSettings, Tolerance
 from ..rundirs import new_run_id
 from ..serve.container import remove_server, serving, sigterm_as_interrupt, start_server, wait_ready
-from ..tolerances import DTYPES, Dtype, EquivSettings, Tolerance
 from .client import EquivClient, collect_against, collect_reference
 from .compare import Verdict, compare, gate
 from .evidence import Evidence
 from .record import Record, load_record, make_record, write_record
 
 if TYPE_CHECKING:
-    from ..resolve import Resolved
+    from ..manifest.resolve import Resolved
     from ..serve.container import Server
 
 Log = Callable[[str], None]

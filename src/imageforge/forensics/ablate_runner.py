@@ -41,7 +41,7 @@ from .subsets import build_subset, file_log, first_line, subset_resolved
 
 if TYPE_CHECKING:
     from ..bench import BenchResult, Workload
-    from ..resolve import Resolved
+    from ..manifest.resolve import Resolved
 
 Log = Callable[[str], None]
 

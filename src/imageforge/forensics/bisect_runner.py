@@ -26,7 +26,7 @@ from ..equiv.runner import EquivRun, check_dtype, compare_urls, renamed, with_se
 from ..errors import ConfigError, ImageforgeError, SmokeError
 from ..rundirs import new_run_id
 from ..serve.container import serving
-from ..serving_client import short
+from ..serve.openai_wire import short
 from ..smoke import (
     DEFAULT_TAGS,
     FAIL,
@@ -41,12 +41,13 @@ from ..smoke import (
 )
 from ..smoke.results import truncate
 from ..smoke.table import FIRST_FAILURE
+from ..steps import kind
 from .search import BisectResult, FlakyPolicy, Outcome, bisect, probe_bound
-from .subsets import build_subset, changed_files, file_log, first_line, step_label, subset_resolved
+from .subsets import build_subset, file_log, first_line, step_label, subset_resolved
 
 if TYPE_CHECKING:
-    from ..manifest import Step
-    from ..resolve import Resolved
+    from ..manifest.model import Step
+    from ..manifest.resolve import Resolved
     from ..serve.container import Server
     from ..smoke import SmokeReport, Suite
 
@@ -139,7 +140,7 @@ class BisectRun:
             if step.why:
                 lines.append(f"  why: {step.why}")
             lines.append("  changes:")
-            lines += [f"    {line}" for line in changed_files(step)]
+            lines += [f"    {line}" for line in kind(step.kind).describe(step)]
         lines += self.failing_probe_text()
         return "\n".join(lines)
 
@@ -177,10 +178,11 @@ class BisectRun:
 
     def to_json(self) -> dict[str, Any]:
         step = self.culprit
+        culprit = None if step is None else {"id": step.id, "kind": step.kind, "location": str(step.location),
+                                             "key_path": step.key_path, "changes": kind(step.kind).describe(step)}
         return {
             **self.result.to_json(), "selection": self.selection, "labels": list(self.labels),
-            "culprit": None if step is None else {"id": step.id, "kind": step.kind, "location": str(step.location),
-                                                   "key_path": step.key_path, "changes": changed_files(step)},
+            "culprit": culprit,
             "reports": {str(k): v for k, v in self.reports.items()},
             "failing_probe": self._failing_probe_json(),
         }

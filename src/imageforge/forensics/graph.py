@@ -13,11 +13,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from ..errors import ConfigError
-from ..yaml_messages import did_you_mean
+from ..manifest.yaml_messages import did_you_mean
 
 
 class StepLike(Protocol):
-    """What forensics needs of a step (:class:`imageforge.manifest.Step` has it)."""
+    """What forensics needs of a step (:class:`imageforge.manifest.model.Step` has it)."""
 
     @property
     def id(self) -> str: ...

@@ -11,19 +11,18 @@ Verification imports only the listed modules the kept steps still provide: a lis
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..build import build_target
 from ..errors import ConfigError, ImageforgeError
-from ..steps import OverlaySpec, PatchSpec, ScriptSpec, SymlinkSpec
+from ..steps import kind
 
 if TYPE_CHECKING:
     from ..build import BuildResult
-    from ..manifest import Step
-    from ..resolve import Resolved
+    from ..manifest.model import Step
+    from ..manifest.resolve import Resolved
 
 Log = Callable[[str], None]
 
@@ -34,17 +33,9 @@ def module_paths(module: str) -> tuple[str, str]:
     return f"{rel}.py", f"{rel}/__init__.py"
 
 
-def provided_by(step: Step) -> str | None:
-    """The package-relative file an overlay step puts into the image (None for other kinds)."""
-    if not isinstance(step.spec, OverlaySpec):
-        return None
-    dest = step.spec.dest
-    return None if dest.startswith("/") else dest.lstrip("./")
-
-
 def kept_imports(imports: Sequence[str], dropped: Sequence[Step]) -> tuple[str, ...]:
-    """``imports`` without the modules only a dropped overlay step provides."""
-    gone = {p for p in (provided_by(s) for s in dropped) if p}
+    """``imports`` without the modules only a dropped step provides (its kind's ``provides``: an overlay's file)."""
+    gone = {p for p in (kind(s.kind).provides(s) for s in dropped) if p}
     return tuple(m for m in imports if not gone.intersection(module_paths(m)))
 
 
@@ -73,23 +64,6 @@ def build_subset(resolved: Resolved, keep: Sequence[str], *, suffix: str, enviro
 
 def step_label(step: Step, k: int) -> str:
     return f"after step {k} {step.id} ({step.location})"
-
-
-def changed_files(step: Step) -> list[str]:
-    """What the step changes, from its definition (package-relative paths are under the site directory)."""
-    spec = step.spec
-    if isinstance(spec, PatchSpec):
-        diff = difflib.unified_diff(spec.old.splitlines(), spec.new.splitlines(), f"a/{spec.file}", f"b/{spec.file}",
-                                    lineterm="", n=0)
-        return [f"{spec.file} (patched x{spec.count})", *(f"    {line}" for line in diff)]
-    if isinstance(spec, OverlaySpec):
-        return [f"{spec.dest} (overlaid from {spec.source})"]
-    if isinstance(spec, SymlinkSpec):
-        return [f"links {spec.glob} into {spec.into}"]
-    if isinstance(spec, ScriptSpec):
-        what = spec.source or spec.command or spec.directory
-        return [f"script {what} {' '.join(spec.args)}".rstrip() + ": its files are whatever it writes (not declared)"]
-    return [f"{step.kind} step: its changes are not listed here"]
 
 
 def first_line(exc: ImageforgeError) -> str:

@@ -5,7 +5,7 @@ and type-checked like the rest of the package; :func:`program` reads one back as
 the wheel ships them as the package's modules), to be sent with ``python -c`` or written into the submission tree:
 
 * :mod:`.verify_image` -- the verify layer's checks (:mod:`imageforge.verify`; the tree's ``verify.py``);
-* :mod:`.list_flags` -- the vLLM serving flags the image's parser knows (:mod:`imageforge.flags_read`);
+* :mod:`.list_flags` -- the vLLM serving flags the image's parser knows (:mod:`imageforge.flags.learn`);
 * :mod:`.apply_step` -- the submission tree's runtime that applies one step op (the tail of ``apply.py``).
 """
 

@@ -1,8 +1,9 @@
 """imageforge submission runtime: one step op per run, read from the JSON file named by argv[1].
 
 The tail of the submission tree's generated ``apply.py`` (:func:`imageforge.submission.applier.applier_source`),
-after :mod:`imageforge.patching` and :mod:`imageforge.pycheck` verbatim: their ``apply_patch``, ``describe`` and
-``check_python`` are this file's globals there (the ``if TYPE_CHECKING:`` import below is left out of the tree).
+after :mod:`imageforge.patches.anchored` and :mod:`imageforge.patches.pycheck` verbatim: their ``apply_patch``,
+``describe`` and ``check_python`` are this file's globals there (the ``if TYPE_CHECKING:`` import below is left
+out of the tree).
 Standard library only; every name is ``_``-prefixed so that it cannot meet one of the two modules above.
 """
 
@@ -18,8 +19,8 @@ from fnmatch import fnmatchcase as _fnmatchcase
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:  # left out of the generated apply.py, where the two modules come first
-    from ..patching import apply_patch, describe
-    from ..pycheck import check_python
+    from ..patches.anchored import apply_patch, describe
+    from ..patches.pycheck import check_python
 
 _FIXED_MTIME = 1577836800  # the engine's fixed mtime for written files (imageforge.docker_engine.containers)
 
@@ -85,7 +86,7 @@ def _op_patch(spec: dict[str, Any], here: str) -> None:
 
 
 def _check_python(step: str, path: str, text: str, spec: dict[str, Any], lines: tuple[int, ...] | None) -> None:
-    """imageforge.pycheck.check_python (embedded above): compiles, parses as the base's Python, names bound."""
+    """imageforge.patches.pycheck.check_python (embedded above): compiles, parses as the base's Python, names bound."""
     if not path.endswith(".py"):
         return
     problem = check_python(text, path, python_version=spec.get("python_version") or "", lines=lines)

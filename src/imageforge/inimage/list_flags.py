@@ -2,7 +2,7 @@
 
 Standard library only, besides the vLLM it asks. vLLM's CLI parser is built (no engine, no device), each option
 read (type, choices, bounds from the config dataclasses' pydantic fields, negation, aliases) and printed as one
-``IMAGEFORGE-FLAGS {json}`` line; :func:`imageforge.flags_read.parse_introspection` reads it (format 1).
+``IMAGEFORGE-FLAGS {json}`` line; :func:`imageforge.flags.learn.parse_introspection` reads it (format 1).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def bounds(dest: str, group_of: dict[str, str], homes: list[ModuleType]) -> dict
 
 
 def listing() -> dict[str, Any]:
-    """The parser's flags, as :func:`imageforge.flags_read.parse_introspection` reads them."""
+    """The parser's flags, as :func:`imageforge.flags.learn.parse_introspection` reads them."""
     parser_class, _ = first(("vllm.utils.argparse_utils", "FlexibleArgumentParser"),
                             ("vllm.utils", "FlexibleArgumentParser"))
     make, cli_module = first(("vllm.entrypoints.launchers.cli_args", "make_arg_parser"),

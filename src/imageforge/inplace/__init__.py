@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..resolve import Resolved
+from ..manifest.resolve import Resolved
 from .apply import ApplyReport, StepResult, apply, select_steps
 from .journal import JOURNAL_DIR, Journal
 from .localfs import LocalFS
@@ -37,7 +37,7 @@ from .package import LocalPackage, discover_local
 from .revert import RevertReport, StatusReport, listing, revert, status
 
 if TYPE_CHECKING:  # check-patches (and the Docker engine's modules it holds) only for --dry-run: see dry_run
-    from ..checkpatches import CheckReport
+    from ..patches.check import CheckReport
 
 __all__ = [
     "JOURNAL_DIR",
@@ -64,7 +64,7 @@ def dry_run(resolved: Resolved, *, root: Path = Path("/"), python: str = "python
             environ: Mapping[str, str] | None = None, steps: Sequence[str] = (),
             skip: Sequence[str] = ()) -> CheckReport:
     """What apply would do, as check-patches' table; nothing is written (script steps: "not checked")."""
-    from ..checkpatches import CheckReport, check_steps  # not at the top: apply's start-up does without it
+    from ..patches.check import CheckReport, check_steps  # not at the top: apply's start-up does without it
 
     environ = dict(os.environ if environ is None else environ)
     root = root.resolve()

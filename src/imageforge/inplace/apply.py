@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError, ConfigError
-from ..manifest import Step
-from ..resolve import Resolved
+from ..manifest.model import Step
+from ..manifest.resolve import Resolved
 from ..steps import ApplyContext, Changes, ScriptSpec, kind
 from . import changescan
 from .changescan import ChangeScan

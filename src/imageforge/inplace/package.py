@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..base.identity import DISCOVER
 from ..errors import BuildError, ConfigError, InfraError
-from ..manifest import Target
+from ..manifest.model import Target
 
 #: Appended to the discovery script: the install scheme of the target interpreter, on a line of its own.
 SCHEME = r"""

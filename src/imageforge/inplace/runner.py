@@ -17,29 +17,13 @@ import signal
 import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from ..manifest import Step
+from ..manifest.model import Step
 from ..scripts import script_directory
-from ..steps.script import ScriptSpec, exec_script
+from ..steps.script import ScriptSpec
 
 Log = Callable[[str], None]
-
-
-class StepRunner(Protocol):
-    def run_step(self, step: Step, environ: Mapping[str, str], *,
-                 echo: Log | None = None) -> tuple[int | None, list[str]]: ...
-
-
-class ContainerRunner:
-    """Exec in a running container (what the build does; here for one interface)."""
-
-    def __init__(self, container: Any) -> None:
-        self.container = container
-
-    def run_step(self, step: Step, environ: Mapping[str, str], *,
-                 echo: Log | None = None) -> tuple[int | None, list[str]]:
-        return exec_script(self.container, step, environ, echo=echo)
 
 
 def in_root(root: Path, image_path: str) -> Path:

@@ -45,12 +45,12 @@ from ..docker_engine import (
 from ..docker_engine.forward import SSHForward, end_recorded
 from ..errors import ConfigError, InfraError, SmokeError
 from ..labels import L_KIND, L_RUN, L_RUN_SPEC, L_STARTED_BY, L_TARGET, L_TOOL, TOOL
-from ..resolve import Resolved
+from ..manifest.resolve import Resolved
 from ..rundirs import new_run_id, run_dir
 from ..verify import record_started
-from ..waits import Health, poll_health
 from .spec import KIND_SERVER, container_port, container_spec, run_spec_digest
 from .startfail import start_error
+from .waits import Health, poll_health
 
 Log = Callable[[str], None]
 
@@ -394,7 +394,7 @@ def wait_ready(
     resolved: Resolved | None = None,
     progress_stream: Any = None,
 ) -> float:
-    """Poll ``GET /health`` until 200 (:func:`imageforge.waits.poll_health`); return the seconds it took.
+    """Poll ``GET /health`` until 200 (:func:`imageforge.serve.waits.poll_health`); return the seconds it took.
 
     The container exiting raises SmokeError (or InfraError when it was killed for memory), naming the step that
     wrote the file its traceback goes through (:mod:`imageforge.serve.startfail`); a timeout raises SmokeError.

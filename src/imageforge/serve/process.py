@@ -9,7 +9,7 @@ flag names, the caller's environment less imageforge's own venv). Here:
 * :func:`start_process` starts it in a new session (its own process group), logs to
   ``.imageforge/runs/<id>/server.log`` and records pid, process group and ``/proc/<pid>/stat`` start time in
   ``server.json`` beside it (:mod:`imageforge.serve.procfs` reads ``/proc``);
-* :func:`wait_process_ready` waits for ``/health`` through :mod:`imageforge.waits`;
+* :func:`wait_process_ready` waits for ``/health`` through :mod:`imageforge.serve.waits`;
 * :func:`stop_server` ends the group (TERM, KILL after a grace) only after the pid's start time matches the
   record, so a recycled pid is never signalled.
 
@@ -35,13 +35,13 @@ from .. import inplace, settings
 from ..errors import ConfigError, InfraError, SmokeError
 from ..inplace import Journal
 from ..inplace.apply import VERIFY_STEP
-from ..resolve import Resolved, resolve
+from ..manifest.resolve import Resolved, resolve
 from ..rundirs import new_run_id, run_dir, runs_dir
-from ..waits import Health, poll_health
 from .container import Progress, exit_hint, free_port, port_in_use, sigterm_as_interrupt
 from .process_spec import ProcessSpec, parse_size, process_spec
 from .procfs import alive, group_members, port_holder, proc_stat
 from .startfail import start_error
+from .waits import Health, poll_health
 
 Log = Callable[[str], None]
 
@@ -297,7 +297,7 @@ def start_process(resolved: Resolved, in_place: InPlace, *, environ: Mapping[str
 
 def wait_process_ready(server: ProcessServer, *, timeout: float, log: Log = print, interval: float = 0.5,
                        resolved: Resolved | None = None) -> float:
-    """Poll ``/health`` until 200 (:func:`imageforge.waits.poll_health`: the seconds it took); the process exiting
+    """Poll ``/health`` until 200 (:func:`imageforge.serve.waits.poll_health`: the seconds it took); the process exiting
     (naming the step that wrote the file its traceback goes through) or the timeout raises with its log."""
     progress = Progress(f"waiting for {server.url}/health", log)
 

@@ -2,7 +2,7 @@
 
 :func:`process_spec` renders the command exactly as the container gets it (style ``argv``: the command and every
 flag; style ``config``: ``command --config FILE`` with the file rendered by
-:func:`imageforge.serving.render_serving_config` into the run directory, never ``/etc``), then:
+:func:`imageforge.serve.command.render_serving_config` into the run directory, never ``/etc``), then:
 
 * every serving argument or env value equal to or under a run volume's target (``/model``) is rewritten to the
   volume's source (``${IMAGEFORGE_MODEL_DIR}`` for bi100, the tiny model's folder for cpu);
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, InfraError
-from ..resolve import Resolved, Value
-from ..serving import render_serving_config, serving_command
+from ..manifest.resolve import Resolved, Value
+from .command import render_serving_config, serving_command
 from .spec import volume_binds
 
 CONFIG_NAME = "serving.yaml"

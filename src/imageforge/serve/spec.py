@@ -3,7 +3,7 @@
 :func:`container_spec` is pure (unit-tested without a daemon) apart from checking that volume
 sources exist.  The image is the built ``<image>:<profile>`` (its CMD already serves the rendered
 config), or with ``base=True`` the base image with the serving arguments as
-``vllm serve MODEL --flag value`` (:func:`imageforge.serving.base_command`: fitted to its ENTRYPOINT
+``vllm serve MODEL --flag value`` (:func:`imageforge.serve.command.base_command`: fitted to its ENTRYPOINT
 exactly as a build fits its CMD).  The container port is published on ``host_address`` only.
 :func:`run_spec_digest` names what makes two such containers interchangeable (``--reuse-servers``).
 """
@@ -20,8 +20,8 @@ from typing import Any
 from .. import settings
 from ..errors import InfraError
 from ..labels import L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL, TOOL
-from ..resolve import Resolved
-from ..serving import base_command
+from ..manifest.resolve import Resolved
+from .command import base_command
 
 KIND_SERVER = "server"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..blame import diagnose
 from ..errors import ImageforgeError, SmokeError
-from ..manifest import Step
+from ..manifest.model import Step
 
 
 def start_error(*, what: str, package: str, seconds: float, state: str, expected: str, hint: str,

@@ -24,12 +24,12 @@ no I/O), ``table``
 (the live table), ``report`` (JSON/JUnit files, failure texts, the verdict), ``runner`` (one suite
 against one server), ``entry`` (a suite against a URL, or build + serve + smoke + remove a target;
 ``invoke smoke`` and ``invoke demo`` reach them through :mod:`imageforge.app`).
-The wire formats (SSE, /metrics, the URL check) are shared with bench in :mod:`imageforge.serving_client`.
+The wire formats (SSE, /metrics, the URL check) are shared with bench in :mod:`imageforge.serve.openai_wire`.
 """
 
 from __future__ import annotations
 
-from ..serving_client import assemble_stream, check_url, comparable_choices, metric_value, parse_metrics, parse_sse
+from ..serve.openai_wire import assemble_stream, check_url, comparable_choices, metric_value, parse_metrics, parse_sse
 from .entry import (
     parse_tags,
     run_suite,

@@ -12,8 +12,8 @@ from typing import Any
 from ..errors import ConfigError, SmokeError
 from ..rundirs import new_run_id
 from ..serve.container import serving
-from ..serving_client import check_url
-from ..waits import probe_health, wait_healthy
+from ..serve.openai_wire import check_url
+from ..serve.waits import probe_health, wait_healthy
 from .report import LOG_TAIL, interesting_lines, print_failures, write_reports
 from .results import SmokeReport
 from .runner import Runner, ServerHooks

@@ -20,7 +20,7 @@ from typing import Any
 
 import jsonpath
 
-from ..serving_client import MetricRow, comparable_choices, metric_value, short
+from ..serve.openai_wire import MetricRow, comparable_choices, metric_value, short
 from .expr import ExprError, json_type, render
 from .operators import compare, schema_errors
 from .results import Exchange

@@ -17,8 +17,8 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Any
 
-from ..serving_client import short
-from ..yaml_messages import type_name
+from ..manifest.yaml_messages import type_name
+from ..serve.openai_wire import short
 
 MAX_SEQUENCE = 1_000_000  # longest list/string an expression may build
 

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..serving_client import short
+from ..serve.openai_wire import short
 from .expr import json_type
 
 PATH_OPS = (

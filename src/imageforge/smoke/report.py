@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..errors import SmokeError
-from ..serving_client import short
+from ..serve.openai_wire import short
 from .results import FAIL, SKIP, CheckResult, SmokeReport, truncate
 
 Log = Callable[[str], None]

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import jsonpath
 
-from ..serving_client import (
+from ..serve.openai_wire import (
     SSE_CONTENT_TYPE,
     MetricRow,
     assemble_stream,
@@ -23,7 +23,7 @@ from ..serving_client import (
     parse_sse,
     short,
 )
-from ..waits import probe_health, wait_until
+from ..serve.waits import probe_health, wait_until
 from .evaluate import evaluate, metric_deltas, metric_misses, namespace
 from .expr import ExprError, render
 from .results import FAIL, PASS, SKIP, CheckResult, Exchange

@@ -18,10 +18,10 @@ from typing import Any
 import jsonpath
 
 from ..errors import ConfigError, ErrorCollector, Location
-from ..serving_client import short
-from ..yaml_messages import did_you_mean, format_key_path
-from ..yaml_schema import validate_schema
-from ..yamldoc import YamlDocument, load_yaml
+from ..manifest.yaml_messages import did_you_mean, format_key_path
+from ..manifest.yaml_schema import validate_schema
+from ..manifest.yamldoc import YamlDocument, load_yaml
+from ..serve.openai_wire import short
 from .expr import Expr, ExprError, check_templates, json_type, parse_expr
 from .operators import PATH_OPS
 

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..serving_client import short
+from ..serve.openai_wire import short
 from .results import FAIL, PASS, SKIP, CheckResult
 from .suite import Check
 

@@ -3,7 +3,7 @@ schema/ (the JSON Schemas the files' first ``yaml-language-server`` lines name, 
 
 The files are package data: ``build.yaml`` here, and ``images/cpu`` and ``smoke/dummy.yaml`` as links to the
 repository's own (a wheel holds copies of them; the repository one copy); the schemas are the ones
-:func:`imageforge.yaml_schema.schema_text` reads (the wheel's, or the checkout's top-level ``schema/``).
+:func:`imageforge.manifest.yaml_schema.schema_text` reads (the wheel's, or the checkout's top-level ``schema/``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..yaml_schema import schema_text
+from ..manifest.yaml_schema import schema_text
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable

@@ -10,9 +10,9 @@ One class per kind (``steps/<kind>.py``) holds, in one place:
 * ``facts``: what it leaves for the verify layer (changed ``.py`` files, overlay sha256, links);
 * ``emit``: the Dockerfile instructions that do the same with plain ``docker build``;
 * ``spec_type``, ``schema`` and ``load``: the kind's typed frozen spec (its fields and their defaults, a
-  :class:`imageforge.manifest.StepSpec`), its manifest keys as a JSON Schema fragment (build.schema.json's
+  :class:`imageforge.manifest.model.StepSpec`), its manifest keys as a JSON Schema fragment (build.schema.json's
   ``$defs.<kind>_step`` is made from it: :mod:`.schema`), and their normalisation and checks when build.yaml is
-  loaded (:mod:`imageforge.manifest_load` asks the kind).
+  loaded (:mod:`imageforge.manifest.load` asks the kind).
 
 A failure is a :class:`StepProblem`: the row check-patches shows (status, detail) and the error the
 build raises (:attr:`StepProblem.error`), from the same test in the same code.
@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
 from ..errors import BuildError, ConfigError, ImageforgeError
-from ..manifest import Step, StepSpec, resolve_image_path
-from ..patching import NearMatch
+from ..manifest.model import Step, StepSpec, resolve_image_path
+from ..patches.anchored import NearMatch
+from ..patches.pycheck import check_python
 from ..plan import step_inputs
-from ..pycheck import check_python
 from .dockerfile import EmitContext, Emitted
 from .fs import ImageFS
 
@@ -220,6 +220,21 @@ class StepKind:
         """Image paths the step writes at or under (the build's directory-listing cache keys off them)."""
         return ()
 
+    def describe(self, step: Step) -> list[str]:
+        """What the step changes, from its definition, as report lines (bisect names the first bad step with them;
+        package-relative paths are under the site directory)."""
+        return [f"{step.kind} step: its changes are not listed here"]
+
+    def provides(self, step: Step) -> str | None:
+        """The package-relative file the step puts into the image whole (a module verify may import), else None:
+        a subset image without the step leaves that module out of its verify imports."""
+        return None
+
+    def wrote_line(self, step: Step, code: str) -> bool:
+        """Whether the step's own text holds the source line ``code`` (a traceback's line): of several steps
+        writing one file, blame names the last that does."""
+        return False
+
 
 class OneFileKind(StepKind):
     """A kind that writes one image file (:meth:`path`, relative to the package's site or absolute)."""
@@ -302,7 +317,7 @@ def python_problem(step: Step, path: str, text: str, python_version: str, lines:
                    blame: str) -> None:
     """StepProblem ("breaks the file", exit 3) when a changed ``.py`` no longer compiles or loads an unbound name.
 
-    The one check (:func:`imageforge.pycheck.check_python`) the submission's applier runs too.
+    The one check (:func:`imageforge.patches.pycheck.check_python`) the submission's applier runs too.
     """
     if not path.endswith(".py"):
         return

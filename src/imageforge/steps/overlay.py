@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import BuildError
-from ..manifest import Step, StepSpec
-from ..patching import unified_diff
+from ..manifest.model import Step, StepSpec
+from ..patches.anchored import unified_diff
 from .core import (
     ApplyContext,
     Changes,
@@ -81,6 +81,14 @@ class Overlay(OneFileKind):
 
     def path(self, step: Step) -> str:
         return OverlaySpec.of(step).dest
+
+    def describe(self, step: Step) -> list[str]:
+        spec = OverlaySpec.of(step)
+        return [f"{spec.dest} (overlaid from {spec.source})"]
+
+    def provides(self, step: Step) -> str | None:
+        dest = OverlaySpec.of(step).dest
+        return None if dest.startswith("/") else dest.lstrip("./")
 
     def load(self, raw: Mapping[str, Any], spec: dict[str, Any], checks: SpecChecks) -> LoadedSpec:
         spec["dest"] = checks.dest("dest", raw["dest"], raw.get("source"))

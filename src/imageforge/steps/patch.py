@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import BuildError
-from ..manifest import Step, StepSpec
-from ..patching import apply_patch, describe, reapplies, unified_diff
+from ..manifest.model import Step, StepSpec
+from ..patches.anchored import apply_patch, describe, reapplies, unified_diff
 from .core import (
     ApplyContext,
     Changes,
@@ -63,6 +64,15 @@ class Patch(OneFileKind):
 
     def path(self, step: Step) -> str:
         return PatchSpec.of(step).file
+
+    def describe(self, step: Step) -> list[str]:
+        spec = PatchSpec.of(step)
+        diff = difflib.unified_diff(spec.old.splitlines(), spec.new.splitlines(), f"a/{spec.file}", f"b/{spec.file}",
+                                    lineterm="", n=0)
+        return [f"{spec.file} (patched x{spec.count})", *(f"    {line}" for line in diff)]
+
+    def wrote_line(self, step: Step, code: str) -> bool:
+        return bool(code) and code in PatchSpec.of(step).new
 
     def load(self, raw: Mapping[str, Any], spec: dict[str, Any], checks: SpecChecks) -> LoadedSpec:
         spec["file"] = checks.dest("file", raw["file"])

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..yaml_schema import load_schema
+from ..manifest.yaml_schema import load_schema
 from .core import KINDS, StepKind
 
 SCHEMA_NAME = "build.schema.json"

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from ..docker_engine import client
 from ..docker_engine.containers import file_entry, tar_of
 from ..errors import BuildError, ConfigError, InfraError
-from ..manifest import Step, StepSpec, frozen_map, normalise_image_path, resolve_image_path
+from ..manifest.model import Step, StepSpec, frozen_map, normalise_image_path, resolve_image_path
 from ..scripts import SCRIPT_SCRATCH, Log, exec_argv, script_directory
 from ..scripts import directory_entries as directory_tar
 from .core import ApplyContext, Changes, LoadedSpec, SpecChecks, StepKind, StepProblem, register
@@ -200,6 +200,11 @@ class Script(StepKind):
     def row_path(self, step: Step, site: str) -> str:
         spec = ScriptSpec.of(step)
         return spec.dest or spec.source or ""
+
+    def describe(self, step: Step) -> list[str]:
+        spec = ScriptSpec.of(step)
+        what = spec.source or spec.command or spec.directory
+        return [f"script {what} {' '.join(spec.args)}".rstrip() + ": its files are whatever it writes (not declared)"]
 
     def touches(self, step: Step, site: str) -> tuple[str, ...]:
         """What the script declares it may change (``touches:``; relative paths under the site directory)."""

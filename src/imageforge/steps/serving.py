@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..plan import Plan
-from ..serving import image_command
+from ..serve.command import image_command
 from .core import Changes, FileChange
 from .dockerfile import ContextFile, EmitContext, Emitted, comment, copy, env_value, run
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import BuildError, ConfigError
-from ..manifest import Step, StepSpec, normalise_image_path
+from ..manifest.model import Step, StepSpec, normalise_image_path
 from .core import ApplyContext, Changes, Facts, LinkChange, LoadedSpec, SpecChecks, StepKind, StepProblem, register
 from .dockerfile import EmitContext, Emitted, applier_group, header
 from .fs import ImageFS
@@ -88,6 +88,10 @@ class Symlink(StepKind):
     def row_path(self, step: Step, site: str) -> str:
         spec = SymlinkSpec.of(step)
         return spec.glob or spec.link or ""
+
+    def describe(self, step: Step) -> list[str]:
+        spec = SymlinkSpec.of(step)
+        return [f"links {spec.glob} into {spec.into}"]
 
     def touches(self, step: Step, site: str) -> tuple[str, ...]:
         spec = SymlinkSpec.of(step)

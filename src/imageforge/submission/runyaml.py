@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from ..plan import Plan
-from ..serving import image_command
+from ..serve.command import image_command
 
 RUN_YAML = "computility-run.yaml"
 

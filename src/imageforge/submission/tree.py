@@ -6,7 +6,7 @@
                              preceded by a comment with the step id and its why
     computility-run.yaml     concurrency 1, the image's command as a list, the serving env
     imageforge-submission.json   manifest digest, imageforge version, base facts, sha256 of every file
-    imageforge/apply.py      the generated stdlib-only applier (imageforge.patching's own code)
+    imageforge/apply.py      the generated stdlib-only applier (imageforge.patches.anchored's own code)
     imageforge/verify.py     the engine's verification script, without imports
     imageforge/steps/NN-ID/  each step's files (step.json, overlay/script sources)
     <folder>/                a directory script step's folder (e.g. qwen3_6_scripts/)
@@ -35,9 +35,9 @@ from ..docker_engine import client, daemon_errors, ensure_daemon
 from ..docker_engine.containers import containers
 from ..errors import BuildError, ConfigError, InfraError, Problem
 from ..labels import L_KIND, L_TOOL, TOOL
+from ..manifest.resolve import Resolved
 from ..plan import Plan, make_plan
-from ..resolve import Resolved
-from ..serving import flag_pairs
+from ..serve.command import flag_pairs
 from ..steps import kind
 from ..steps.dockerfile import APPLIER, HELPER_DIR, BaseFacts, ContextFile, EmitContext, Emitted, env_value
 from .applier import applier_source

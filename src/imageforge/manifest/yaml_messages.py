@@ -1,7 +1,7 @@
 """The words of every YAML problem: key paths, type names, "did you mean", and syntax errors explained.
 
-Pure text: what :mod:`imageforge.yamldoc` (the loader) and :mod:`imageforge.yaml_schema` (the schema check)
-say, ``file:line:column: key.path[3].name: message`` with expected/found and a hint. A syntax error says where
+Pure text: what :mod:`imageforge.manifest.yamldoc` (the loader) and :mod:`imageforge.manifest.yaml_schema` (the schema
+check) say, ``file:line:column: key.path[3].name: message`` with expected/found and a hint. A syntax error says where
 the construct started (an unclosed bracket or quote), where the parser noticed, the key path when the text shows
 it, and a hint for that kind of error.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError, Location
+from ..errors import ConfigError, Location
 
 KeyPath = tuple[str | int, ...]
 

@@ -1,6 +1,6 @@
 """The build manifest as frozen dataclasses: what build.yaml says, handed downstream.
 
-:func:`imageforge.manifest_load.load_manifest` reads and checks build.yaml and builds these; nothing downstream
+:func:`imageforge.manifest.load.load_manifest` reads and checks build.yaml and builds these; nothing downstream
 sees the YAML. The in-image path rules (package-relative destinations, no ``..``) are here too.
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
-from . import settings
-from .errors import ConfigError, Location
+from .. import settings
+from ..errors import ConfigError, Location
 from .tolerances import EquivSettings
 from .yaml_messages import did_you_mean
 from .yamldoc import YamlDocument
@@ -56,7 +56,7 @@ class PackageSpec:
     import_name: str
     distribution: str
     version: str
-    flags: str | None = None  # introspect | static | off; None: by the base (imageforge.flagcheck.flag_method)
+    flags: str | None = None  # introspect | static | off; None: by the base (imageforge.flags.images.flag_method)
 
 
 @dataclass(frozen=True)

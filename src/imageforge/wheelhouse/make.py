@@ -11,7 +11,7 @@ sha256, so that::
 
 installs exactly these files. The same wheels and requirements go into one tar archive written as
 parts of at most :data:`PART_SIZE` bytes under ``DIR/parts/`` with ``SHA256SUMS`` and the stdlib
-script :mod:`imageforge.wheelhouse_join` that checks the parts and joins and unpacks them (an SSH
+script :mod:`imageforge.wheelhouse.join` that checks the parts and joins and unpacks them (an SSH
 copy of 11 MB in one piece failed on the box).
 
 The dependency list is the built wheel's own metadata (``Requires-Dist`` without extras), so what
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imageforge import wheelhouse_join
+from imageforge.cli.progress import progress, watch_size
 from imageforge.errors import ConfigError, InfraError
-from imageforge.progress import progress, watch_size
+from imageforge.wheelhouse import join as wheelhouse_join
 
 Log = Callable[[str], None]
 

@@ -1,7 +1,7 @@
 """Serving flags, the model: what the target's own vLLM accepts, as a :class:`FlagTable` of frozen :class:`FlagSpec`.
 
-Learnt two ways (:mod:`imageforge.flags_read`: the parser's source read with :mod:`ast`, or vLLM's own parser
-listed inside the image) and checked against the manifest's serving args (:mod:`imageforge.flags_check`).
+Learnt two ways (:mod:`imageforge.flags.learn`: the parser's source read with :mod:`ast`, or vLLM's own parser
+listed inside the image) and checked against the manifest's serving args (:mod:`imageforge.flags.check`).
 Nothing here touches Docker or a cache.
 
 Wiring::

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource, ServerSentEvent, aconnect_sse
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 SSE_CONTENT_TYPE = "text/event-stream"
 DONE = "[DONE]"

@@ -7,7 +7,7 @@
   result, in manifest order; nothing is written, nothing is built.  Script steps run for real in a
   throwaway :class:`ScriptSandbox` (the same ``apply`` again) when one is given.
 * :func:`image_session` opens the target's base image for reading (what `patch-from`,
-  :mod:`imageforge.patchfrom_image`, reads too).
+  :mod:`imageforge.patches.from_image`, reads too).
 
 The pure parts (everything but :func:`check_patches`, :func:`image_session`, :class:`ScriptSandbox`
 and :class:`ContainerFS`) need no daemon.
@@ -22,19 +22,19 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import labels as lb
-from .base import base_reference, discover_package, missing_variable_error
-from .docker_engine import client, daemon_errors, ensure_daemon
-from .docker_engine import containers as dc
-from .errors import BuildError, Location
-from .manifest import Manifest, Step, Target
-from .patching import NearMatch
-from .progress import progress
+from .. import labels as lb
+from ..base import base_reference, discover_package, missing_variable_error
+from ..cli.progress import progress
+from ..docker_engine import client, daemon_errors, ensure_daemon
+from ..docker_engine import containers as dc
+from ..errors import BuildError, Location
+from ..manifest.model import Manifest, Step, Target
+from ..manifest.resolve import resolve
+from ..scripts import IDLE_LOOP
+from ..steps import ApplyContext, Changes, ContainerFS, DictFS, Entry, FileMeta, ImageFS, StepProblem, kind
+from ..steps.core import RowStatus, text_of
+from .anchored import NearMatch
 from .pycheck import check_python
-from .resolve import resolve
-from .scripts import IDLE_LOOP
-from .steps import ApplyContext, Changes, ContainerFS, DictFS, Entry, FileMeta, ImageFS, StepProblem, kind
-from .steps.core import RowStatus, text_of
 
 __all__ = ["AFTER_FAILED_SCRIPT", "OK_STATUSES", "CheckReport", "CheckRow", "ContainerFS", "DictFS", "Entry",
            "FinalState", "ImageFS", "Overlay", "ScriptOutcome", "ScriptSandbox", "check_patches", "check_steps",

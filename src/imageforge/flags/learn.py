@@ -1,4 +1,4 @@
-"""Serving flags, reading: two ways to learn them, both ending in a :class:`~imageforge.flags.FlagTable`.
+"""Serving flags, reading: two ways to learn them, both ending in a :class:`~imageforge.flags.model.FlagTable`.
 
 * **static** -- :func:`read_static` parses the source text of the files that build vLLM's parser
   (``STATIC_FILES``: ``vllm/engine/arg_utils.py`` and ``vllm/entrypoints/openai/cli_args.py`` in
@@ -21,9 +21,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import ConfigError, Location
-from .flags import FlagSpec, FlagTable, FlagType, Range
-from .inimage import program
+from ..errors import ConfigError, Location
+from ..inimage import program
+from .model import FlagSpec, FlagTable, FlagType, Range
 
 STATIC_FILES = ("vllm/engine/arg_utils.py", "vllm/entrypoints/openai/cli_args.py")
 INTROSPECT_COMMAND = ("python3", "-c")

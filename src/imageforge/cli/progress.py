@@ -10,7 +10,7 @@
 
 ``rich.progress`` is imported only when a bar is drawn. Off a terminal a line is written at the start, then at
 most every :data:`PLAIN_EVERY_S` seconds (and at the end): ``bench: 12/32 requests (38%), ETA 40s``. A command
-run with ``--quiet`` wraps its work in :func:`quiet` (see ``imageforge.cli.command_io``).
+run with ``--quiet`` wraps its work in :func:`quiet` (see ``imageforge.cli.output.command_io``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Load and validate build.yaml in one place: the frozen :mod:`imageforge.manifest` comes out.
+"""Load and validate build.yaml in one place: the frozen :mod:`imageforge.manifest.model` comes out.
 
 Three passes, each reporting every problem it finds:
 
-1. safe YAML load with positions (:mod:`imageforge.yamldoc`);
+1. safe YAML load with positions (:mod:`imageforge.manifest.yamldoc`);
 2. JSON Schema ``build.schema.json`` (top-level ``schema/``, package data in the wheel; strict: unknown
    keys -> "did you mean");
 3. semantic checks: default target/profile exist, step ids unique, sources exist,
@@ -24,9 +24,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import settings
-from .errors import ConfigError, ErrorCollector
-from .manifest import (
+from .. import settings
+from ..errors import ConfigError, ErrorCollector
+from ..steps import kind
+from ..steps.schema import manifest_schema
+from .model import (
     DEFAULT_MANIFEST,
     BaseSpec,
     Manifest,
@@ -44,8 +46,6 @@ from .manifest import (
     normalise_image_path,
     package_relative,
 )
-from .steps import kind
-from .steps.schema import manifest_schema
 from .tolerances import equiv_settings
 from .yaml_messages import did_you_mean
 from .yaml_schema import validate_schema

@@ -25,7 +25,7 @@ The one matching rule (:func:`matches`), which the build, ``check-patches``, the
 
 Standard library only: the submission's build-time patch applier embeds this module's source, so the
 platform's `docker build` counts anchors exactly as imageforge does. Deriving steps from an edited file
-(`patch-from`) lives in :mod:`imageforge.patchfrom`.
+(`patch-from`) lives in :mod:`imageforge.patches.from_text`.
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ from typing import Any, TextIO, cast
 
 from invoke.exceptions import Exit
 
-from . import progress, settings
-from .errors import EXIT_INTERRUPTED, ImageforgeError
+from .. import settings
+from ..errors import EXIT_INTERRUPTED, ImageforgeError
+from . import progress
 
 
 def traceback_wanted(flag: bool = False) -> bool:

@@ -22,14 +22,14 @@ from invoke.exceptions import Exit
 from invoke.program import Program
 from invoke.tasks import Task
 
-from . import __version__, app
-from .cli import EXIT_CLOSED_PIPE, Output, closed_pipe_quiet
-from .command_options import PROFILE_HELP, RESOLVE_HELP, SET_HELP, TARGET_HELP, command
-from .errors import BuildError, ConfigError
-from .workload import Workload
+from .. import __version__, app
+from ..errors import BuildError, ConfigError
+from ..workload import Workload
+from .options import PROFILE_HELP, RESOLVE_HELP, SET_HELP, TARGET_HELP, command
+from .output import EXIT_CLOSED_PIPE, Output, closed_pipe_quiet
 
 if TYPE_CHECKING:
-    from .smoke import SmokeReport
+    from ..smoke import SmokeReport
 
 
 @command(json=True)
@@ -72,7 +72,7 @@ def build(c: Context, cmd: Output, target: str = "", profile: str = "", set_: li
                "force": "Overwrite files that are already there"})
 def init(c: Context, cmd: Output, dir: str = ".", force: bool = False) -> None:
     """Write a starter project: build.yaml (the cpu target), images/cpu (its base recipe), smoke/ (its suite)."""
-    from .starter import write_starter
+    from ..starter import write_starter
 
     for line in write_starter(Path(dir), force=force):
         cmd.result(line)
@@ -225,7 +225,7 @@ def bench(c: Context, cmd: Output, url: str = "", target: str = "", profile: str
     --replay: the evaluator's workload one request at a time, its metrics and PASS/FAIL lines, bench.json + PNG.
     Workload options also answer to `vllm bench serve`'s names: --num-prompts, --max-concurrency,
     --random-input-len, --random-output-len, --request-rate (Poisson arrivals); the report adds p99s and ITL."""
-    from .bench import replay_options
+    from ..bench import replay_options
 
     w = workload or Workload()
     options = replay_options(replay, replay_out, requests=w.requests, seed=w.seed, max_model_len=max_model_len,
@@ -447,7 +447,7 @@ def program(namespace: Collection | None = None) -> Program:
 def main() -> None:
     """The `imageforge` console command (a reader closing stdout ends it quietly, also in invoke's own listings).
 
-    The console script enters through :func:`imageforge.launch.main` (the caller's PYTHONPATH dropped first)."""
+    The console script enters through :func:`imageforge.cli.launch.main` (the caller's PYTHONPATH dropped first)."""
     with contextlib.suppress(Exit), closed_pipe_quiet():
         program().run()
         return

@@ -1,4 +1,4 @@
-"""Serving flags, checking: the manifest's serving args against a :class:`~imageforge.flags.FlagTable`.
+"""Serving flags, checking: the manifest's serving args against a :class:`~imageforge.flags.model.FlagTable`.
 
 Pure: :func:`check_serving_args` takes serving args with their manifest positions (:class:`ServingArg`; see
 :func:`serving_args_of_resolved` / :func:`serving_args_of_target`) and a table, and returns
@@ -15,14 +15,14 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from .errors import Location, Problem
-from .flags import KNOWN_RANGES, FlagSpec, FlagTable
-from .yaml_messages import did_you_mean, format_key_path, type_name
-from .yamldoc import YamlDocument
+from ..errors import Location, Problem
+from ..manifest.yaml_messages import did_you_mean, format_key_path, type_name
+from ..manifest.yamldoc import YamlDocument
+from .model import KNOWN_RANGES, FlagSpec, FlagTable
 
 if TYPE_CHECKING:
-    from .manifest import Manifest
-    from .resolve import Resolved
+    from ..manifest.model import Manifest
+    from ..manifest.resolve import Resolved
 
 
 # --------------------------------------------------------------------------- serving args with positions

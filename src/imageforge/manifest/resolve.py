@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError
-from .manifest import Manifest, Profile, RunOptions, Step, Target, frozen_map
+from ..errors import ConfigError
+from .model import Manifest, Profile, RunOptions, Step, Target, frozen_map
 from .yaml_messages import did_you_mean
 
 ENV_SET = "IMAGEFORGE_SET"
@@ -235,7 +235,7 @@ def resolve(
 class ValidationSummary:
     manifest: Manifest
     resolved: tuple[Resolved, ...]
-    notes: tuple[str, ...] = ()  # what the serving-flag check said per target (imageforge.flagcheck)
+    notes: tuple[str, ...] = ()  # what the serving-flag check said per target (imageforge.flags.images)
 
     def to_json(self) -> dict[str, Any]:
         targets: dict[str, Any] = {}

@@ -2,7 +2,7 @@
 
 :func:`check_python` is what every patch and overlay of a ``.py`` file goes through, in the build,
 ``check-patches``, the in-place apply and the submission's generated applier (which embeds this
-module's source, as it embeds :mod:`imageforge.patching`):
+module's source, as it embeds :mod:`imageforge.patches.anchored`):
 
 1. ``compile(text, path, "exec", dont_inherit=True)``: a syntax or indentation error;
 2. ``ast.parse(text, feature_version=<the base's Python>)``: syntax newer than the base's Python

@@ -4,7 +4,7 @@
 ``--traceback``, ``--quiet``, ``--json``, ``--host-address``, ``--reuse-servers``, in-place mode's, the workload
 options from :class:`imageforge.bench.Workload`) and runs the body with the command's Settings, stdout kept for
 results. :class:`ForgeTask` gives every task the one flag table (:data:`SHORT_FLAGS`, :data:`LONG_ALIASES`).
-The tasks themselves are in :mod:`imageforge.commands`.
+The tasks themselves are in :mod:`imageforge.cli.commands`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from invoke.parser.context import ParserContext
 from invoke.tasks import Task
 from invoke.tasks import task as _invoke_task
 
-from . import app
-from .cli import command_io
-from .workload import Workload
+from .. import app
+from ..workload import Workload
+from .output import command_io
 
 if TYPE_CHECKING:
     pass
@@ -113,7 +113,7 @@ def command(*, json: bool = False, manifest: bool = True, host: bool = False, wo
     workload options (defaults from :class:`imageforge.bench.Workload`; the body gets ``workload=Workload(...)``) --
     and runs the body with the command's Settings in ``cmd.settings``, stdout kept for results (``cmd.result``),
     every other line on stderr, errors rendered with their exit code and a closed stdout ending quietly
-    (:func:`cli.command_io`).
+    (:func:`output.command_io`).
     """
     def decorate(body: Callable[..., None]) -> ForgeTask:
         shared: dict[str, object] = {}

@@ -1,6 +1,6 @@
 """The accuracy gate's settings: a target's ``equiv:`` block as frozen data, with defaults.
 
-Pure data, no imports from the rest of imageforge: :mod:`imageforge.manifest` builds an
+Pure data, no imports from the rest of imageforge: :mod:`imageforge.manifest.model` builds an
 :class:`EquivSettings` from the manifest (after the schema check), and :mod:`imageforge.equiv`
 gates a comparison with the :class:`Tolerance` of the dtype both servers ran in.
 
@@ -36,7 +36,6 @@ from typing import Any, Literal
 Dtype = Literal["float32", "bfloat16"]
 DTYPES: tuple[Dtype, ...] = ("float32", "bfloat16")
 BYTES_PER_VALUE: Mapping[str, int] = MappingProxyType({"float32": 4, "bfloat16": 2})
-TOLERANCE_KEYS = ("max_abs", "mean_abs", "p95_abs", "top1_min", "kl_max")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Safe YAML loading with positions: the one loader of the build manifest and the smoke suites.
 
 Both report problems the same way: ``file:line:column: key.path[3].name: message`` with expected/found and a
-hint (the words in :mod:`imageforge.yaml_messages`; the JSON Schema check of a loaded document in
-:mod:`imageforge.yaml_schema`).
+hint (the words in :mod:`imageforge.manifest.yaml_messages`; the JSON Schema check of a loaded document in
+:mod:`imageforge.manifest.yaml_schema`).
 
 * Only YAML's safe types are constructed; any explicit tag other than the standard ones
   (``!!python/object`` ...) is rejected before construction.
@@ -13,11 +13,11 @@ hint (the words in :mod:`imageforge.yaml_messages`; the JSON Schema check of a l
   contains itself are refused before anything walks or constructs them.
 * Syntax errors say where the construct started (an unclosed bracket or quote), where the
   parser noticed, the key path when the text shows it, and a hint for that kind of error
-  (:func:`imageforge.yaml_messages.syntax_error`).
+  (:func:`imageforge.manifest.yaml_messages.syntax_error`).
 * The raw text of every plain scalar is kept (``YamlDocument.scalars``), so messages can
   show ``0644`` as written rather than the integer 420 YAML made of it.
 * Implicit dates (``2025-01-15``) load as dates and are reported by
-  :func:`imageforge.yaml_schema.validate_schema`.
+  :func:`imageforge.manifest.yaml_schema.validate_schema`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError, Location, Problem
+from ..errors import ConfigError, Location, Problem
 from .yaml_messages import KeyPath, format_key_path, mark_location, syntax_error
 
 MAX_BYTES = 1024 * 1024

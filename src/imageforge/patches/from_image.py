@@ -1,8 +1,8 @@
 """`patch-from` against the target's base image: the anchored steps that turn a file of it into an edited copy.
 
 :func:`patch_from` reads the file as the target's existing steps leave it (dry-run in memory, as
-`check-patches` does: :func:`imageforge.checkpatches.check_steps`) or as the base image has it, and derives
-the steps with :func:`imageforge.patchfrom.derive_patch_steps` (the pure part).
+`check-patches` does: :func:`imageforge.patches.check.check_steps`) or as the base image has it, and derives
+the steps with :func:`imageforge.patches.from_text.derive_patch_steps` (the pure part).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .checkpatches import Log, Overlay, check_steps, image_session, script_sandbox, to_stderr
-from .docker_engine import daemon_errors
-from .errors import BuildError, ConfigError
-from .manifest import Manifest, resolve_image_path
-from .patchfrom import apply_steps, derive_patch_steps, render_steps_yaml
-from .steps.core import text_of
+from ..docker_engine import daemon_errors
+from ..errors import BuildError, ConfigError
+from ..manifest.model import Manifest, resolve_image_path
+from ..steps.core import text_of
+from .check import Log, Overlay, check_steps, image_session, script_sandbox, to_stderr
+from .from_text import apply_steps, derive_patch_steps, render_steps_yaml
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from .resolve import Resolved
+from ..manifest.resolve import Resolved
 
 # --------------------------------------------------------------------------- flags as argv
 

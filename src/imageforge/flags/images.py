@@ -1,6 +1,6 @@
 """Serving flags learnt from the target's own package and the manifest checked against them.
 
-:mod:`imageforge.flags` (read: `flags_read`, checked: `flags_check`); this module wires it to the image and a cache:
+:mod:`imageforge.flags.model` (read: `learn`, checked: `check`); this module wires it to the image and a cache:
 
 * :func:`flag_method` -- ``package.flags`` (``introspect`` | ``static`` | ``off``); when not written,
   ``off`` when the package is not ``vllm``, ``introspect`` for a recipe base (this project's image: its
@@ -10,7 +10,7 @@
   ``cli_args.py``). The cache key (:func:`flags_key`) is the plan's chain key of that step: the base
   image ID plus those steps' keys (the base ID itself when no step changes the parser).
 * :func:`learn_flags` -- against the daemon: the parser steps run in check-patches' machinery
-  (:func:`~imageforge.checkpatches.check_steps` with a :class:`~imageforge.checkpatches.ScriptSandbox`),
+  (:func:`~imageforge.patches.check.check_steps` with a :class:`~imageforge.patches.check.ScriptSandbox`),
   then the parser files are read (static) or vLLM's own parser is listed in a throwaway container,
   network off, removed after (introspect). The table is cached under ``<cache>/flags/``, with an index
   by base *reference* so that ``validate`` (no daemon) finds it: :func:`cached_flags`.
@@ -29,10 +29,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import labels as lb
-from .errors import BuildError, ConfigError, ErrorCollector, InfraError, Location, Problem
-from .flags import FlagSpec, FlagTable, Range
-from .flags_check import (
+from .. import labels as lb
+from ..errors import BuildError, ConfigError, ErrorCollector, InfraError, Location, Problem
+from ..manifest.yamldoc import load_yaml_c
+from ..plan import canonical, chain_key, sha256_bytes, sha256_file, step_inputs
+from ..settings import cache_dir
+from ..steps import kind, one_file
+from .check import (
     ServingArg,
     check_serving_args,
     run_port_of,
@@ -40,16 +43,13 @@ from .flags_check import (
     serving_args_of_target,
     suite_models,
 )
-from .flags_read import FORMAT, INTROSPECT_COMMAND, STATIC_FILES, introspection_source, parse_introspection, read_static
-from .plan import canonical, chain_key, sha256_bytes, sha256_file, step_inputs
-from .settings import cache_dir
-from .steps import one_file
-from .yamldoc import load_yaml_c
+from .learn import FORMAT, INTROSPECT_COMMAND, STATIC_FILES, introspection_source, parse_introspection, read_static
+from .model import FlagSpec, FlagTable, Range
 
 if TYPE_CHECKING:
-    from .checkpatches import Overlay, ScriptSandbox
-    from .manifest import Manifest, Step, Target
-    from .resolve import Resolved
+    from ..manifest.model import Manifest, Step, Target
+    from ..manifest.resolve import Resolved
+    from ..patches.check import Overlay, ScriptSandbox
 
 Log = Callable[[str], None]
 FlagMethod = Literal["introspect", "static", "off"]
@@ -87,8 +87,8 @@ def _in_package(path: str) -> str:
 
 
 def changes_parser(step: Step) -> bool:
-    """A script step (it may do anything), or a file step writing a parser file."""
-    if step.kind == "script":
+    """A step that runs a process (a script: it may do anything), or a file step writing a parser file."""
+    if kind(step.kind).runs_process:
         return True
     written = one_file(step)
     if written is None:
@@ -260,7 +260,7 @@ def _base_confirmed(target: Target, hit: CachedFlags, environ: Mapping[str, str]
     ref = target.base.reference(environ)
     if ref is None:
         return False
-    from .docker_engine import image_or_none
+    from ..docker_engine import image_or_none
 
     try:
         image = image_or_none(ref)
@@ -274,7 +274,7 @@ def _base_confirmed(target: Target, hit: CachedFlags, environ: Mapping[str, str]
 
 def _image_after(sandbox: ScriptSandbox, state: Overlay) -> str:
     """An image holding the parser steps' result: the last script's, plus the file steps since."""
-    from .checkpatches import ScriptSandbox
+    from ..patches.check import ScriptSandbox
 
     if not state.files and not state.links:
         return sandbox.image
@@ -318,8 +318,8 @@ def _read_sources(state: Overlay, site: str) -> dict[str, str]:
 def learn_flags(manifest: Manifest, target_name: str, *, environ: Mapping[str, str],
                 log: Log = _stderr) -> FlagTable | None:
     """The target's flags after its parser steps, from the cache or learnt now (None: ``package.flags: off``)."""
-    from .checkpatches import check_steps, image_session, script_sandbox
-    from .docker_engine import daemon_errors
+    from ..docker_engine import daemon_errors
+    from ..patches.check import check_steps, image_session, script_sandbox
 
     target = manifest.target(target_name)
     method = flag_method(target)
@@ -361,7 +361,7 @@ def _suite(target: Target, environ: Mapping[str, str] | None = None) -> list[Ser
     """The model names the target's smoke suite calls, with their lines.
 
     Cached by the suite's bytes under ``<cache>/flags/suites/`` (a no-op build reads one small JSON file);
-    a new suite is read with libyaml's C parser (:func:`~imageforge.yamldoc.load_yaml_c`), not the
+    a new suite is read with libyaml's C parser (:func:`~imageforge.manifest.yamldoc.load_yaml_c`), not the
     position-tracking Python loader, which ``smoke`` itself uses to report the suite's problems.
     """
     path = target.smoke.suite

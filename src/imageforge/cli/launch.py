@@ -3,7 +3,7 @@
 
 Run with a ``PYTHONPATH`` holding more than imageforge's own folder, it runs itself again without it, the
 caller's value kept in IMAGEFORGE_CALLER_PYTHONPATH (:class:`imageforge.settings.Settings` gives it back as
-``PYTHONPATH`` to the target interpreter, scripts and server); then :func:`imageforge.commands.main`.
+``PYTHONPATH`` to the target interpreter, scripts and server); then :func:`imageforge.cli.commands.main`.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ def without_caller_pythonpath(environ: Mapping[str, str], own: str) -> dict[str,
 
 
 def main() -> None:
-    own = str(Path(__file__).resolve().parents[1])
+    own = str(Path(__file__).resolve().parents[2])
     env = without_caller_pythonpath(os.environ, own)
     if env is not None:
         script = sys.argv[0] if os.path.isfile(sys.argv[0]) else None  # the console script (else -m)
-        os.execve(sys.executable, [sys.executable, *([script] if script else ["-m", "imageforge.launch"]),
+        os.execve(sys.executable, [sys.executable, *([script] if script else ["-m", "imageforge.cli.launch"]),
                                    *sys.argv[1:]], env)
     from .commands import main as run
 

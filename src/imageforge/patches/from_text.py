@@ -2,7 +2,7 @@
 
 One step per changed region (neighbours merge when their context would overlap), whose anchors are
 grown, line by line, until each occurs exactly once; :func:`render_steps_yaml` prints them as manifest
-YAML. Pure functions over :mod:`imageforge.patching` (which stays standard-library only).
+YAML. Pure functions over :mod:`imageforge.patches.anchored` (which stays standard-library only).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from .errors import BuildError
-from .patching import apply_patch
+from ..errors import BuildError
+from .anchored import apply_patch
 
 #: Lines of context an anchor may grow beyond the smallest unique one to make the step idempotent.
 SOFT_CONTEXT = 6
@@ -75,7 +75,7 @@ def derive_patch_steps(original: str, edited: str, *, file: str, id_prefix: str 
     rebuild on a patched file then reports "already applied"); where that is out of reach
     (an append at the end of the file) the smallest unique anchor is used.  When a region's
     context would reach the next region the two merge.
-    Applying the steps with :func:`imageforge.patching.apply_patch` yields ``edited`` exactly.
+    Applying the steps with :func:`imageforge.patches.anchored.apply_patch` yields ``edited`` exactly.
     """
     if not original and edited:
         raise BuildError("the original file is empty: a patch needs an anchor", hint="use an overlay step")

@@ -16,7 +16,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from .errors import ErrorCollector, Problem
+from ..errors import ErrorCollector, Problem
 from .yaml_messages import KeyPath, did_you_mean, format_key_path, type_name
 from .yamldoc import YamlDocument
 
@@ -25,7 +25,7 @@ SCHEMA_PACKAGE = "imageforge"  # in a wheel the JSON Schemas are package data: i
 
 
 #: The one place the schemas live in the source tree: schema/ at the top of the repository.
-CHECKOUT_SCHEMAS = Path(__file__).resolve().parents[2] / "schema"
+CHECKOUT_SCHEMAS = Path(__file__).resolve().parents[3] / "schema"
 
 
 def schema_text(name: str) -> str:

@@ -1,0 +1,1 @@
+"""Patches: anchored text patches, the check of a changed ``.py``, `patch-from`, `check-patches`."""
