@@ -252,7 +252,7 @@ def stop(target: str | None, *, every: bool, s: Settings | None = None, in_place
 def smoke(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, url: str | None,
           suite: str | None, tags: str | None, base: bool, port: int | None, wait: float,
           echo: Log = print, show: Callable[[SmokeReport], None] | None = None,
-          in_place: InPlace | None = None) -> SmokeReport:
+          in_place: InPlace | None = None, params: Sequence[str] = ()) -> SmokeReport:
     """`smoke`: the suite against --url, or build + start + check + remove TARGET:PROFILE (exit 4 on a failure)."""
     from .errors import ConfigError
     from .smoke import DEFAULT_TAGS, parse_tags, smoke_target, smoke_url, suite_for, target_vars, verdict
@@ -270,13 +270,14 @@ def smoke(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         chosen = tag_list or (tuple(resolved.target.smoke.tags) if resolved is not None else ()) or DEFAULT_TAGS
         report = smoke_url(url, suite_path=suite_path, tags=chosen, run_root=root, echo=echo,
                            vars=target_vars(resolved) if resolved is not None and target else None, wait=wait,
-                           target=resolved.target.name if resolved is not None and target else None)
+                           target=resolved.target.name if resolved is not None and target else None,
+                           params=params)
     else:
         resolved = _resolve(s, load(s), target, profile, sets)
         with _applied(s, resolved, in_place, echo, starts=1):
             report = smoke_target(resolved, environ=s.environ, suite_path=Path(suite) if suite else None,
                                   tags=tag_list, echo=echo, base=base, port=port, host_address=s.host_address,
-                                  in_place=in_place)
+                                  in_place=in_place, params=params)
     if show is not None:  # the result, shown before the verdict (exit 4) too
         show(report)
     verdict(report)

@@ -508,7 +508,12 @@ def test_reports_are_written_and_junit_parses(tmp_path: Path) -> None:
     assert report.json_path is not None and report.junit_path is not None
     data = json.loads(report.json_path.read_text())
     assert data["summary"] == "5 passed, 0 failed, 1 skipped" and data["ok"] is True
-    assert {c["id"] for c in data["checks"]} == {"health", "lengths", "too-long", "metrics", "stream", "later"}
+    # every check of the suite is listed: the one the tags left out as skipped, saying why
+    assert {c["id"] for c in data["checks"]} == {"health", "lengths", "too-long", "metrics", "stream", "later",
+                                               "real-only"}
+    left_out = next(c for c in data["checks"] if c["id"] == "real-only")
+    assert left_out["status"] == "skipped" and data["not_selected"] == 1
+    assert left_out["why"] == "not selected: tagged real-weights, the run selected dummy-ok"
     xml = JUnitXml.fromfile(str(report.junit_path))
     suites = list(xml)
     assert len(suites) == 1
