@@ -83,26 +83,34 @@ def _resolve(s: Settings, manifest: Manifest, target: str | None, profile: str |
 # --------------------------------------------------------------------------- manifest, plan, base, build
 
 
-def validate(s: Settings) -> ValidationSummary:
-    """`validate`: YAML, schema, files, paths and every profile of every target."""
+def validate(s: Settings, *, strict: bool = False) -> ValidationSummary:
+    """`validate`: YAML, schema, files, paths and every profile of every target; the serving values of each
+    against the evaluator's checks (warnings; ``strict``: exit 2 on one)."""
+    from .evaluator_preflight import report_risks
     from .flagcheck import check_validate
     from .resolve import validate_all
 
     summary = validate_all(load(s))
-    return replace(summary, notes=tuple(check_validate(summary.manifest, s.environ)))
+    notes = tuple(check_validate(summary.manifest, s.environ))
+    risks = report_risks(summary.resolved, s.environ, strict=strict)
+    return replace(summary, notes=(*notes, *risks.notes), warnings=risks.warnings)
 
 
 def plan(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *,
-         use_daemon: bool) -> PlanReport:
-    """`plan`: resolve, then ask the daemon (when one answers) what is cached."""
+         use_daemon: bool, strict: bool = False) -> PlanReport:
+    """`plan`: resolve, check the serving values against the evaluator (warnings; ``strict``: exit 2 on one,
+    before anything else), then ask the daemon (when one answers) what is cached."""
     from .base import daemon_probe
+    from .evaluator_preflight import report_risks
     from .flagcheck import check_resolved
     from .plan import PlanReport, make_plan
 
     resolved = _resolve(s, load(s), target, profile, sets)
+    risks = report_risks([resolved], s.environ, strict=strict)
     probe = daemon_probe() if use_daemon else None
     note = check_resolved(resolved, s.environ, use_daemon=probe is not None)
-    return PlanReport(make_plan(resolved, environ=s.environ, probe=probe), notes=(note,) if note else ())
+    return PlanReport(make_plan(resolved, environ=s.environ, probe=probe),
+                      notes=((note,) if note else ()) + risks.notes, warnings=risks.warnings)
 
 
 def base(s: Settings, target: str | None, log: Log = print) -> str:

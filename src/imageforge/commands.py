@@ -32,19 +32,27 @@ if TYPE_CHECKING:
     from .smoke import SmokeReport
 
 
-@command(json=True)
-def validate(c: Context, cmd: Output) -> None:
-    """Check the manifest: YAML, schema, files, paths, profiles of every target. No daemon needed."""
-    summary = app.validate(cmd.settings)
+STRICT_HELP = ("Exit 2 when a serving value makes an evaluator check fail (max-model-len above max_context_tokens, "
+               "max-num-seqs 1 with the n guard, a parser or prefix caching missing) and no profile takes it on "
+               "purpose")
+
+
+@command(json=True, help={"strict": STRICT_HELP})
+def validate(c: Context, cmd: Output, strict: bool = False) -> None:
+    """Check the manifest: YAML, schema, files, paths, profiles of every target, their serving values against the
+    evaluator's checks (warnings). No daemon needed."""
+    summary = app.validate(cmd.settings, strict=strict)
     cmd.result(summary.text(), summary.to_json())
 
 
 @command(json=True, iterable=["set_"],
-         help={**RESOLVE_HELP, "no_daemon": "Do not ask the Docker daemon for cache state"})
+         help={**RESOLVE_HELP, "no_daemon": "Do not ask the Docker daemon for cache state", "strict": STRICT_HELP})
 def plan(c: Context, cmd: Output, target: str = "", profile: str = "", set_: list[str] | None = None,
-         no_daemon: bool = False) -> None:
-    """Show every resolved value (and where it came from), the ordered steps, cache keys and HIT/MISS."""
-    result = app.plan(cmd.settings, target or None, profile or None, set_ or [], use_daemon=not no_daemon)
+         no_daemon: bool = False, strict: bool = False) -> None:
+    """Show every resolved value (and where it came from), the ordered steps, cache keys and HIT/MISS; warn
+    where a serving value makes an evaluator check fail."""
+    result = app.plan(cmd.settings, target or None, profile or None, set_ or [], use_daemon=not no_daemon,
+                      strict=strict)
     cmd.result(result.text(), result.to_json())
 
 

@@ -33,7 +33,8 @@ STAGES: tuple[tuple[str, ...], ...] = (
     # one class per step kind: fields, defaults, load, inputs, apply -> Changes, verify facts, Dockerfile emit;
     # manifest_load: build.yaml loaded and checked into the manifest (each step's keys by its kind's class)
     ("steps", "manifest_load"),
-    ("verify", "blame", "housekeeping"),  # the verify layer's checks; the step a traceback blames; build.lock, clean
+    # the verify layer's checks; the step a traceback blames; build.lock, clean; serving values vs the evaluator
+    ("verify", "blame", "housekeeping", "evaluator_preflight"),
     ("build", "checkpatches", "patchfrom_image", "flagcheck"),  # the layers; dry runs of the steps, patch-from; flags
     ("inplace",),  # the steps applied to the machine itself through a journal; revert, status
     ("serve",),  # the server runtime: the container (spec, container), the server as a process (in place)
