@@ -38,7 +38,8 @@ STAGES: tuple[tuple[str, ...], ...] = (
     # one class per step kind: fields, defaults, load, inputs, apply -> Changes, verify facts, Dockerfile emit;
     # manifest.load: build.yaml loaded and checked into the manifest (each step's keys by its kind's class)
     ("steps", "manifest.load"),
-    ("verify", "blame", "housekeeping"),  # the verify layer's checks; the step a traceback blames; build.lock, clean
+    # the verify layer's checks; the step a traceback blames; build.lock, clean; serving values vs the evaluator
+    ("verify", "blame", "housekeeping", "evaluator_preflight"),
     # the layers; dry runs of the steps, patch-from against an image; flags learnt from an image
     ("build", "patches.check", "patches.from_image", "flags.images"),
     ("inplace",),  # the steps applied to the machine itself through a journal; revert, status
