@@ -45,7 +45,7 @@ def test_bench_counts_exactly_the_tokens_requested(cpu_server: Any, tmp_path: Pa
     assert bench.cache_source == "usage.prompt_tokens_details.cached_tokens"
     assert bench.cached_tokens is not None and 0 < bench.cached_tokens <= 8 * 225
     s = bench.summary()
-    assert s["output_tps"] > 0 and s["input_tps"] > s["output_tps"] and s["score"] > 0
+    assert s["output_tps"] > 0 and s["input_tps"] > s["output_tps"] and s["weighted_tps"] > 0
     assert 0 < s["ttft_p50_s"] <= s["latency_p50_s"] <= s["latency_p95_s"]
     data = json.loads((tmp_path / "run" / "bench.json").read_text())
     assert data["summary"] == s and data["host"]["cpus"] == os.cpu_count()
@@ -134,8 +134,9 @@ def test_two_point_sweep_of_the_cpu_target(cpu_server: Any,
     assert [p["params"] for p in data["points"]] == [{"max-num-seqs": 1}, {"max-num-seqs": 8}]
     assert [p["reused"] for p in data["points"]] == [False, True]
     md = (result.run_dir / "sweep.md").read_text()
-    assert "| max-num-seqs | Output TPS | Input TPS | Cache TPS | score |" in md and "best score" in md
-    assert "sweep cpu:conservative" in out and any(line.startswith("best score: max-num-seqs=") for line in lines)
+    assert "| max-num-seqs | Output TPS | Input TPS | Cache TPS | weighted TPS |" in md and "best weighted_tps" in md
+    assert "sweep cpu:conservative" in out
+    assert any(line.startswith("best weighted_tps: max-num-seqs=") for line in lines)
     # the server the sweep started is gone, the reused one is left running; the points are tagged under
     # imageforge/cpu-sweep, not the profile's own tags
     leftovers = [c for c in labelled({L_TARGET: "cpu"})
