@@ -557,3 +557,36 @@ def test_bench_in_place_replay_starts_and_stops_its_own_server_in_place(
     assert report["kind"] == "replay" and len(report["requests"]) == 2
     assert result.json_path.parent.parent == manifest.parent / ".imageforge" / "runs"
     assert where.applied_state() is None  # the root as before: nothing applied
+
+
+# --------------------------------------------------------------------------- the target's replay: block
+
+
+def test_the_targets_replay_settings_give_the_cap_and_the_gate(bi100: Any, cpu: Any,
+                                                               write_manifest: Callable[[str], Path]) -> None:
+    from imageforge.bench.runner import with_target
+    from imageforge.errors import ConfigError as Err
+    from imageforge.manifest_load import load_manifest
+
+    from .conftest import manifest_text
+
+    assert bi100.target.replay.time_cap == 13 * 3600 and bi100.target.replay.gate == ("competition",)
+    assert cpu.target.replay.time_cap is None and cpu.target.replay.gate == ()
+    options = ReplayOptions(duration=300.0)
+    on_bi100 = with_target(options, bi100.target.replay)
+    assert (on_bi100.cap, on_bi100.gate) == (46800.0, ("competition",))
+    assert with_target(ReplayOptions(time_cap=60.0), bi100.target.replay).cap == 60.0  # --time-cap wins
+    assert with_target(options, cpu.target.replay).cap == 300.0  # no cap of its own: --duration
+    with pytest.raises(Err) as info:
+        load_manifest(write_manifest(manifest_text("    replay: {time_cap: 0, gate: [organisers]}\n")))
+    text = info.value.render()
+    assert "replay.time_cap" in text and "replay.gate" in text
+
+
+def test_time_cap_from_the_command() -> None:
+    options = replay_options(True, "", time_cap=120.0)
+    assert options is not None and options.time_cap == 120.0 and options.cap == 120.0
+    unset = replay_options(True, "", time_cap=0, duration=300.0)
+    assert unset is not None and unset.time_cap is None and unset.cap == 300.0
+    with pytest.raises(ConfigError, match="time cap"):
+        ReplayOptions(time_cap=-1.0).validate()
