@@ -44,6 +44,7 @@ from .plots import plot_replay
 from .redlines import SOURCE_TEXT, failing, gated_sources
 from .replay_loading import dataset_format, load_jsonl, server_counter
 from .replay_workload import ReplayRequest, ReplaySpec, generate, stats, write_jsonl
+from .sampling import choose, predict, prediction_lines, sessions
 
 Log = Callable[[str], None]
 Clock = Callable[[], float]
@@ -268,6 +269,7 @@ class ReplayOptions:
     require_targets: bool = False  # exit 4 when an organisers' target does not PASS
     time_cap: float | None = None  # seconds from the first request sent (--time-cap, else the target's replay:)
     gate: tuple[str, ...] = ()  # redline sources that exit 4 (the target's replay.gate)
+    sample: int = 0  # --sample N: about N requests of whole sessions of FILE (seed: --seed); 0: the whole file
 
     @property
     def cap(self) -> float:
@@ -286,6 +288,8 @@ class ReplayOptions:
             problems.append(f"max error rate must be within 0..1 (got {self.max_error_rate})")
         if self.file is not None and self.out is not None:
             problems.append("--replay FILE replays your file: --replay-out only keeps a generated workload")
+        if self.sample < 0 or (self.sample and self.file is None):
+            problems.append("--sample N takes N >= 1 requests of whole sessions of a file: --replay FILE --sample N")
         if problems:
             raise ConfigError("invalid replay options: " + "; ".join(problems))
         return self
@@ -298,6 +302,7 @@ class ReplayBench:
     run: ReplayRun
     workload: dict[str, Any]  # source (generated / file), path, spec, stats
     run_dir: Path
+    prediction: dict[str, Any] | None = None  # --sample: the full replay's figures with intervals
     json_path: Path | None = None
     png_path: Path | None = None
     target: str | None = None
@@ -305,9 +310,12 @@ class ReplayBench:
     startup_seconds: float | None = None
 
     def to_json(self) -> dict[str, Any]:
+        run = self.run.to_json()
+        if self.prediction is not None:
+            run["report"]["prediction"] = self.prediction
         return {"kind": "replay", "target": self.target, "profile": self.profile,
                 "startup_seconds": None if self.startup_seconds is None else round(self.startup_seconds, 2),
-                "workload": self.workload, **self.run.to_json()}
+                "workload": self.workload, **run}
 
     def lines(self) -> list[str]:
         w = self.workload
@@ -316,6 +324,8 @@ class ReplayBench:
                f"({w['source']}: {w['path']}); stopped by {self.run.stopped_by}; wall {self.run.wall_s:.1f} s; "
                f"load {host.get('loadavg_before')} -> {host.get('loadavg_after')} on {host.get('cpus')} CPUs"]
         out.extend(self.run.report.lines())
+        if self.prediction is not None:
+            out.extend(prediction_lines(self.prediction))
         return out
 
 
@@ -325,6 +335,9 @@ def replay_workload(options: ReplayOptions, url: str, model: str, server_len: in
     ``options.max_model_len`` or the server's max-model-len) kept as JSONL."""
     if options.file is not None:
         requests = load_jsonl(options.file)
+        if options.sample:
+            return requests, {"source": "file", "path": str(options.file), "format": dataset_format(requests),
+                              "stats": stats(requests)}
         if options.requests:
             requests = requests[:options.requests]
         return requests, {"source": "file", "path": str(options.file), "format": dataset_format(requests),
@@ -349,9 +362,18 @@ def replay_bench(url: str, options: ReplayOptions, run_dir: Path, *, echo: Log =
     model, server_len = discover_model(url, transport=transport)
     requests, workload = replay_workload(options, url, model, server_len, run_dir, transport=transport)
     echo(f"workload ({workload['source']}): {workload['path']} {json.dumps(workload['stats'])}")
+    population = chosen = None
+    if options.sample:
+        population = sessions(requests)
+        chosen = choose(population, options.sample, options.seed)
+        requests = [requests[i] for s in chosen for i in s.requests]
+        workload["sample"] = {"requests": options.sample, "seed": options.seed, "sessions": [s.index for s in chosen]}
+        echo(f"sample (seed {options.seed}): {len(requests)} requests of {len(chosen)} whole sessions")
     run = run_replay(requests, url, model=model, time_cap=options.cap, timeout=options.timeout,
                      planned_output=options.planned_output, log=echo, transport=transport)
     result = ReplayBench(run, workload, run_dir)
+    if chosen is not None and population is not None:
+        result.prediction = predict(chosen, population, run.records, run.wall_s, time_cap=options.cap)
     write_replay(result)
     return result
 
