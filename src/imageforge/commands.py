@@ -217,7 +217,7 @@ def demo(c: Context, cmd: Output) -> None:
               "replay's predicted score, rates and wall time with 95 % intervals",
     "time_cap": "Replay: stop this many seconds after the first request; requests not started add nothing "
                 "(default: the target's replay.time_cap, bi100 13 h; else --duration)",
-    "target": TARGET_HELP,
+    "target": TARGET_HELP + "; with --url --replay: only its replay: settings (time cap, gating redlines)",
     "profile": "Profile to build, start, bench and remove (default: the target's default_profile)",
     "set_": SET_HELP,
     "port": "Host port for the server started here (default: a free one)"})

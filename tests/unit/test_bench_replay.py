@@ -590,3 +590,30 @@ def test_time_cap_from_the_command() -> None:
     assert unset is not None and unset.time_cap is None and unset.cap == 300.0
     with pytest.raises(ConfigError, match="time cap"):
         ReplayOptions(time_cap=-1.0).validate()
+
+
+def test_bench_url_replay_with_a_target_takes_its_replay_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`bench --url U --replay --target bi100` (the card job): bi100's time cap and gate, nothing built."""
+    from imageforge import app
+    from imageforge.bench import Workload, replay
+
+    from .conftest import REPO
+
+    seen: list[ReplayOptions] = []
+
+    class Seen(Exception):
+        pass
+
+    def fake(url: str, options: ReplayOptions, run_dir: Path, **_kw: Any) -> Any:
+        seen.append(options)
+        raise Seen
+
+    monkeypatch.setattr(replay, "replay_bench", fake)
+    settings = app.settings(manifest=str(REPO / "build.yaml"))
+    with pytest.raises(Seen):
+        app.bench(settings, "bi100", None, [], url="http://127.0.0.1:9", port=None, workload=Workload(),
+                  replay=ReplayOptions(duration=300.0), echo=lambda _l: None)
+    assert (seen[0].cap, seen[0].gate) == (46800.0, ("competition",))
+    with pytest.raises(ConfigError, match="do not apply"):
+        app.bench(settings, "bi100", None, [], url="http://127.0.0.1:9", port=None, workload=Workload(),
+                  replay=None, echo=lambda _l: None)
