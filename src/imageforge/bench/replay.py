@@ -121,7 +121,7 @@ def attempt_failure(got: Streamed) -> tuple[str, bool, str] | None:
     if exc is None:
         return None
     text = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, SSEError):  # a 200 that is not an event stream: nothing the harness could read either
+    if isinstance(exc, SSEError):  # a 200 that is not an event stream although one was asked for: not retried
         return "stream_aborted", False, text
     timed_out = isinstance(exc, httpx.TimeoutException)
     return classify_transport(timed_out=timed_out, got_response=got.status is not None), True, text
