@@ -325,6 +325,7 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
     """
     from .bench import bench_target, print_bench, replay_report, replay_target, run_bench, verdict, write_bench
     from .bench.replay import replay_bench
+    from .bench.runner import with_target
     from .errors import ConfigError
     from .rundirs import new_run_id, run_dir
     from .serve.openai_wire import check_url
@@ -336,12 +337,14 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
     if url and in_place is not None:
         raise ConfigError("--url benches a running server: --in-place does not apply")
     if url:
-        if target or profile or sets:
-            raise ConfigError("--url benches a running server: --target, --profile and --set do not apply",
-                              hint="drop --url to build, start and stop the target's server")
+        if (target and replay is None) or profile or sets:
+            raise ConfigError("--url benches a running server: --target (except with --replay), --profile and "
+                              "--set do not apply", hint="drop --url to build, start and stop the target's server")
         check_url(url)
         root = s.manifest.resolve().parent if s.manifest.exists() else Path.cwd()
         if replay is not None:
+            if target:  # the target's replay: settings (time cap, gate) for a server already up: nothing is built
+                replay = with_target(replay, load(s).target(target).replay)
             return replay_report(replay_bench(url, replay, run_dir(root, new_run_id()), echo=echo), replay, echo,
                                  show)
         result = run_bench(url, w, echo=echo, run_dir=None, write=False)

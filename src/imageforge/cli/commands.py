@@ -223,18 +223,24 @@ def demo(c: Context, cmd: Output) -> None:
     "max_model_len": "Scale the generated replay to this max-model-len (default: the server's)",
     "planned_output": "Replay: add max_tokens = the planned output to requests without a limit (default on; "
                       "--no-planned-output sends the bodies as they are, for real weights)",
-    "require_targets": "Replay: exit 4 when an evaluator target line does not PASS",
-    "target": TARGET_HELP,
+    "require_targets": "Replay: exit 4 when one of the organisers' targets does not PASS (the target's replay.gate "
+                       "redlines always gate)",
+    "sample": "Replay FILE: about N requests of whole sessions, stratified (--seed picks them), and the full "
+              "replay's predicted score, rates and wall time with 95 % intervals",
+    "time_cap": "Replay: stop this many seconds after the first request; requests not started add nothing "
+                "(default: the target's replay.time_cap, bi100 13 h; else --duration)",
+    "target": TARGET_HELP + "; with --url --replay: only its replay: settings (time cap, gating redlines)",
     "profile": "Profile to build, start, bench and remove (default: the target's default_profile)",
     "set_": SET_HELP,
     "port": "Host port for the server started here (default: a free one)"})
 def bench(c: Context, cmd: Output, url: str = "", target: str = "", profile: str = "",
           set_: list[str] | None = None, port: int = 0, replay: str = "", replay_out: str = "",
           max_model_len: int = 0, planned_output: bool = True, require_targets: bool = False,
-          workload: Workload | None = None) -> None:
+          time_cap: float = 0, sample: int = 0, workload: Workload | None = None) -> None:
     """Load-test --url, or build + serve + bench + remove TARGET:PROFILE: TPS, score, latencies. Exit 4 on failure.
 
-    --replay: the evaluator's workload one request at a time, its metrics and PASS/FAIL lines, bench.json + PNG.
+    --replay: the evaluator's workload one request at a time, its metrics (weighted_tps: the platform's score),
+    its redlines with their sources, bench.json + PNG.
     Workload options also answer to `vllm bench serve`'s names: --num-prompts, --max-concurrency,
     --random-input-len, --random-output-len, --request-rate (Poisson arrivals); the report adds p99s and ITL."""
     from ..bench import replay_options
@@ -242,7 +248,8 @@ def bench(c: Context, cmd: Output, url: str = "", target: str = "", profile: str
     w = workload or Workload()
     options = replay_options(replay, replay_out, requests=w.requests, seed=w.seed, max_model_len=max_model_len,
                              planned_output=planned_output, duration=w.duration, timeout=w.timeout,
-                             max_error_rate=w.max_error_rate, require_targets=require_targets)
+                             max_error_rate=w.max_error_rate, require_targets=require_targets,
+                             time_cap=time_cap, sample=sample)
     def show(result: Any) -> None:  # before the verdict: the JSON document also when the bench fails
         if options:
             cmd.result("\n".join(result.lines()), result.to_json()["report"], logged=True)
