@@ -33,11 +33,13 @@ if TYPE_CHECKING:
     from .manifest import Manifest
     from .patchfrom_image import PatchFromResult
     from .plan import PlanReport
+    from .preflight import PreflightReport
     from .resolve import Resolved, ValidationSummary
     from .serve.container import Server
     from .serve.process import InPlace, ProcessServer
     from .smoke import SmokeReport
     from .submission import SubmissionResult
+    from .vendor_api.probe import ProbeResult
     from .wheelhouse import Wheelhouse
 
 Log = Callable[[str], None]
@@ -144,6 +146,34 @@ def check_patches(s: Settings, target: str | None, profile: str | None, *, diff:
     fail_if_broken(report)
     check_target(manifest, target, s.environ)  # the serving flags against the parser after the steps
     return report
+
+
+def preflight(s: Settings, target: str | None, profile: str | None, *, strict: bool = False,
+              allow_dirty: bool = False, show: Callable[[PreflightReport], None],
+              log: Log = _quiet) -> PreflightReport:
+    """`preflight`: ``show`` every finding of one run, then fail (exit 3) when an error (``strict``: a warning)
+    is among them."""
+    from .errors import BuildError
+    from .preflight import run_preflight
+    from .resolve import validate_all
+
+    report = run_preflight(lambda: load(s), validate_all, target, profile, environ=s.environ, strict=strict,
+                           allow_dirty=allow_dirty, log=log)
+    show(report)
+    if not report.ok:
+        first = report.failing[0]
+        raise BuildError(f"preflight of target {report.target!r}: {len(report.failing)} finding(s) fail the run",
+                         found=f"{first.where()}: {first.check}: {first.message}",
+                         hint="every finding is listed above; --json for tools")
+    return report
+
+
+def probe(*, out: str, python: str, modules: Sequence[str], walk: Sequence[str], ops: Sequence[str],
+          libraries: Sequence[str]) -> ProbeResult:
+    """`probe --in-place`: the vendor API record taken with the target interpreter, written to OUT."""
+    from .vendor_api.probe import probe as take
+
+    return take(Path(out), python=python, modules=modules, walk=walk, ops=ops, libraries=libraries)
 
 
 def patch_from(s: Settings, target: str | None, file: str, edited: str, *, against_base: bool,

@@ -90,6 +90,40 @@ def check_patches(c: Context, cmd: Output, target: str = "", profile: str = "", 
                       show=lambda report: cmd.result(report.text(), report.to_json()))
 
 
+@command(json=True, help={
+    "target": TARGET_HELP, "profile": "Profile whose steps are checked (default: the target's default profile)",
+    "strict": "Warnings fail the run too",
+    "allow_dirty": "Go on when files the submission ships are untracked or modified in git (then warnings)"})
+def preflight(c: Context, cmd: Output, target: str = "", profile: str = "", strict: bool = False,
+              allow_dirty: bool = False) -> None:
+    """Every check that needs no card, one run, every finding: validate, the steps (scripts in a sandbox), the
+    final tree's Python/imports/vendor API, scripts, pins, CRLF, flags, the submission tree, git. Exit 3 on an error."""
+    app.preflight(cmd.settings, target or None, profile or None, strict=strict, allow_dirty=allow_dirty,
+                  show=lambda report: cmd.result(report.text(), report.to_json()), log=cmd.log)
+
+
+@command(json=True, manifest=False, iterable=["module", "walk", "ops", "library"], help={
+    "in_place": "Probe this machine's Python (the only mode: run it on the card's box)",
+    "python": "The target interpreter (default: python3 on PATH)",
+    "out": "The record to write (default vendor-api.json)",
+    "module": "An extension module to record (repeatable; default: vllm._C, vllm._moe_C)",
+    "walk": "A package recorded with all its submodules (repeatable; default: ixformer)",
+    "ops": "A torch.ops namespace to record with its schemas (repeatable; default: _C, _moe_C, _C_cache_ops, "
+           "_C_custom_ar)",
+    "library": "A shared library (glob) whose soname, needed and exports to record (repeatable)"})
+def probe(c: Context, cmd: Output, in_place: bool = False, python: str = "python3", out: str = "vendor-api.json",
+          module: list[str] | None = None, walk: list[str] | None = None, ops: list[str] | None = None,
+          library: list[str] | None = None) -> None:
+    """Record the vendor's API (names, kinds, signatures; libraries' exports; versions) for preflight."""
+    from .vendor_api.probe import DEFAULT_MODULES, DEFAULT_OPS, DEFAULT_WALK
+
+    if not in_place:
+        raise ConfigError("probe works in place only: give --in-place (run it where the vendor's Python is)")
+    result = app.probe(out=out, python=python, modules=module or DEFAULT_MODULES, walk=walk or DEFAULT_WALK,
+                       ops=ops or DEFAULT_OPS, libraries=library or ())
+    cmd.result(result.text(), result.to_json())
+
+
 @command(positional=[], help={
     "target": TARGET_HELP,
     "file": "The file in the image: relative to the package's site directory (vllm/...) or absolute",
@@ -423,9 +457,9 @@ def status(c: Context, cmd: Output, root: str = "/") -> None:
         raise BuildError("the in-place status is not clean (drift, or package files changed outside the journal)")
 
 
-TASKS: tuple[Task[Any], ...] = (validate, plan, base, build, init, check_patches, patch_from, lock, export, clean, run,
-                                 stop, smoke, demo, bench, sweep, equiv, bisect, ablate, submission, wheels, engine,
-                                 apply, revert, status)
+TASKS: tuple[Task[Any], ...] = (validate, plan, base, build, init, check_patches, preflight, probe, patch_from, lock,
+                                 export, clean, run, stop, smoke, demo, bench, sweep, equiv, bisect, ablate, submission,
+                                 wheels, engine, apply, revert, status)
 
 
 def collection(*extra: Task[Any]) -> Collection:

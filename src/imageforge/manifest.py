@@ -234,6 +234,7 @@ class Target:
     default_profile: str | None
     smoke: SmokeSettings
     equiv: EquivSettings = field(default_factory=EquivSettings)
+    vendor_api: Path | None = None  # the vendor API record (imageforge.vendor_api), beside build.yaml
 
     def profile_chain(self, name: str) -> tuple[Profile, ...]:
         """``name`` and its ``extends`` ancestors, root first."""

@@ -24,7 +24,8 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("yaml_messages", "yamldoc", "yaml_schema",  # YAML: the problems' words, the loader, the schemas and their check
      "patching", "pycheck", "patchfrom", "rundirs", "cli", "serving_client", "waits", "tolerances", "starter",
      "progress", "workload", "wheelhouse_join", "wheelhouse",  # wheelhouse_join: the stdlib joiner beside the parts
-     "inimage"),  # the programs run inside an image (verify, the flag listing, the tree's step runtime), as text
+     "inimage",  # the programs run inside an image (verify, the flag listing, the tree's step runtime), as text
+     "vendor_api"),  # the vendor API record: its format, the arity check, ELF facts, the probe
     ("docker_engine",),  # the daemon: engine setup, SDK client, the one error translator, container files
     ("manifest",),  # the frozen model of build.yaml
     ("resolve", "serving"),  # the one precedence chain; the serving command made of it (argv, config file, CMD)
@@ -40,6 +41,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("smoke", "bench"),  # checks and load against a server (bench: the evaluator replay, its metrics, plots)
     ("equiv", "forensics"),  # teacher-forced comparison; bisect and ablate over the step chain
     ("export", "submission"),  # the deliverables: a saved image; the tree the platform builds
+    ("preflight",),  # every check that needs no card, over the final tree, in one run
     ("app",),  # the front door: the commands call only this
     ("commands", "command_options", "launch"),  # the `imageforge` command: its tasks, how a task is declared; launch
 )
