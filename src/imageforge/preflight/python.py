@@ -31,6 +31,7 @@ class PyFile:
     step: str | None
     roots: tuple[str, ...]  # where its imports resolve (a script's folder first)
     changed: bool = True  # a file of the final tree's changes (vendor names: errors) or one read from the base
+    imports: bool = True  # resolve its imports (False: syntax and vendor names only)
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ class PythonChecks:
         assert tree is not None
         module = self.tree.module_of(file.path, file.roots)
         is_package = file.path.endswith("/__init__.py")
-        for use in imports(tree, module, is_package):
+        for use in imports(tree, module, is_package) if file.imports else ():
             self.check_import(file, use)
         if self.api is not None:
             self.check_vendor(file, tree, chain=())
@@ -206,8 +207,10 @@ class PythonChecks:
     def _import_finding(self, file: PyFile, use: ImportUse, message: str, *, expected: str, found: str,
                         hint: str, check: str = "py-import") -> None:
         if use.guard is not None:
-            off = (f"lines {use.guard_rest[0]}-{use.guard_rest[1]} after it in the try block never run"
-                   if use.guard_rest else "the try block's except branch runs instead")
+            rest = use.guard_rest
+            lines = (f"line {rest[0]}" if rest and rest[0] == rest[1] else f"lines {rest[0]}-{rest[1]}") if rest else ""
+            off = (f"{lines} after it in the try block never run{'s' if lines.startswith('line ') else ''}"
+                   if rest else "the try block's except branch runs instead")
             message += f" (guarded by try/except at line {use.guard.lineno}: silently off, {off})"
         self.scan.findings.append(Finding(check, message, file.path, use.line, use.column, step=file.step,
                                           expected=expected, found=found, hint=hint))

@@ -39,7 +39,17 @@ from ..vendor_api import VendorApi, load_record
 from .findings import Finding, PreflightReport
 from .gitstate import git_findings
 from .python import PyFile, PythonChecks, dead_files
-from .shell import bash_n, build_device_imports, cp_sources, crlf, pins, run_exit_codes, shell_scripts, shellcheck
+from .shell import (
+    bash_n,
+    build_device_imports,
+    cp_sources,
+    crlf,
+    pins,
+    python_runs,
+    run_exit_codes,
+    shell_scripts,
+    shellcheck,
+)
 from .tree import FinalTree, ShippedFolder, TreeFile, listing_from
 
 Log = Callable[[str], None]
@@ -188,15 +198,17 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
             notes.append(f"script step {runner.failed_step} failed: the tree is checked as it left it")
         site_prefix = s.site.rstrip("/") + "/"
         changed_py = [p for p in sandbox.changed if p.startswith(site_prefix)]
-        fs_state = final_state(steps, final, s.site, environ=environ, python_version=s.python_version,
+        ran_steps = steps[: next(i for i, st in enumerate(steps) if st.id == runner.failed_step) + 1] \
+            if runner.failed_step else steps  # the steps after a failed script never applied
+        fs_state = final_state(ran_steps, final, s.site, environ=environ, python_version=s.python_version,
                                script_changed=changed_py)
         ran.append("final-state")
         roots, listing = _roots_and_listing(sandbox, s.python, [f.dest for f in folders])
         roots = tuple(dict.fromkeys([*roots, s.site]))
         producers = {**runner.producer, **_file_step_producers(steps, s.site)}
-        tree = FinalTree(site=s.site, python_version=s.python_version, package=target.package.import_name,
-                         roots=roots, listing=listing | listing_from(final.files), reader=final.read,
-                         folders=tuple(folders))
+        tree = FinalTree(site=s.site, python_version=_grammar(s.python_version, api),
+                         package=target.package.import_name, roots=roots,
+                         listing=listing | listing_from(final.files), reader=final.read, folders=tuple(folders))
         for path in [*sandbox.changed, *final.files]:
             if not path.endswith(".py") or not any(path.startswith(r.rstrip("/") + "/") for r in roots):
                 continue
@@ -208,27 +220,34 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
                 tree.files[path] = TreeFile(path, data, producers.get(path, "?"), added)
         stats["changed .py"] = len(tree.files)
         checks = PythonChecks(tree, api)
+        scripts = shell_scripts(folders)
+        run_texts = [sc.path.read_text(encoding="utf-8", errors="replace") for sc in scripts]
+        run_texts += [" ".join(f.command) for f in folders]
+        run_py = {rel for sc in scripts for rel in python_runs(sc)}
         for f in tree.files.values():
             checks.check(PyFile(f.path, f.data.decode("utf-8", "replace"), f.step, roots))
+        deployed = {hashlib.sha256(f.data).digest() for f in tree.files.values()}
         for folder in folders:
             for rel, host in folder.files().items():
-                if rel.endswith(".py"):
+                if rel.endswith(".py") and hashlib.sha256(host.read_bytes()).digest() not in deployed:
+                    # a file the script copied into the package is checked there, where its imports resolve; after
+                    # a failed script, the imports of a file it never deployed only when a script runs it
+                    run = rel in run_py
                     checks.check(PyFile(f"{folder.dest.rstrip('/')}/{rel}",
                                         host.read_text(encoding="utf-8", errors="replace"), folder.step,
-                                        (folder.dest, *roots)))
+                                        (folder.dest, *roots), imports=run or runner.partial is None))
         if api is not None:
             read = [p for p in list(checks._asts) if p not in tree.files]
             checks.latent_in(read)
         syntax_paths = {f.path for f in checks.scan.findings if f.check == "py-syntax"}
         for problem in fs_state.problems:
             if not any(problem.startswith(p) for p in syntax_paths):
-                findings.append(Finding("final-state", problem.split("\n", 1)[0], found=problem.partition("\n")[2]
-                                        .strip() or None))
+                head, _, context = problem.partition("\n")
+                path, _, message = head.partition(": ")
+                findings.append(Finding("final-state", message or head, path if message else "",
+                                        step=producers.get(path), found=context.strip() or None))
         findings += checks.scan.findings
         stats["python files"] = checks.scan.parsed
-        scripts = shell_scripts(folders)
-        run_texts = [sc.path.read_text(encoding="utf-8", errors="replace") for sc in scripts]
-        run_texts += [" ".join(f.command) for f in folders]
         findings += dead_files(tree, checks.scan.imported, run_texts)
         ran.append("python")
         if api is not None:
@@ -255,6 +274,16 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
     ran.append("git")
     return PreflightReport(target.name, profile, tuple(findings), strict, tuple(ran), tuple(notes),
                            time.monotonic() - start, stats)
+
+
+def _grammar(base: str, api: VendorApi | None) -> str:
+    """The Python version files are parsed for: the base's, or the record's (the card's) when that is older."""
+    from ..pycheck import parse_version
+
+    if api is None or parse_version(api.python) is None:
+        return base
+    ours, card = parse_version(base), parse_version(api.python)
+    return api.python if ours is None or (card is not None and card < ours) else base
 
 
 def _folders(steps: Sequence[Step], environ: Mapping[str, str]) -> list[ShippedFolder]:

@@ -255,6 +255,16 @@ def _imports_device(text: str) -> list[tuple[int, str]]:
     return out
 
 
+def python_runs(script: Script) -> set[str]:
+    """The folder's ``.py`` files the script runs (``python3 X.py`` lines)."""
+    runs: set[str] = set()
+    for line in script.path.read_text(encoding="utf-8", errors="replace").splitlines():
+        words = _words(line)
+        if len(words) > 1 and Path(words[0]).name.startswith("python") and words[1].endswith(".py"):
+            runs.add(words[1].removeprefix("./"))
+    return runs
+
+
 def build_device_imports(script: Script) -> list[Finding]:
     """``python -c`` lines and the ``.py`` files the script runs (``python3 X.py``) that import torch & co."""
     out: list[Finding] = []

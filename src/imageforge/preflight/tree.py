@@ -46,14 +46,26 @@ class FinalTree:
     reader: Reader | None = None  # reads any file of the final image
     folders: tuple[ShippedFolder, ...] = ()
     removed: frozenset[str] = frozenset()
+    _index: dict[str, set[str]] = field(default_factory=dict, repr=False)
+    _index_key: tuple[int, int] | None = field(default=None, repr=False)
 
     def exists(self, path: str) -> bool:
         path = path.rstrip("/")
         return (path in self.files or path in self.listing) and path not in self.removed
 
+    def _children(self) -> dict[str, set[str]]:
+        """Directory -> the names in it (built once from the listing and the changed files)."""
+        key = (len(self.listing), len(self.files))
+        if self._index_key != key:
+            index: dict[str, set[str]] = {}
+            for path in [*self.listing, *self.files]:
+                parent, _, name = path.rstrip("/").rpartition("/")
+                index.setdefault(parent or "/", set()).add(name)
+            self._index, self._index_key = index, key
+        return self._index
+
     def is_dir(self, path: str) -> bool:
-        prefix = path.rstrip("/") + "/"
-        return any(p.startswith(prefix) for p in self.files) or any(p.startswith(prefix) for p in self.listing)
+        return bool(self._children().get(path.rstrip("/")))
 
     def read(self, path: str) -> bytes | None:
         if path in self.files:
@@ -108,8 +120,8 @@ class FinalTree:
         return None
 
     def _in_dir(self, directory: str) -> list[str]:
-        prefix = directory.rstrip("/") + "/"
-        return [p for p in [*self.listing, *self.files] if p.startswith(prefix)]
+        directory = directory.rstrip("/")
+        return [f"{directory}/{name}" for name in sorted(self._children().get(directory, ()))]
 
 
 def listing_from(paths: Iterable[str]) -> frozenset[str]:
