@@ -174,3 +174,58 @@ def test_every_defect_of_a_team_folder_in_one_run(vendor: str, tmp_path: Path) -
     assert_clean_failure(text, 3)
     assert "warning[git-state]" in text.stdout and "error[vendor-name]" in text.stdout
     assert f"{dest}/SHA256SUMS:1: error[pin-stale]" in text.stdout
+
+
+def test_probe_rehearsed_on_the_cpu_base(tmp_path: Path) -> None:
+    """The probe program with the cpu base's own interpreter (network off): vLLM's ops module (it loads the _C
+    extension this CPU runs: importing ``vllm._C`` itself is an AVX-512 build, SIGILL here), the ``torch.ops._C``
+    operators with their schemas; the loaded ``.so`` files read back out and their ELF facts taken here."""
+    from imageforge.docker_engine.containers import read_file
+    from imageforge.inimage import program
+    from imageforge.vendor_api import load_record
+    from imageforge.vendor_api.probe import write_record
+    from tests.integration.forge_fixtures import client
+    from tests.integration.helpers import cpu_base_refs
+
+    _, base = cpu_base_refs()
+    c = client()
+    try:
+        c.images.get(base)
+    except Exception:
+        pytest.skip("the cpu base image is not built (invoke base --target cpu)")
+    container = c.containers.create(base, entrypoint=["sleep", "600"], command=[], network_disabled=True,
+                                    environment={"VLLM_TARGET_DEVICE": "cpu", "HOME": "/tmp"},
+                                    labels={"org.imageforge.tool": "imageforge-test"})
+    try:
+        container.start()
+        from imageforge.docker_engine.containers import file_entry, tar_of
+
+        source = program("probe_api").encode()
+        entry = file_entry("/tmp/probe_api.py", source, mode=0o644)
+        assert container.put_archive("/", tar_of([entry], {entry.name: source}))
+        argv = ["python3", "/tmp/probe_api.py", "vllm._custom_ops", "--ops", "_C"]
+        code, output = container.exec_run(argv, demux=True)
+        assert code == 0, (output[1] or b"").decode()[-2000:]
+        data = json.loads(output[0])
+
+        def local(path: str) -> Path:
+            found = read_file(container, path)
+            assert found is not None, path
+            copy = tmp_path / path.lstrip("/").replace("/", "_")
+            copy.write_bytes(found[0])
+            return copy
+
+        result = write_record(data, tmp_path / "vendor-api.json", local=local)
+    finally:
+        container.remove(force=True)
+    api = load_record(tmp_path / "vendor-api.json")
+    assert api.versions["vllm"] and api.versions["torch"] and api.python.startswith("3.")
+    ops = api.modules["torch.ops._C"]
+    assert len(ops) > 10, "vLLM's cpu operators registered under torch.ops._C"
+    with_schema = [m for m in ops.values() if m.signature and m.signature.startswith("(")]
+    assert len(with_schema) == len(ops)
+    assert api.member("vllm._custom_ops", "rms_norm") is not None
+    lib = next(p for p in api.libraries if "/vllm/_C" in p)
+    assert any(e.startswith("PyInit__C") for e in api.libraries[lib].exports)
+    assert any("torch" in n for n in api.libraries[lib].needed)
+    assert result.libraries == len(api.libraries) and "vllm" in api.distributions

@@ -5,8 +5,8 @@
 (each module's public names: ``kind`` function | class | module | other, ``signature`` from
 ``inspect.signature``, ``__text_signature__`` or a pybind docstring's first line, else null), ``distributions``
 (installed distributions with their top-level modules), ``library_files`` (the shared objects behind the
-extension modules: imageforge reads their ELF facts in its own process) and ``errors`` (a module that did not
-import, with the exception). ``--walk`` adds every submodule of a package; ``--ops NS`` records ``torch.ops.NS``'s
+extension modules named or loaded by the imports: imageforge reads their ELF facts in its own process) and
+``errors`` (a module that did not import, with the exception). ``--walk`` adds every submodule of a package; ``--ops NS`` records ``torch.ops.NS``'s
 operators with their schemas. Nothing here needs a device: a module that needs one is listed under ``errors``.
 """
 
@@ -94,6 +94,24 @@ def distributions() -> dict[str, Any]:
     return out
 
 
+def loaded_libraries(tops: set[str]) -> list[str]:
+    """Shared objects the imports loaded from inside the probed packages' folders: extension modules in
+    ``sys.modules`` and libraries loaded with ``torch.ops.load_library`` or ctypes (``/proc/self/maps``)."""
+    folders: list[str] = []
+    for top in sorted(tops):
+        module = sys.modules.get(top)
+        for folder in getattr(module, "__path__", None) or ():
+            folders.append(str(folder).rstrip("/") + "/")
+    paths = [getattr(m, "__file__", None) or "" for n, m in sorted(sys.modules.items()) if n.split(".", 1)[0] in tops]
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths += [line.split()[-1] for line in maps if len(line.split()) >= 6]
+    except OSError:
+        pass
+    found = [p for p in paths if ".so" in p.rsplit("/", 1)[-1] and any(p.startswith(f) for f in folders)]
+    return list(dict.fromkeys(found))
+
+
 def main(argv: list[str]) -> int:
     modules: list[str] = []
     ops: list[str] = []
@@ -132,7 +150,11 @@ def main(argv: list[str]) -> int:
             record["modules"][f"torch.ops.{namespace}"] = torch_ops(namespace)
         except Exception as exc:
             record["errors"][f"torch.ops.{namespace}"] = f"{type(exc).__name__}: {exc}"
-    for dist in ("torch", "vllm", *sorted({m.split(".", 1)[0] for m in modules})):
+    tops = {m.split(".", 1)[0] for m in modules} | {p.split(".", 1)[0] for p in walk}
+    for path in loaded_libraries(tops):
+        if path not in record["library_files"]:
+            record["library_files"].append(path)
+    for dist in ("torch", "vllm", *sorted(tops)):
         try:
             record["versions"][dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

@@ -12,7 +12,7 @@ import glob
 import json
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,13 +76,22 @@ def probe(out: Path, *, python: str = "python3", modules: Sequence[str] = DEFAUL
           libraries: Sequence[str] = ()) -> ProbeResult:
     """Run the probe, add the ELF facts of its libraries and of ``libraries`` (globs), write the record to ``out``."""
     data = run_probe(python, modules=modules, walk=walk, ops=ops)
-    files = list(dict.fromkeys([*data.pop("library_files", []),
-                                *(p for pattern in libraries for p in sorted(glob.glob(pattern)))]))
+    extra = [p for pattern in libraries for p in sorted(glob.glob(pattern))]
+    return write_record(data, out, extra_libraries=extra, local=Path)
+
+
+def write_record(data: dict[str, Any], out: Path, *, extra_libraries: Sequence[str] = (),
+                 local: Callable[[str], Path]) -> ProbeResult:
+    """The probe program's output plus the ELF facts of its libraries, written as a record to ``out``.
+
+    ``local`` gives a readable local file for a library path of the probed machine (in place: the path itself;
+    a rehearsal in a container: a copy read out of it)."""
+    files = list(dict.fromkeys([*data.pop("library_files", []), *extra_libraries]))
     errors: dict[str, str] = dict(data.pop("errors", {}))
     found: dict[str, Any] = {}
     for path in files:
         try:
-            facts = read_elf(Path(path))
+            facts = read_elf(local(path))
         except InfraError as exc:
             errors[path] = exc.message
             continue
