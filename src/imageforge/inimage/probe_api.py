@@ -7,7 +7,8 @@
 (installed distributions with their top-level modules), ``library_files`` (the shared objects behind the
 extension modules named or loaded by the imports: imageforge reads their ELF facts in its own process) and
 ``errors`` (a module that did not import, with the exception). ``--walk`` adds every submodule of a package;
-``--ops NS`` records ``torch.ops.NS``'s operators with their schemas. Nothing here needs a device: a module that needs one is listed under ``errors``.
+``--ops NS`` records ``torch.ops.NS``'s operators with their schemas. Nothing here needs a device: a module
+that needs one is listed under ``errors``.
 """
 
 from __future__ import annotations
