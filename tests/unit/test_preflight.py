@@ -357,3 +357,19 @@ def test_probe_records_this_interpreter_and_the_elf_facts(tmp_path: Path) -> Non
     assert "PyInit__json" in api.libraries[lib].exports
     assert read_elf(Path(lib)).exports == tuple(sorted(api.libraries[lib].exports))
     assert result.libraries >= 1 and "pip" in {d.lower() for d in api.distributions}
+
+
+def test_a_manifest_that_does_not_load_is_findings_and_exit_3(tmp_path: Path) -> None:
+    from imageforge import app
+    from imageforge.errors import BuildError
+
+    manifest = tmp_path / "build.yaml"
+    manifest.write_text("default_target: x\ntargets:\n  x:\n    base: {image: a:b}\n    steps: [}\n")
+    shown: list[PreflightReport] = []
+    with pytest.raises(BuildError) as info:
+        app.preflight(app.settings(manifest=str(manifest)), None, None, show=shown.append)
+    assert info.value.exit_code == 3
+    (report,) = shown
+    assert report.ran == ("validate",) and report.findings
+    assert all(f.check == "validate" for f in report.findings)
+    assert report.findings[0].path.endswith("build.yaml") and report.findings[0].line == 5
