@@ -109,6 +109,7 @@ class PreflightReport:
     notes: tuple[str, ...] = ()
     seconds: float = 0.0
     stats: dict[str, int] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase, in order
 
     def counts(self) -> Counter[str]:
         return Counter(f.level for f in self.findings)
@@ -139,7 +140,7 @@ class PreflightReport:
         c = self.counts()
         return {"target": self.target, "profile": self.profile, "ok": self.ok, "strict": self.strict,
                 "counts": {s: c[s] for s in SEVERITIES}, "ran": list(self.ran), "notes": list(self.notes),
-                "stats": dict(self.stats), "seconds": round(self.seconds, 3),
+                "stats": dict(self.stats), "seconds": round(self.seconds, 3), "phases": dict(self.phases),
                 "findings": [f.to_json() for f in self.findings]}
 
 

@@ -151,6 +151,15 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
     findings: list[Finding] = []
     ran: list[str] = []
     notes: list[str] = []
+    phases: dict[str, float] = {}
+    last = [start]
+
+    def mark(phase: str) -> None:
+        """A phase done: its name in ``ran``, its seconds in the report's phases."""
+        now = time.monotonic()
+        ran.append(phase)
+        phases[phase] = round(now - last[0], 2)
+        last[0] = now
     try:
         manifest = load()
     except ConfigError as exc:
@@ -160,7 +169,7 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
         validate(manifest)
     except ConfigError as exc:
         findings += _problem_findings(exc, "validate")
-    ran.append("validate")
+    mark("validate")
     target = manifest.target(target_name)
     profile = profile_name or target.default_profile
     api: VendorApi | None = None
@@ -178,7 +187,7 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
         finals: dict[str, Overlay] = {}
         rows, state = check_steps(s.shared, s.profiles, s.fs, s.site, run_script=runner,
                                   python_version=s.python_version, finals=finals)
-        ran.append("steps")
+        mark("steps")
         for row in rows:
             if row.ok:
                 continue
@@ -202,7 +211,7 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
             if runner.failed_step else steps  # the steps after a failed script never applied
         fs_state = final_state(ran_steps, final, s.site, environ=environ, python_version=s.python_version,
                                script_changed=changed_py)
-        ran.append("final-state")
+        mark("final-state")
         roots, listing = _roots_and_listing(sandbox, s.python, [f.dest for f in folders])
         roots = tuple(dict.fromkeys([*roots, s.site]))
         producers = {**runner.producer, **_file_step_producers(steps, s.site)}
@@ -249,10 +258,10 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
         findings += checks.scan.findings
         stats["python files"] = checks.scan.parsed
         findings += dead_files(tree, checks.scan.imported, run_texts)
-        ran.append("python")
+        mark("python")
         if api is not None:
             findings += _version_findings(api, s.version, s.python_version, target.package.distribution)
-            ran.append("vendor-api")
+            mark("vendor-api")
         for sc in scripts:
             findings += bash_n(sc) + shellcheck(sc) + cp_sources(sc) + build_device_imports(sc)
         for folder in folders:
@@ -264,16 +273,16 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
         for dockerfile in sorted(d for d in dockerfiles if d.is_file()):
             findings += run_exit_codes(dockerfile)
         stats["scripts"] = len(scripts)
-        ran.append("scripts")
+        mark("scripts")
         findings += _flag_findings(manifest, target.name, s, steps, sandbox, final,
                                    environ=environ, partial=runner.partial is not None, log=log)
-        ran.append("flags")
+        mark("flags")
         findings += _submission_findings(manifest, target.name, profile, s, environ, folders, snapshot)
-        ran.append("submission")
+        mark("submission")
     findings += git_findings(_host_inputs(manifest, steps, environ, target.vendor_api), allow_dirty=allow_dirty)
-    ran.append("git")
+    mark("git")
     return PreflightReport(target.name, profile, tuple(findings), strict, tuple(ran), tuple(notes),
-                           time.monotonic() - start, stats)
+                           time.monotonic() - start, stats, phases)
 
 
 def _grammar(base: str, api: VendorApi | None) -> str:
