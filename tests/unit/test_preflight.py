@@ -373,3 +373,25 @@ def test_a_manifest_that_does_not_load_is_findings_and_exit_3(tmp_path: Path) ->
     assert report.ran == ("validate",) and report.findings
     assert all(f.check == "validate" for f in report.findings)
     assert report.findings[0].path.endswith("build.yaml") and report.findings[0].line == 5
+
+
+def test_python_heredocs_are_checked_at_the_scripts_lines(tmp_path: Path) -> None:
+    from imageforge.preflight.shell import python_heredocs
+
+    host = tmp_path / "qwen3_6_scripts"
+    host.mkdir()
+    (host / "patch_ops.sh").write_text(
+        "#!/bin/bash\nset -euo pipefail\npython3 - <<'EOF'\nimport os\nimport vllm\ntry:\n"
+        "    from ex_engine.python.patch_fused_linear_allreduce import apply\n    apply()\nexcept ImportError:\n"
+        "    pass\nEOF\necho between\npython3 - <<-PY\n\timport torch\n\tprint(sorted([1, 2)\n\tPY\necho done\n")
+    folder = ShippedFolder("organisers-baseline", host, "/workspace/qwen3_6_scripts", ("bash", "patch_ops.sh"))
+    (script,) = shell_scripts([folder])
+    docs = python_heredocs(script)
+    assert [start for start, _ in docs] == [4, 14]
+    checks = PythonChecks(_tree(BASE, {}), load_record(BI100_RECORD))
+    for _, text in docs:
+        checks.check(PyFile(script.image_path, text, folder.step, (folder.dest, SITE)))
+    found = {(f.check, f.line) for f in checks.scan.findings}
+    assert found == {("py-import", 7), ("py-syntax", 15)}, checks.scan.findings
+    device = [(f.line, f.found) for f in build_device_imports(script)]
+    assert device == [(5, "a python heredoc from line 4")], "vllm imports torch: the builder has no device"

@@ -45,6 +45,7 @@ from .shell import (
     cp_sources,
     crlf,
     pins,
+    python_heredocs,
     python_runs,
     run_exit_codes,
     shell_scripts,
@@ -245,6 +246,9 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
                     checks.check(PyFile(f"{folder.dest.rstrip('/')}/{rel}",
                                         host.read_text(encoding="utf-8", errors="replace"), folder.step,
                                         (folder.dest, *roots), imports=run or runner.partial is None))
+        for sc in scripts:
+            for _, text in python_heredocs(sc):  # a `python3 - <<EOF` body: checked at the script's lines
+                checks.check(PyFile(sc.image_path, text, sc.folder.step, (sc.folder.dest, *roots)))
         if api is not None:
             read = [p for p in list(checks._asts) if p not in tree.files]
             checks.latent_in(read)

@@ -255,6 +255,39 @@ def _imports_device(text: str) -> list[tuple[int, str]]:
     return out
 
 
+def python_heredocs(script: Script) -> list[tuple[int, str]]:
+    """The Python a script feeds its interpreter on stdin (``python3 - <<'EOF'`` ... ``EOF``): the body's first
+    line number and its text, padded with blank lines so that a line number in it is the script's. The command
+    line is read with :mod:`shlex`; the body runs to the line that is the delimiter (``<<-``: tabs stripped)."""
+    lines = script.path.read_text(encoding="utf-8", errors="replace").splitlines()
+    out: list[tuple[int, str]] = []
+    index = 0
+    while index < len(lines):
+        lexer = shlex.shlex(lines[index], posix=True, punctuation_chars="<|&;")
+        lexer.whitespace_split = True
+        try:
+            words = list(lexer)
+        except ValueError:
+            words = []
+        index += 1
+        marks = [i for i, w in enumerate(words) if w in ("<<", "<<-")]
+        if not marks or not words or not Path(words[0]).name.startswith("python") or marks[0] + 1 >= len(words):
+            continue
+        delimiter = words[marks[0] + 1]
+        strip_tabs = words[marks[0]] == "<<-" or delimiter.startswith("-")  # shlex splits `<<-PY` as `<<`, `-PY`
+        delimiter = delimiter.removeprefix("-") if words[marks[0]] == "<<" else delimiter
+        start = index + 1
+        body: list[str] = []
+        while index < len(lines):
+            line = lines[index].lstrip("\t") if strip_tabs else lines[index]
+            index += 1
+            if line == delimiter:
+                break
+            body.append(line)
+        out.append((start, "\n" * (start - 1) + "\n".join(body) + "\n"))
+    return out
+
+
 def python_runs(script: Script) -> set[str]:
     """The folder's ``.py`` files the script runs (``python3 X.py`` lines)."""
     runs: set[str] = set()
@@ -283,6 +316,9 @@ def build_device_imports(script: Script) -> list[Finding]:
             for at, module in _imports_device(text):
                 out.append(_device(f"{folder.dest.rstrip('/')}/{words[1]}", at, module, folder.step,
                                    f"run by {script.rel}:{number}"))
+    for start, text in python_heredocs(script):
+        out += [_device(script.image_path, at, module, folder.step, f"a python heredoc from line {start}")
+                for at, module in _imports_device(text)]
     return out
 
 
