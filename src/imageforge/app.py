@@ -168,6 +168,13 @@ def preflight(s: Settings, target: str | None, profile: str | None, *, strict: b
     return report
 
 
+def init_from(source: Path, out: Path, *, base: str | None, force: bool) -> tuple[Path, list[str]]:
+    """`init --from DIR`: OUT/build.yaml reproducing DIR's build; the lines it could not translate."""
+    from .adopt import write_adopted
+
+    return write_adopted(source, out, base=base, force=force)
+
+
 def probe(*, out: str, python: str, modules: Sequence[str], walk: Sequence[str], ops: Sequence[str],
           libraries: Sequence[str]) -> ProbeResult:
     """`probe --in-place`: the vendor API record taken with the target interpreter, written to OUT."""

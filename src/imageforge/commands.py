@@ -68,13 +68,22 @@ def build(c: Context, cmd: Output, target: str = "", profile: str = "", set_: li
     cmd.result(f"IMAGE={result.tags[0]}" if result.tags else None, result.to_json())
 
 
-@command(help={"dir": "Directory of the new project (default: the current one); existing files are kept",
-               "force": "Overwrite files that are already there"})
-def init(c: Context, cmd: Output, dir: str = ".", force: bool = False) -> None:
-    """Write a starter project: build.yaml (the cpu target), images/cpu (its base recipe), smoke/ (its suite)."""
+@command(help={"dir": "Directory of the new project (default: the current one; with --from: DIR itself)",
+               "force": "Overwrite files that are already there",
+               "from_": "Adopt a team's repository: its root Dockerfile and computility-run.yaml become build.yaml",
+               "base": "With --from: the base image to use instead of the Dockerfile's FROM (a local image)"})
+def init(c: Context, cmd: Output, dir: str = "", force: bool = False, from_: str = "", base: str = "") -> None:
+    """Write a starter project: build.yaml (the cpu target), images/cpu (its base recipe), smoke/ (its suite);
+    --from DIR: a build.yaml that reproduces DIR's build (a script step per RUN, serving from its run file)."""
+    if from_:
+        path, untranslated = app.init_from(Path(from_), Path(dir or from_), base=base or None, force=force)
+        cmd.result(f"wrote   {path}")
+        for line in untranslated:
+            cmd.result(f"not translated: {line}")
+        return
     from .starter import write_starter
 
-    for line in write_starter(Path(dir), force=force):
+    for line in write_starter(Path(dir or "."), force=force):
         cmd.result(line)
 
 

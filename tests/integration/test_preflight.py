@@ -229,3 +229,29 @@ def test_probe_rehearsed_on_the_cpu_base(tmp_path: Path) -> None:
     assert any(e.startswith("PyInit__C") for e in api.libraries[lib].exports)
     assert any("torch" in n for n in api.libraries[lib].needed)
     assert result.libraries == len(api.libraries) and "vllm" in api.distributions
+
+
+def test_an_adopted_team_repository_runs_preflight_from_its_own_folder(vendor: str, tmp_path: Path) -> None:
+    """init --from on a team repository (root Dockerfile + computility-run.yaml, facts note), then preflight from
+    there with the `imageforge` command alone: the RUN that discards its exit code and the untracked build.yaml
+    are the findings; the baseline script runs, the flags check against the parser it leaves."""
+    from tests.unit.test_preflight import _team_checkout
+
+    repo = _team_checkout(tmp_path)
+    # the team's record of the card (here the one written from the facts note): torch, pydantic, ... are the card's
+    shutil.copy(REPO / "overlays" / "bi100" / "vendor-api.json", repo / "vendor-api.json")
+    git = ["git", "-C", str(repo), "-c", "user.name=team", "-c", "user.email=team@localhost"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "team build"], check=True)
+    made = invoke("init", "--from", str(repo), "--base", vendor)
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert "not translated: Dockerfile:6: EXPOSE" in made.stdout
+    from tests.integration import helpers
+
+    proc = helpers.invoke("preflight", "--json", cwd=repo, expect=None, env={"IMAGEFORGE_TRACEBACK": None})
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    errors = sorted((f["check"], Path(f["path"]).name) for f in report["findings"] if f["severity"] == "error")
+    assert errors == [("git-state", "build.yaml"), ("run-exit-code", "Dockerfile")], report["findings"]
+    assert "flags" in report["ran"] and report["stats"]["scripts"] == 1

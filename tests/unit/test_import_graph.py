@@ -25,7 +25,8 @@ STAGES: tuple[tuple[str, ...], ...] = (
      "patching", "pycheck", "patchfrom", "rundirs", "cli", "serving_client", "waits", "tolerances", "starter",
      "progress", "workload", "wheelhouse_join", "wheelhouse",  # wheelhouse_join: the stdlib joiner beside the parts
      "inimage",  # the programs run inside an image (verify, the flag listing, the tree's step runtime), as text
-     "vendor_api"),  # the vendor API record: its format, the arity check, ELF facts, the probe
+     "vendor_api",  # the vendor API record: its format, the arity check, ELF facts, the probe
+     "adopt"),  # init --from: a team's Dockerfile and run file as a build.yaml
     ("docker_engine",),  # the daemon: engine setup, SDK client, the one error translator, container files
     ("manifest",),  # the frozen model of build.yaml
     ("resolve", "serving"),  # the one precedence chain; the serving command made of it (argv, config file, CMD)

@@ -395,3 +395,41 @@ def test_python_heredocs_are_checked_at_the_scripts_lines(tmp_path: Path) -> Non
     assert found == {("py-import", 7), ("py-syntax", 15)}, checks.scan.findings
     device = [(f.line, f.found) for f in build_device_imports(script)]
     assert device == [(5, "a python heredoc from line 4")], "vllm imports torch: the builder has no device"
+
+
+TEAM_REPO = REPO / "tests" / "fixtures" / "team-repo"
+
+
+def _team_checkout(tmp_path: Path) -> Path:
+    import shutil
+
+    repo = tmp_path / "team"
+    shutil.copytree(TEAM_REPO, repo)
+    shutil.copytree(REPO / "tests" / "fixtures" / "bi100-baseline" / "qwen3_6_scripts", repo / "qwen3_6_scripts")
+    return repo
+
+
+def test_init_from_adopts_the_dockerfile_and_the_run_file(tmp_path: Path) -> None:
+    from imageforge.adopt import adopt, write_adopted
+    from imageforge.manifest_load import load_manifest
+
+    repo = _team_checkout(tmp_path)
+    adoption = adopt(repo, repo, base="vendor:local")
+    target = adoption.manifest["targets"]["adopted"]
+    (step,) = target["steps"]
+    assert step["directory"] == "qwen3_6_scripts" and step["dest"] == "/workspace/qwen3_6_scripts"
+    assert step["command"][:2] == ["bash", "-c"] and "| tee /tmp/patch_ops.log; echo" in step["command"][2]
+    serving = target["serving"]
+    assert serving["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert serving["args"]["tensor-parallel-size"] == 4 and serving["flag_names"] == {"tensor-parallel-size": "-tp"}
+    assert serving["args"]["max-model-len"] == 100000 and serving["args"]["trust-remote-code"] is True
+    assert serving["args"]["reasoning-parser"] == "qwen3"
+    assert serving["env"] == {"VLLM_ENGINE_ITERATION_TIMEOUT_S": "3600"}
+    assert target["base"] == {"image": "vendor:local"} and "vendor_api" not in target
+    said = "\n".join(adoption.untranslated)
+    assert "EXPOSE" in said and "concurrency" in said and "no vendor-api.json" in said and "--base" in said
+    path, _ = write_adopted(repo, repo, base="vendor:local")
+    manifest = load_manifest(path)  # the written build.yaml loads and validates, no environment variable needed
+    assert manifest.default_target == "adopted" and manifest.targets["adopted"].steps[0].kind == "script"
+    with pytest.raises(ConfigError):
+        write_adopted(repo, repo)  # build.yaml exists: --force
