@@ -34,10 +34,12 @@ if TYPE_CHECKING:
     from .patches.check import CheckReport
     from .patches.from_image import PatchFromResult
     from .plan import PlanReport
+    from .preflight import PreflightReport
     from .serve.container import Server
     from .serve.process import InPlace, ProcessServer
     from .smoke import SmokeReport
     from .submission import SubmissionResult
+    from .vendor_api.probe import ProbeResult
     from .wheelhouse.make import Wheelhouse
 
 Log = Callable[[str], None]
@@ -152,6 +154,41 @@ def check_patches(s: Settings, target: str | None, profile: str | None, *, diff:
     fail_if_broken(report)
     check_target(manifest, target, s.environ)  # the serving flags against the parser after the steps
     return report
+
+
+def preflight(s: Settings, target: str | None, profile: str | None, *, strict: bool = False,
+              allow_dirty: bool = False, show: Callable[[PreflightReport], None],
+              log: Log = _quiet) -> PreflightReport:
+    """`preflight`: ``show`` every finding of one run, then fail (exit 3) when an error (``strict``: a warning)
+    is among them."""
+    from .errors import BuildError
+    from .manifest.resolve import validate_all
+    from .preflight import run_preflight
+
+    report = run_preflight(lambda: load(s), validate_all, target, profile, environ=s.environ, strict=strict,
+                           allow_dirty=allow_dirty, log=log)
+    show(report)
+    if not report.ok:
+        first = report.failing[0]
+        raise BuildError(f"preflight of target {report.target!r}: {len(report.failing)} finding(s) fail the run",
+                         found=f"{first.where()}: {first.check}: {first.message}",
+                         hint="every finding is listed above; --json for tools")
+    return report
+
+
+def init_from(source: Path, out: Path, *, base: str | None, force: bool) -> tuple[Path, list[str]]:
+    """`init --from DIR`: OUT/build.yaml reproducing DIR's build; the lines it could not translate."""
+    from .manifest.adopt import write_adopted
+
+    return write_adopted(source, out, base=base, force=force)
+
+
+def probe(*, out: str, python: str, modules: Sequence[str], walk: Sequence[str], ops: Sequence[str],
+          libraries: Sequence[str]) -> ProbeResult:
+    """`probe --in-place`: the vendor API record taken with the target interpreter, written to OUT."""
+    from .vendor_api.probe import probe as take
+
+    return take(Path(out), python=python, modules=modules, walk=walk, ops=ops, libraries=libraries)
 
 
 def patch_from(s: Settings, target: str | None, file: str, edited: str, *, against_base: bool,

@@ -27,7 +27,8 @@ STAGES: tuple[tuple[str, ...], ...] = (
     # pure helpers; run directories and locks; HTTP wire formats and the health wait; progress and output
     ("patches", "rundirs", "cli.output", "cli.progress", "serve.openai_wire", "serve.waits", "workload",
      "wheelhouse",  # wheelhouse.join: the stdlib joiner beside the parts
-     "inimage"),  # the programs run inside an image (verify, the flag listing, the tree's step runtime), as text
+     "inimage",  # the programs run inside an image (verify, the flag listing, the tree's step runtime), as text
+     "vendor_api"),  # the vendor API record: its format, the arity check, ELF facts, the probe
     ("docker_engine",),  # the daemon: engine setup, SDK client, the one error translator, container files
     # the frozen model of build.yaml and YAML (problem words, loader, schemas); equiv tolerances; the one
     # precedence chain
@@ -47,6 +48,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("smoke", "bench"),  # checks and load against a server (bench: the evaluator replay, its metrics, plots)
     ("equiv", "forensics"),  # teacher-forced comparison; bisect and ablate over the step chain
     ("export", "submission"),  # the deliverables: a saved image; the tree the platform builds
+    ("preflight",),  # every check that needs no card, over the final tree, in one run
     ("app",),  # the front door: the commands call only this
     ("cli", "starter"),  # the `imageforge` command: its tasks, how a task is declared, launch; `init`'s project
 )

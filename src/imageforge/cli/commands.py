@@ -76,13 +76,22 @@ def build(c: Context, cmd: Output, target: str = "", profile: str = "", set_: li
     cmd.result(f"IMAGE={result.tags[0]}" if result.tags else None, result.to_json())
 
 
-@command(help={"dir": "Directory of the new project (default: the current one); existing files are kept",
-               "force": "Overwrite files that are already there"})
-def init(c: Context, cmd: Output, dir: str = ".", force: bool = False) -> None:
-    """Write a starter project: build.yaml (the cpu target), images/cpu (its base recipe), smoke/ (its suite)."""
+@command(help={"dir": "Directory of the new project (default: the current one; with --from: DIR itself)",
+               "force": "Overwrite files that are already there",
+               "from_": "Adopt a team's repository: its root Dockerfile and computility-run.yaml become build.yaml",
+               "base": "With --from: the base image to use instead of the Dockerfile's FROM (a local image)"})
+def init(c: Context, cmd: Output, dir: str = "", force: bool = False, from_: str = "", base: str = "") -> None:
+    """Write a starter project: build.yaml (the cpu target), images/cpu (its base recipe), smoke/ (its suite);
+    --from DIR: a build.yaml that reproduces DIR's build (a script step per RUN, serving from its run file)."""
+    if from_:
+        path, untranslated = app.init_from(Path(from_), Path(dir or from_), base=base or None, force=force)
+        cmd.result(f"wrote   {path}")
+        for line in untranslated:
+            cmd.result(f"not translated: {line}")
+        return
     from ..starter import write_starter
 
-    for line in write_starter(Path(dir), force=force):
+    for line in write_starter(Path(dir or "."), force=force):
         cmd.result(line)
 
 
@@ -96,6 +105,40 @@ def check_patches(c: Context, cmd: Output, target: str = "", profile: str = "", 
     """Dry-run every patch/overlay/symlink step against the real base image (nothing built). Exit 3 if any fails."""
     app.check_patches(cmd.settings, target or None, profile or None, diff=diff,
                       show=lambda report: cmd.result(report.text(), report.to_json()))
+
+
+@command(json=True, help={
+    "target": TARGET_HELP, "profile": "Profile whose steps are checked (default: the target's default profile)",
+    "strict": "Warnings fail the run too",
+    "allow_dirty": "Go on when files the submission ships are untracked or modified in git (then warnings)"})
+def preflight(c: Context, cmd: Output, target: str = "", profile: str = "", strict: bool = False,
+              allow_dirty: bool = False) -> None:
+    """Every check that needs no card, one run, every finding: validate, the steps (scripts in a sandbox), the
+    final tree's Python/imports/vendor API, scripts, pins, CRLF, flags, the submission tree, git. Exit 3 on an error."""
+    app.preflight(cmd.settings, target or None, profile or None, strict=strict, allow_dirty=allow_dirty,
+                  show=lambda report: cmd.result(report.text(), report.to_json()), log=cmd.log)
+
+
+@command(json=True, manifest=False, iterable=["module", "walk", "ops", "library"], help={
+    "in_place": "Probe this machine's Python (the only mode: run it on the card's box)",
+    "python": "The target interpreter (default: python3 on PATH)",
+    "out": "The record to write (default vendor-api.json)",
+    "module": "An extension module to record (repeatable; default: vllm._C, vllm._moe_C)",
+    "walk": "A package recorded with all its submodules (repeatable; default: ixformer)",
+    "ops": "A torch.ops namespace to record with its schemas (repeatable; default: _C, _moe_C, _C_cache_ops, "
+           "_C_custom_ar)",
+    "library": "A shared library (glob) whose soname, needed and exports to record (repeatable)"})
+def probe(c: Context, cmd: Output, in_place: bool = False, python: str = "python3", out: str = "vendor-api.json",
+          module: list[str] | None = None, walk: list[str] | None = None, ops: list[str] | None = None,
+          library: list[str] | None = None) -> None:
+    """Record the vendor's API (names, kinds, signatures; libraries' exports; versions) for preflight."""
+    from ..vendor_api.probe import DEFAULT_MODULES, DEFAULT_OPS, DEFAULT_WALK
+
+    if not in_place:
+        raise ConfigError("probe works in place only: give --in-place (run it where the vendor's Python is)")
+    result = app.probe(out=out, python=python, modules=module or DEFAULT_MODULES, walk=walk or DEFAULT_WALK,
+                       ops=ops or DEFAULT_OPS, libraries=library or ())
+    cmd.result(result.text(), result.to_json())
 
 
 @command(positional=[], help={
@@ -442,9 +485,9 @@ def status(c: Context, cmd: Output, root: str = "/") -> None:
         raise BuildError("the in-place status is not clean (drift, or package files changed outside the journal)")
 
 
-TASKS: tuple[Task[Any], ...] = (validate, plan, base, build, init, check_patches, patch_from, lock, export, clean, run,
-                                 stop, smoke, demo, bench, sweep, equiv, bisect, ablate, submission, wheels, engine,
-                                 apply, revert, status)
+TASKS: tuple[Task[Any], ...] = (validate, plan, base, build, init, check_patches, preflight, probe, patch_from, lock,
+                                 export, clean, run, stop, smoke, demo, bench, sweep, equiv, bisect, ablate, submission,
+                                 wheels, engine, apply, revert, status)
 
 
 def collection(*extra: Task[Any]) -> Collection:

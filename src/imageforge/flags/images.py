@@ -354,6 +354,34 @@ def learn_flags(manifest: Manifest, target_name: str, *, environ: Mapping[str, s
         return table
 
 
+def flags_of_state(target: Target, *, base_id: str, version: str, site: str, steps: Sequence[Step],
+                   sandbox: ScriptSandbox, state: Overlay, environ: Mapping[str, str], store: bool = True,
+                   log: Log = _stderr) -> FlagTable | None:
+    """Preflight's flags: the table cached for these parser steps, else learnt from a state the caller already
+    built with ``sandbox`` (no second run of the scripts). ``store=False`` for a state that is not what the steps
+    build (a script failed part-way: the parser as the platform would get it, not a table to cache)."""
+    method = flag_method(target)
+    if method == "off":
+        return None
+    key = flags_key(base_id, parser_steps(steps), environ)
+    table = _load(_cache_file(key, method, environ)) if store else None
+    if table is None:
+        if method == "static":
+            table = read_static(_read_sources(state, site), label=f"the vLLM {version} parser source after the steps")
+        else:
+            table = parse_introspection(_introspect(sandbox, _image_after(sandbox, state), log))
+        if store:
+            store_flags(table, key=key, base_id=base_id, method=method, index=index_key(target, environ),
+                        environ=environ)
+    return table
+
+
+def target_problems(manifest: Manifest, name: str, table: FlagTable,
+                    environ: Mapping[str, str] | None = None) -> list[Problem]:
+    """The target's serving args (and every profile's) against ``table``, as ``validate`` checks them."""
+    return _target_problems(manifest, name, table, environ)
+
+
 # --------------------------------------------------------------------------- the checks the front door calls
 
 
@@ -466,10 +494,12 @@ __all__ = [
     "check_validate",
     "flag_method",
     "flags_key",
+    "flags_of_state",
     "index_key",
     "learn_flags",
     "parser_steps",
     "store_flags",
     "table_from_json",
     "table_to_json",
+    "target_problems",
 ]

@@ -7,6 +7,7 @@ the wheel ships them as the package's modules), to be sent with ``python -c`` or
 * :mod:`.verify_image` -- the verify layer's checks (:mod:`imageforge.verify`; the tree's ``verify.py``);
 * :mod:`.list_flags` -- the vLLM serving flags the image's parser knows (:mod:`imageforge.flags.learn`);
 * :mod:`.apply_step` -- the submission tree's runtime that applies one step op (the tail of ``apply.py``).
+* :mod:`.probe_api` -- the vendor API record's names, kinds and signatures (:mod:`imageforge.vendor_api.probe`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from importlib.resources import files
 
 #: The programs, by module name.
-PROGRAMS = ("verify_image", "list_flags", "apply_step")
+PROGRAMS = ("verify_image", "list_flags", "apply_step", "probe_api")
 
 
 def program(name: str) -> str:

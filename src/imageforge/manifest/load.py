@@ -293,7 +293,24 @@ class _Builder:
                 else float(raw["replay"]["time_cap"]),
                 gate=tuple(raw.get("replay", {}).get("gate", ())),
             ),
+            vendor_api=self.vendor_api((*kp, "vendor_api"), raw.get("vendor_api")),
         )
+
+    def vendor_api(self, kp: tuple[str | int, ...], source: str | None) -> Path | None:
+        """The record's file, checked against the format at load (each problem at the target's key)."""
+        if source is None:
+            return None
+        path = self.check_source(kp, source)
+        if path.is_file():
+            from ..vendor_api import load_record
+
+            try:
+                load_record(path)
+            except ConfigError as exc:
+                for p in exc.problems or (exc,):
+                    self.problem(kp, f"{path.name}: {p.key_path + ': ' if p.key_path else ''}{p.message}",
+                                 expected=p.expected, found=p.found, hint=getattr(p, "hint", None))
+        return path
 
     def check_profiles(self, kp: tuple[str | int, ...], profiles: Mapping[str, Profile], default: str | None) -> None:
         for name, profile in profiles.items():

@@ -244,6 +244,7 @@ class Target:
     smoke: SmokeSettings
     equiv: EquivSettings = field(default_factory=EquivSettings)
     replay: ReplaySettings = field(default_factory=ReplaySettings)
+    vendor_api: Path | None = None  # the vendor API record (imageforge.vendor_api), beside build.yaml
 
     def profile_chain(self, name: str) -> tuple[Profile, ...]:
         """``name`` and its ``extends`` ancestors, root first."""

@@ -383,13 +383,18 @@ class ScriptSandbox:
     image it made (a failed script leaves none).
     """
 
-    def __init__(self, base_id: str, environ: Mapping[str, str], labels: Mapping[str, str]) -> None:
+    def __init__(self, base_id: str, environ: Mapping[str, str], labels: Mapping[str, str], *,
+                 keep_failed: bool = False) -> None:
         self.image = base_id
         self.environ = environ
         self.labels = {**labels, lb.L_KIND: "check-patches-script"}
         self.images: list[str] = []
         self.scope = dc.Containers(self.labels)
         self.changed: dict[str, None] = {}  # files a script added or changed (docker diff), in order
+        self.added: set[str] = set()  # those of them that are new (docker diff kind 1)
+        # preflight: a failed script's container is committed too, and its outcome carries the files as the
+        # script left them (what a Dockerfile RUN that discards the exit code builds); the row still fails
+        self.keep_failed = keep_failed
 
     def __call__(self, step: Step, state: Overlay) -> ScriptOutcome:
         import docker.errors
@@ -404,18 +409,26 @@ class ScriptSandbox:
                 changes = kind(step.kind).apply(step, ContainerFS(container), ApplyContext(
                     site="", environ=self.environ, checking=True, container=container, image=self.image))
             except StepProblem as problem:
-                return ScriptOutcome(problem.script_exit_code, None, problem.detail, tuple(problem.log_tail))
+                if not self.keep_failed:
+                    return ScriptOutcome(problem.script_exit_code, None, problem.detail, tuple(problem.log_tail))
+                failed: StepProblem | None = problem
+            else:
+                failed = None
             with contextlib.suppress(docker.errors.APIError):
                 container.kill()
             for change in container.diff() or ():
                 if int(change.get("Kind", -1)) in (0, 1):  # modified, added (2: deleted)
                     self.changed[str(change["Path"])] = None
+                    if int(change["Kind"]) == 1:
+                        self.added.add(str(change["Path"]))
             image = container.commit(message=f"imageforge check-patches {step.id}", conf={"Labels": self.labels})
             self.images.append(str(image.id))
             self.image = str(image.id)
         finally:
             self.scope.remove(container)
         reader = self.scope.create(self.image, entrypoint=["/bin/true"], command=[])
+        if failed is not None:
+            return ScriptOutcome(failed.script_exit_code, ContainerFS(reader), failed.detail, tuple(failed.log_tail))
         return ScriptOutcome(0, ContainerFS(reader), changes.detail.replace("exit 0:", "exit 0 (network off):", 1))
 
     @staticmethod
@@ -455,8 +468,10 @@ class ScriptSandbox:
 
 
 @contextlib.contextmanager
-def script_sandbox(base_id: str, target: Target, environ: Mapping[str, str]) -> Iterator[ScriptSandbox]:
-    sandbox = ScriptSandbox(base_id, environ, {lb.L_TOOL: lb.TOOL, lb.L_TARGET: target.name})
+def script_sandbox(base_id: str, target: Target, environ: Mapping[str, str], *,
+                   keep_failed: bool = False) -> Iterator[ScriptSandbox]:
+    sandbox = ScriptSandbox(base_id, environ, {lb.L_TOOL: lb.TOOL, lb.L_TARGET: target.name},
+                            keep_failed=keep_failed)
     try:
         yield sandbox
     finally:
@@ -475,6 +490,7 @@ class _Session:
     fs: ImageFS
     shared: tuple[Step, ...]
     profiles: Mapping[str, tuple[Step, ...]]
+    python: str = "python3"  # the base's interpreter (discovered)
 
 
 @contextlib.contextmanager
@@ -501,7 +517,7 @@ def image_session(manifest: Manifest, target_name: str | None, profile: str | No
             profiles = {r.profile_name: r.profile_steps for r in resolved_all if r.profile_steps}
             yield _Session(target, base_ref, base_id, info.site, info.version, problem, info.python_version,
                            ContainerFS(container),
-                           resolved.shared_steps, profiles)
+                           resolved.shared_steps, profiles, info.python)
 
 
 def to_stderr(line: str) -> None:
