@@ -24,11 +24,11 @@ from .settings import Settings
 if TYPE_CHECKING:
     from .bench import SweepResult, Workload
     from .build import BuildResult
+    from .clean import CleanResult
     from .equiv.runner import EquivRun
     from .export import ExportResult
     from .forensics.ablate_runner import AblationRun
     from .forensics.bisect_runner import BisectRun
-    from .housekeeping import CleanResult
     from .manifest.model import Manifest
     from .manifest.resolve import Resolved, ValidationSummary
     from .patches.check import CheckReport
@@ -158,7 +158,7 @@ def patch_from(s: Settings, target: str | None, file: str, edited: str, *, again
 
 def lock(s: Settings, target: str | None) -> tuple[Path, dict[str, Any]]:
     """`lock`: write the target's entry of build.lock."""
-    from .housekeeping import write_lock
+    from .lock import write_lock
 
     return write_lock(_resolve(s, load(s), target, None), s.environ)
 
@@ -174,7 +174,7 @@ def export(s: Settings, target: str | None, profile: str | None, *, out: str | N
 
 def clean(s: Settings, *, keep: int, dry_run: bool, target: str | None, min_age: float) -> CleanResult:
     """`clean`: remove the labelled images and containers no retention rule keeps."""
-    from .housekeeping import clean as do_clean
+    from .clean import clean as do_clean
 
     return do_clean(load(s), keep=keep, dry_run=dry_run, target=target, min_age=min_age)
 
