@@ -131,5 +131,5 @@ step "smoke ($tags)"
 
 if [ "$bench" = 1 ]; then
   step "bench --replay"
-  "${forge[@]}" bench --url "$url" --replay
+  "${forge[@]}" bench --url "$url" --replay --target "$target"  # the target's time cap and gating redlines
 fi

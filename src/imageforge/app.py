@@ -83,26 +83,34 @@ def _resolve(s: Settings, manifest: Manifest, target: str | None, profile: str |
 # --------------------------------------------------------------------------- manifest, plan, base, build
 
 
-def validate(s: Settings) -> ValidationSummary:
-    """`validate`: YAML, schema, files, paths and every profile of every target."""
+def validate(s: Settings, *, strict: bool = False) -> ValidationSummary:
+    """`validate`: YAML, schema, files, paths and every profile of every target; the serving values of each
+    against the evaluator's checks (warnings; ``strict``: exit 2 on one)."""
+    from .flags.evaluator import report_risks
     from .flags.images import check_validate
     from .manifest.resolve import validate_all
 
     summary = validate_all(load(s))
-    return replace(summary, notes=tuple(check_validate(summary.manifest, s.environ)))
+    notes = tuple(check_validate(summary.manifest, s.environ))
+    risks = report_risks(summary.resolved, s.environ, strict=strict)
+    return replace(summary, notes=(*notes, *risks.notes), warnings=risks.warnings)
 
 
 def plan(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *,
-         use_daemon: bool) -> PlanReport:
-    """`plan`: resolve, then ask the daemon (when one answers) what is cached."""
+         use_daemon: bool, strict: bool = False) -> PlanReport:
+    """`plan`: resolve, check the serving values against the evaluator (warnings; ``strict``: exit 2 on one,
+    before anything else), then ask the daemon (when one answers) what is cached."""
     from .base import daemon_probe
+    from .flags.evaluator import report_risks
     from .flags.images import check_resolved
     from .plan import PlanReport, make_plan
 
     resolved = _resolve(s, load(s), target, profile, sets)
+    risks = report_risks([resolved], s.environ, strict=strict)
     probe = daemon_probe() if use_daemon else None
     note = check_resolved(resolved, s.environ, use_daemon=probe is not None)
-    return PlanReport(make_plan(resolved, environ=s.environ, probe=probe), notes=(note,) if note else ())
+    return PlanReport(make_plan(resolved, environ=s.environ, probe=probe),
+                      notes=((note,) if note else ()) + risks.notes, warnings=risks.warnings)
 
 
 def base(s: Settings, target: str | None, log: Log = print) -> str:
@@ -252,7 +260,7 @@ def stop(target: str | None, *, every: bool, s: Settings | None = None, in_place
 def smoke(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, url: str | None,
           suite: str | None, tags: str | None, base: bool, port: int | None, wait: float,
           echo: Log = print, show: Callable[[SmokeReport], None] | None = None,
-          in_place: InPlace | None = None) -> SmokeReport:
+          in_place: InPlace | None = None, params: Sequence[str] = ()) -> SmokeReport:
     """`smoke`: the suite against --url, or build + start + check + remove TARGET:PROFILE (exit 4 on a failure)."""
     from .errors import ConfigError
     from .smoke import DEFAULT_TAGS, parse_tags, smoke_target, smoke_url, suite_for, target_vars, verdict
@@ -270,13 +278,14 @@ def smoke(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         chosen = tag_list or (tuple(resolved.target.smoke.tags) if resolved is not None else ()) or DEFAULT_TAGS
         report = smoke_url(url, suite_path=suite_path, tags=chosen, run_root=root, echo=echo,
                            vars=target_vars(resolved) if resolved is not None and target else None, wait=wait,
-                           target=resolved.target.name if resolved is not None and target else None)
+                           target=resolved.target.name if resolved is not None and target else None,
+                           params=params)
     else:
         resolved = _resolve(s, load(s), target, profile, sets)
         with _applied(s, resolved, in_place, echo, starts=1):
             report = smoke_target(resolved, environ=s.environ, suite_path=Path(suite) if suite else None,
                                   tags=tag_list, echo=echo, base=base, port=port, host_address=s.host_address,
-                                  in_place=in_place)
+                                  in_place=in_place, params=params)
     if show is not None:  # the result, shown before the verdict (exit 4) too
         show(report)
     verdict(report)
@@ -316,6 +325,7 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
     """
     from .bench import bench_target, print_bench, replay_report, replay_target, run_bench, verdict, write_bench
     from .bench.replay import replay_bench
+    from .bench.runner import with_target
     from .errors import ConfigError
     from .rundirs import new_run_id, run_dir
     from .serve.openai_wire import check_url
@@ -327,12 +337,14 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
     if url and in_place is not None:
         raise ConfigError("--url benches a running server: --in-place does not apply")
     if url:
-        if target or profile or sets:
-            raise ConfigError("--url benches a running server: --target, --profile and --set do not apply",
-                              hint="drop --url to build, start and stop the target's server")
+        if (target and replay is None) or profile or sets:
+            raise ConfigError("--url benches a running server: --target (except with --replay), --profile and "
+                              "--set do not apply", hint="drop --url to build, start and stop the target's server")
         check_url(url)
         root = s.manifest.resolve().parent if s.manifest.exists() else Path.cwd()
         if replay is not None:
+            if target:  # the target's replay: settings (time cap, gate) for a server already up: nothing is built
+                replay = with_target(replay, load(s).target(target).replay)
             return replay_report(replay_bench(url, replay, run_dir(root, new_run_id()), echo=echo), replay, echo,
                                  show)
         result = run_bench(url, w, echo=echo, run_dir=None, write=False)
@@ -396,13 +408,14 @@ def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         load_record,
         record_reference,
         record_running,
+        refuse_url_options,
         settings_from_cli,
     )
     from .errors import ConfigError
     from .serve.openai_wire import check_url
 
     if url:
-        _refuse_equiv_url(record, against, profile, sets, in_place)
+        refuse_url_options(record, against, profile, sets, in_place)
         check_url(url)
     resolved = _resolve(s, load(s), target, profile, sets)
     chosen = settings_from_cli(resolved.target.equiv, top_k=top_k, greedy_tokens=greedy_tokens, prompts=prompts)
@@ -443,26 +456,6 @@ def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         show(result)
     raise_if_failed(result.verdict)
     return result
-
-
-def _refuse_equiv_url(record: str, against: str, profile: str | None, sets: Sequence[str],
-                      in_place: InPlace | None) -> None:
-    """`equiv --url`: only with --record FILE, and nothing that would pick, apply or start what is served."""
-    from .errors import ConfigError
-
-    if not record:
-        raise ConfigError("equiv --url reads a running server: only --record FILE takes it",
-                          hint="equiv --record FILE --url URL, then equiv --against FILE (serves the candidate)")
-    if in_place is not None:
-        raise ConfigError("equiv --record --url records the server already running: --in-place would apply and "
-                          "start one", hint="drop --in-place (nothing is applied, started or stopped with --url), "
-                          "or drop --url to serve the reference in place")
-    if against not in ("", "base"):
-        raise ConfigError(f"equiv --record --url: the reference is the server at --url, not --against {against!r}",
-                          hint="drop --against")
-    if profile or sets:
-        raise ConfigError("equiv --record --url records the server as it runs: --profile and --set pick what is "
-                          "served", hint="drop them; --target names the prompts, top-k and dtype recorded")
 
 
 def bisect(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *,

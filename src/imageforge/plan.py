@@ -343,9 +343,11 @@ def format_plan(plan: Plan) -> str:
 class PlanReport:
     plan: Plan
     notes: tuple[str, ...] = ()  # e.g. "flags not checked: ..." (imageforge.flags.images)
+    warnings: tuple[str, ...] = ()  # evaluator checks the serving values make fail (imageforge.flags.evaluator)
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.plan.to_json(), **({"notes": list(self.notes)} if self.notes else {})}
+        return {**self.plan.to_json(), **({"notes": list(self.notes)} if self.notes else {}),
+                "warnings": list(self.warnings)}
 
     def text(self) -> str:
-        return "\n".join([format_plan(self.plan), *self.notes])
+        return "\n".join([format_plan(self.plan), *self.notes, *(f"warning: {w}" for w in self.warnings)])

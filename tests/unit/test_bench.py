@@ -1,4 +1,5 @@
-"""Bench and sweep: score, percentiles, workloads, /metrics parsing, plateau, the client against a fake transport.
+"""Bench and sweep: weighted rate, percentiles, workloads, /metrics parsing, plateau, the client against a fake
+transport.
 
 No daemon: the client's HTTP goes through ``httpx.MockTransport`` (no sockets), and the sweep's build and serve
 steps are replaced by stubs; except the in-place sweep, which applies a patch to a tmp root and serves each point
@@ -26,9 +27,10 @@ import pytest
 
 from imageforge import bench as bench_mod
 from imageforge.bench import (
-    SCORE_CACHE_WEIGHT,
-    SCORE_INPUT_WEIGHT,
-    SCORE_OUTPUT_WEIGHT,
+    CACHED_WEIGHT,
+    OUTPUT_WEIGHT,
+    PLATFORM_FACTOR,
+    UNCACHED_INPUT_WEIGHT,
     BenchResult,
     RequestResult,
     SweepPoint,
@@ -40,27 +42,26 @@ from imageforge.bench import (
     parse_params,
     percentile,
     plateau_index,
+    platform_score,
     prompt_words,
     run_bench,
-    score,
     set_args,
     sweep_workload,
     verdict,
+    weighted_tps,
 )
 from imageforge.bench.report import bench_rows
 from imageforge.errors import ConfigError, SmokeError
 from tests.unit.conftest import manifest_text
 
-# ----------------------------------------------------------------------------- score
+# ----------------------------------------------------------------------------- the weighted rate
 
 
-def test_score_weights_are_the_competition_formula() -> None:
-    assert (SCORE_OUTPUT_WEIGHT, SCORE_INPUT_WEIGHT, SCORE_CACHE_WEIGHT) == (16.796, 2.799, 0.56)
-    assert score(1, 0, 0) == pytest.approx(16.796)
-    assert score(0, 1, 0) == pytest.approx(2.799)
-    assert score(0, 0, 1) == pytest.approx(0.56)
-    assert score(100, 1000, 500) == pytest.approx(100 * 16.796 + 1000 * 2.799 + 500 * 0.56)
-    assert score(0, 0, 0) == 0
+def test_weights_are_the_platforms_formula() -> None:
+    assert (OUTPUT_WEIGHT, UNCACHED_INPUT_WEIGHT, CACHED_WEIGHT, PLATFORM_FACTOR) == (16.796, 2.799, 0.56, 38.582)
+    assert weighted_tps(100, 1000, 500) == pytest.approx(100 * 16.796 + 1000 * 2.799 + 500 * 0.56)
+    assert weighted_tps(0, 0, 0) == 0
+    assert platform_score(10.0) == pytest.approx(385.82)
 
 
 def _result(wall: float, *, completions: list[int], prompts: list[int], cached: int | None,
@@ -75,11 +76,14 @@ def _result(wall: float, *, completions: list[int], prompts: list[int], cached: 
                        wall_seconds=wall, results=results, cached_tokens=cached)
 
 
-def test_bench_rates_and_score_come_from_ok_requests_over_wall_time() -> None:
+def test_bench_rates_and_weighted_rate_come_from_ok_requests_over_wall_time() -> None:
     b = _result(2.0, completions=[10, 10], prompts=[100, 100], cached=50, errors=1, max_error_rate=0.5)
-    assert (b.output_tps, b.input_tps, b.cache_tps) == (10.0, 100.0, 25.0)
-    assert b.score == pytest.approx(10 * 16.796 + 100 * 2.799 + 25 * 0.56)  # the published weights, by hand
+    assert (b.output_tps, b.input_tps, b.uncached_input_tps, b.cache_tps) == (10.0, 100.0, 75.0, 25.0)
+    # cached tokens are their own term: the input term counts the uncached 150 of 200 only
+    assert b.weighted_tps == pytest.approx(10 * 16.796 + 75 * 2.799 + 25 * 0.56)
     s = b.summary()
+    assert s["platform_score"] == pytest.approx(b.weighted_tps * 38.582, abs=0.1)
+    assert [k for k in s if k.endswith("score")] == ["platform_score"]
     assert s["ok"] == 2 and s["errors"] == 1 and s["error_rate"] == pytest.approx(1 / 3, abs=1e-4)
     assert s["ttft_p50_s"] == pytest.approx(0.15) and s["latency_p95_s"] == pytest.approx(1.95)
     assert s["tpot_p50_s"] == pytest.approx(((1.0 - 0.1) / 9 + (2.0 - 0.2) / 9) / 2, abs=1e-6)
@@ -242,7 +246,7 @@ def test_sweep_workload_fills_the_largest_batch_unless_told_otherwise() -> None:
 
 
 def _point(params: dict[str, Any], status: str, out: float | None = None, sc: float | None = None) -> SweepPoint:
-    summary = None if out is None else {"output_tps": out, "input_tps": out * 10, "cache_tps": out, "score": sc,
+    summary = None if out is None else {"output_tps": out, "input_tps": out * 10, "cache_tps": out, "weighted_tps": sc,
                                          "ttft_p95_s": 0.2, "latency_p95_s": 1.5, "errors": 0, "requests": 8}
     return SweepPoint(params, status=status, summary=summary, error=None if status == "ok" else "boom\nmore",
                       startup_seconds=31.0 if summary else None)
@@ -257,14 +261,14 @@ def test_sweep_result_marks_best_and_plateau_and_skips_failed_points(tmp_path: P
     assert result.best == 1 and result.plateau == 1
     header, rows = result.rows()
     assert header[0] == "max-num-seqs" and header[-1] == "mark"
-    assert rows[1][-1] == "best score, plateau"
+    assert rows[1][-1] == "best weighted_tps, plateau"
     assert rows[3][-1] == "no-start: boom" and rows[3][1] == "-"
     assert rows[4][-1].startswith("failed")
     json_path, md_path = result.write()
     data = json.loads(json_path.read_text())
     assert data["best"] == 1 and data["plateau"] == 1 and data["points"][3]["status"] == "no-start"
     md = md_path.read_text()
-    assert "| max-num-seqs | Output TPS |" in md and "best score, plateau" in md
+    assert "| max-num-seqs | Output TPS |" in md and "best weighted_tps, plateau" in md
 
 
 # ----------------------------------------------------------------------------- the client (fake transport)
@@ -345,7 +349,7 @@ def test_client_sends_exact_token_prompts_and_counts_tokens(tmp_path: Path) -> N
     assert all(r.ttft is not None and r.latency is not None and r.ttft <= r.latency for r in b.results)
     data = json.loads((tmp_path / "run" / "bench.json").read_text())
     assert data["summary"]["completion_tokens"] == 30 and len(data["requests"]) == 6
-    assert data["score_weights"] == {"output_tps": 16.796, "input_tps": 2.799, "cache_tps": 0.56}
+    assert data["score_weights"] == {"output_tps": 16.796, "uncached_input_tps": 2.799, "cache_tps": 0.56}
     verdict(b)
 
 
@@ -555,9 +559,9 @@ def test_repeat_reports_the_median_run_and_never_hides_a_failing_one(tmp_path: P
     prompts = [tuple(c["prompt"]) for c in fake.completions[1:]]
     assert len(set(prompts[:6]) & set(prompts[6:12])) == 0  # seed, seed+1: other prompts each run
     assert [r["seed"] for r in b.repeats] == [0, 1, 2]
-    scores = sorted(r["score"] for r in b.repeats)
-    assert b.summary()["score"] == scores[1]
-    assert any(n.startswith("median of 3 runs by score") for n in b.notes)
+    rates = sorted(r["weighted_tps"] for r in b.repeats)
+    assert b.summary()["weighted_tps"] == rates[1]
+    assert any(n.startswith("median of 3 runs by weighted_tps") for n in b.notes)
     data = json.loads((tmp_path / "run" / "bench.json").read_text())
     assert len(data["repeats"]) == 3
 
@@ -628,16 +632,16 @@ def test_sweep_plot_points_one_dot_per_run_and_aa_values_kept_apart(tmp_path: Pa
     from imageforge.bench.sweeps import SweepResult
 
     a, b = _point({"max-num-seqs": 8}, "ok", 10.0, 100.0), _point({"max-num-seqs": 8}, "ok", 11.0, 110.0)
-    a.runs = [{"score": 100.0, "output_tps_p10": 3.0, "ttft_p90_s": 0.5}, {"score": 90.0}]
+    a.runs = [{"weighted_tps": 100.0, "output_tps_p10": 3.0, "ttft_p90_s": 0.5}, {"weighted_tps": 90.0}]
     result = SweepResult("r", "cpu", "conservative", [], Workload(repeat=2), [a, b], tmp_path, "now",
                          interleaved=True)
     points = result.plot_points()
     assert [p["value"] for p in points] == ["#1 max-num-seqs=8", "#1 max-num-seqs=8", "#2 max-num-seqs=8"]
-    assert [p["score"] for p in points] == [100.0, 90.0, 110.0]  # b has no runs: its summary is one dot
+    assert [p["weighted_tps"] for p in points] == [100.0, 90.0, 110.0]  # b has no runs: its summary is one dot
     png = result.plot()
     assert png == tmp_path / "sweep.png" and png.read_bytes()[:4] == b"\x89PNG"
     header, _rows = result.rows()
-    assert "score / first (median, range)" in header
+    assert "weighted / first (median, range)" in header
 
 
 def test_itl_and_p99_pool_the_gaps_of_successful_requests() -> None:

@@ -18,13 +18,14 @@ import pytest
 
 from imageforge.bench.replay import (
     ReplayOptions,
+    RetryPolicy,
     prepare_body,
     replay_bench,
     replay_options,
     replay_verdict,
     run_replay,
 )
-from imageforge.bench.replay_loading import load_jsonl
+from imageforge.bench.replay_loading import dataset_format, load_jsonl
 from imageforge.bench.replay_workload import META_KEY, ReplayRequest, ReplaySpec, generate, stats, write_jsonl
 from imageforge.errors import ConfigError, SmokeError
 
@@ -129,7 +130,7 @@ def test_loader_accepts_plain_chat_requests(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("line", "where", "what"), [
     ("{not json", ":2:2", "not JSON"),
-    ("[1, 2]", ":2", "JSON object"),
+    ("[1, 2]", ":2", "not a replay request"),
     (json.dumps({"messages": []}), ":2", "non-empty list"),
     (json.dumps({"messages": [{"content": "x"}]}), "messages[0].role", "role"),
     (json.dumps({"messages": [{"role": "user"}]}), "messages[0].content", "missing content"),
@@ -204,6 +205,9 @@ def _server(sent: list[dict[str, Any]]) -> httpx.MockTransport:
     return httpx.MockTransport(handler)
 
 
+NO_RETRIES = RetryPolicy(retries=0)
+
+
 def test_runner_one_at_a_time_with_classes() -> None:
     requests = [ReplayRequest({"messages": [{"role": "user", "content": f"q{i}"}]}, {"output_tokens": 2,
                                                                                      "input_tokens": 90})
@@ -212,23 +216,106 @@ def test_runner_one_at_a_time_with_classes() -> None:
     run = run_replay(requests, "http://127.0.0.1:9", transport=_server(sent), max_requests=4)
     assert run.model == "tiny" and run.stopped_by == "request count"
     assert len(sent) == 4 and all(b["model"] == "tiny" and b["stream"] for b in sent)
-    classes = [r.error_class for r in run.records]
-    assert classes == [None, "ctx_overflow", "stream_aborted", None]
+    # the 400 is not retried; a 200 stream cut before its finish reason is a success, unfinished (the harness's)
+    assert [r.error_class for r in run.records] == [None, "ctx_overflow", None, None]
+    assert [r.finished for r in run.records] == [True, True, False, True]
     first = run.records[0]
     assert (first.prompt_tokens, first.completion_tokens, first.cached_tokens) == (100, 2, 64)
     assert first.ttft_s is not None and first.total_s is not None and 0 <= first.ttft_s <= first.total_s
-    assert first.input_tokens_planned == 90
-    report = run.report
-    assert report.attempted == 4 and report.succeeded == 2
-    assert report.cache_hit_rate == pytest.approx(128 / 200)
-    assert run.to_json()["report"]["errors"]["ctx_overflow"] == 1
+    assert first.input_tokens_planned == 90 and first.attempts == 1
+    m = run.report.metrics
+    assert (m["attempted_requests"], m["successful_requests"], m["unfinished_requests"]) == (4, 3, 1)
+    assert m["cache_hit_rate"] == pytest.approx(128 / 200)  # the unfinished one reported no usage
+    assert m["cached_tokens_missing"] == 1
+    assert run.to_json()["report"]["error_class_counts"] == {"ctx_overflow": 1}
+    assert run.wall_s > 0
 
 
-def test_runner_stops_on_duration() -> None:
-    requests = [ReplayRequest({"messages": [{"role": "user", "content": "q"}]}) for _ in range(3)]
-    sent: list[dict[str, Any]] = []
-    run = run_replay(requests, "http://127.0.0.1:9", transport=_server(sent), duration=1e-9)
-    assert run.stopped_by == "duration" and run.records == [] and sent == []
+class FakeTime:
+    """An injected clock and sleep: sleeping moves the clock, and so does each answer (``per_request``)."""
+
+    def __init__(self, per_request: float = 0.0) -> None:
+        self.now = 1000.0
+        self.per_request = per_request
+        self.slept: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def _answers(statuses: list[int], sent: list[dict[str, Any]], fake: FakeTime) -> httpx.MockTransport:
+    """Each chat request gets the next status (the last one repeats); a 200 is a finished stream."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "tiny"}]})
+        sent.append(json.loads(request.content))
+        fake.now += fake.per_request
+        status = statuses[min(len(sent), len(statuses)) - 1]
+        if status != 200:
+            return httpx.Response(status, json={"message": "busy"})
+        return httpx.Response(200, headers=SSE, content=_sse(
+            {"choices": [{"delta": {"content": "ok"}, "finish_reason": "stop"}]},
+            {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 1,
+                                      "prompt_tokens_details": {"cached_tokens": 0}}}))
+    return httpx.MockTransport(handler)
+
+
+def test_503_503_200_is_one_success_whose_time_holds_the_back_off() -> None:
+    fake, sent = FakeTime(), list[dict[str, Any]]()
+    run = run_replay([ReplayRequest({"messages": [{"role": "user", "content": "q"}]})], "http://127.0.0.1:9",
+                     transport=_answers([503, 503, 200], sent, fake), clock=fake.clock, sleep=fake.sleep)
+    [record] = run.records
+    assert len(sent) == 3 and fake.slept == [5.0, 10.0]  # the harness's 5 s doubling back-off
+    assert record.ok and record.attempts == 3 and record.retry_wait_s == 15.0
+    assert record.total_s == pytest.approx(15.0) and record.ttft_s == pytest.approx(15.0)  # the clock ran on
+    m = run.report.metrics
+    assert (m["attempted_requests"], m["successful_requests"], m["retried_requests"]) == (1, 1, 1)
+    assert run.wall_s == pytest.approx(15.0)  # back-off inside the wall time too
+
+
+def test_retries_end_after_three_and_a_4xx_is_not_retried() -> None:
+    fake, sent = FakeTime(), list[dict[str, Any]]()
+    run = run_replay([ReplayRequest({"messages": [{"role": "user", "content": "q"}]})], "http://127.0.0.1:9",
+                     transport=_answers([429], sent, fake), clock=fake.clock, sleep=fake.sleep)
+    assert len(sent) == 4 and fake.slept == [5.0, 10.0, 20.0]
+    assert run.records[0].error_class == "rate_limited" and run.records[0].attempts == 4
+    fake, sent = FakeTime(), list[dict[str, Any]]()
+    run = run_replay([ReplayRequest({"messages": [{"role": "user", "content": "q"}]})], "http://127.0.0.1:9",
+                     transport=_answers([400], sent, fake), clock=fake.clock, sleep=fake.sleep)
+    assert len(sent) == 1 and fake.slept == [] and run.records[0].error_class == "http_400"
+
+
+def test_requests_not_started_by_the_time_cap_add_nothing() -> None:
+    fake, sent = FakeTime(per_request=10.0), list[dict[str, Any]]()
+    requests = [ReplayRequest({"messages": [{"role": "user", "content": f"q{i}"}]}) for i in range(6)]
+    run = run_replay(requests, "http://127.0.0.1:9", transport=_answers([200], sent, fake), time_cap=25.0,
+                     clock=fake.clock, sleep=fake.sleep)
+    # sent at 0, 10, 20 (each takes 10 s); at 30 the cap has passed: 3 never start
+    assert len(sent) == 3 and run.stopped_by == "time cap" and run.not_started == 3
+    m = run.report.metrics
+    assert (m["attempted_requests"], m["not_started_requests"], m["total_requests"]) == (3, 3, 6)
+    assert m["total_output_tokens"] == 3 and run.wall_s == pytest.approx(30.0)
+
+
+def test_a_request_running_at_the_cap_is_dropped() -> None:
+    import asyncio
+
+    async def slow() -> httpx.Response:
+        await asyncio.sleep(5)
+        return httpx.Response(500)
+
+    def handler(request: httpx.Request) -> Any:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "tiny"}]})
+        return slow()
+
+    run = run_replay([ReplayRequest({"messages": [{"role": "user", "content": "q"}]})] * 2, "http://127.0.0.1:9",
+                     transport=httpx.MockTransport(handler), time_cap=0.2, policy=NO_RETRIES)
+    assert run.records == [] and run.not_started == 2 and run.stopped_by == "time cap" and run.wall_s == 0.2
 
 
 def test_runner_connection_refused() -> None:
@@ -237,9 +324,11 @@ def test_runner_connection_refused() -> None:
             return httpx.Response(200, json={"data": [{"id": "m"}]})
         raise httpx.ConnectError("refused", request=request)
 
+    fake = FakeTime()
     run = run_replay([ReplayRequest({"messages": [{"role": "user", "content": "q"}]})], "http://127.0.0.1:9",
-                     transport=httpx.MockTransport(handler))
+                     transport=httpx.MockTransport(handler), clock=fake.clock, sleep=fake.sleep)
     assert run.records[0].error_class == "connection" and run.records[0].status is None
+    assert run.records[0].attempts == 4  # a connection failure is retried, as the harness does
 
 
 # --------------------------------------------------------------------------- invoke bench --replay
@@ -258,6 +347,52 @@ def test_replay_options_from_the_task() -> None:
         replay_options("mine.jsonl", "w.jsonl")
     with pytest.raises(ConfigError, match="max-model-len must be >= 256"):
         replay_options(True, "", max_model_len=100)
+
+
+def _matched(i: int, body: dict[str, Any] | str) -> str:
+    """One line of the harness's matched-request JSONL (``log_replay_tool.py extract``)."""
+    return json.dumps({"source_file": "oneapi-20260801000000.log", "line_no": 10 + i, "level": "INFO",
+                       "timestamp": "2026/08/01 - 00:00:00", "request_id": f"req-{i}", "channel_id": None,
+                       "token_name": "eval", "request_body": body if isinstance(body, str) else json.dumps(body),
+                       "request_json": None, "raw_payload": {}})
+
+
+def test_loader_reads_the_harness_matched_requests(tmp_path: Path) -> None:
+    body = {"model": "llm", "stream": True, "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}]}
+    path = _write(tmp_path, [_matched(0, body), "", _matched(1, {**body, "max_completion_tokens": 9})])
+    loaded = load_jsonl(path)
+    assert [r.body for r in loaded] == [body, {**body, "max_completion_tokens": 9}]
+    assert loaded[0].meta == {"request_id": "req-0", "format": "matched-request", "timestamp": "2026/08/01 - 00:00:00",
+                              "source_file": "oneapi-20260801000000.log", "line_no": 10}
+    assert dataset_format(loaded) == "matched-request" and loaded[1].source is not None
+    assert loaded[1].source.line == 3
+    assert dataset_format(load_jsonl(_write(tmp_path, [json.dumps(body)]))) == "chat-request"
+
+
+@pytest.mark.parametrize(("lines", "where", "what"), [
+    ([_matched(0, "{not json")], ":1", "request_body is not JSON"),
+    ([_matched(0, {"messages": []})], "request_body.messages", "non-empty list"),
+    ([json.dumps({"request_id": "r", "request_body": {"messages": []}})], "request_body", "JSON text (a string)"),
+    ([json.dumps({"request_body": "{}"})], "request_id", "needs its request_id"),
+    ([_matched(0, {"messages": [{"role": "user", "content": "x"}]}),
+      json.dumps({"messages": [{"role": "user", "content": "x"}]})], ":2", "a chat-request line in a matched"),
+    ([json.dumps({"prompt": "x"})], ":1", "not a replay request"),
+])
+def test_loader_errors_name_the_line_and_both_formats(tmp_path: Path, lines: list[str], where: str,
+                                                      what: str) -> None:
+    path = _write(tmp_path, lines)
+    with pytest.raises(ConfigError) as info:
+        load_jsonl(path)
+    text = info.value.render()
+    assert f"{path}:" in text and where in text and what in text
+
+
+def test_an_unknown_line_says_what_was_expected(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_jsonl(_write(tmp_path, [json.dumps({"input": "x", "output": "y"})]))
+    text = info.value.render()
+    assert ":1" in text and "request_body" in text and "messages" in text and "['input', 'output']" in text
 
 
 def _tokenizing_server(sent: list[dict[str, Any]]) -> httpx.MockTransport:
@@ -291,21 +426,26 @@ def test_replay_bench_generates_keeps_and_reports(tmp_path: Path) -> None:
     assert len(kept) == len(sent) == 6 and result.workload["source"] == "generated"
     assert result.workload["spec"]["max_model_len"] == 2048  # scaled to the server's max-model-len
     assert [b["messages"] for b in sent] == [r.body["messages"] for r in kept]  # sent as kept, one at a time
-    report = result.run.report
-    assert (report.attempted, report.succeeded, report.errors["http_400"]) == (6, 4, 2)
+    m = result.run.report.metrics
+    assert (m["attempted_requests"], m["successful_requests"], m["error_class_counts"]["http_400"]) == (6, 4, 2)
     data = json.loads((tmp_path / "run" / "bench.json").read_text())
     assert data["kind"] == "replay" and data["concurrency"] == 1 and len(data["requests"]) == 6
+    assert data["report"]["weighted_tps"] == pytest.approx(m["weighted_tps"]) and m["weighted_tps"] > 0
     assert (tmp_path / "run" / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = "\n".join(result.lines())
-    for needed in ("Output TPS p10 >= 20.00 tok/s", "TTFT p90 <= 5.000 s", "success rate >= 99.00%: 66.67%",
-                   "total time p99 <= 999,999 ms", "Score (ESTIMATE"):
+    for needed in ("Output TPS p10 >= 20.00 tok/s", "TTFT p90 <= 5,000 ms", "success rate >= 99.00%: 66.67%",
+                   "total time p99 <= 999,999 ms: ", "[competition]", "[harness]", "[organisers]",
+                   "PLATFORM'S SCORE: weighted_tps", "platform_score (x 38.582)", "score shares: output"):
         assert needed in text
-    assert "FAIL  success rate" in text
-    replay_verdict(result, options)  # max_error_rate 1.0: accepted
+    assert "FAIL  success rate" in text and "FAIL  uptime >= 95.00%: 66.67%  [harness]" in text
+    replay_verdict(result, options)  # max_error_rate 1.0, no gate: the failing lines are reported only
     with pytest.raises(SmokeError, match="2 of 6 replayed requests failed"):
         replay_verdict(result, ReplayOptions(max_error_rate=0.0))
-    with pytest.raises(SmokeError, match="misses the evaluator's targets"):
+    with pytest.raises(SmokeError, match="fails the organisers' targets"):
         replay_verdict(result, ReplayOptions(max_error_rate=1.0, require_targets=True))
+    with pytest.raises(SmokeError, match="fails the evaluator harness's defaults"):
+        replay_verdict(result, ReplayOptions(max_error_rate=1.0, gate=("harness",)))
+    replay_verdict(result, ReplayOptions(max_error_rate=1.0, gate=("competition",)))  # p99 far below 999,999 ms
 
 
 def test_replay_bench_a_users_file(tmp_path: Path) -> None:
@@ -316,7 +456,8 @@ def test_replay_bench_a_users_file(tmp_path: Path) -> None:
     result = replay_bench("http://127.0.0.1:9", ReplayOptions(file=mine, requests=2, max_error_rate=1.0),
                           tmp_path / "run", echo=lambda _l: None, transport=_tokenizing_server(sent))
     assert [b["messages"][0]["content"] for b in sent] == ["q 0 a b", "q 1 a b"]  # --requests 2 of the file's 4
-    assert result.workload == {"source": "file", "path": str(mine), "stats": result.workload["stats"]}
+    assert result.workload == {"source": "file", "path": str(mine), "format": "chat-request",
+                               "stats": result.workload["stats"]}
     assert not (tmp_path / "run" / "replay.jsonl").exists()
     assert result.run.records[0].prompt_tokens == 4 and result.run.records[0].completion_tokens == 3
 
@@ -407,10 +548,70 @@ def test_bench_in_place_replay_starts_and_stops_its_own_server_in_place(
     assert f"started pid {server['pid']}" in text and f"stopped pid {server['pid']}" in text
     assert running_records(manifest.parent) == []  # stopped
     assert all(data.get("stopped") for _, data in records(manifest.parent))
-    assert len(sent) == 2 and "PASS  success rate >= 99.00%: 100.00%" in text
-    for line in ("TTFT p90", "Output TPS p10", "Score (ESTIMATE"):
+    assert len(sent) == 2 and "PASS  success rate >= 99.00%: 100.00%  [organisers]" in text
+    for line in ("TTFT p90", "Output TPS p10", "PLATFORM'S SCORE"):
         assert line in text
     report = json.loads(result.json_path.read_text())
     assert report["kind"] == "replay" and len(report["requests"]) == 2
     assert result.json_path.parent.parent == manifest.parent / ".imageforge" / "runs"
     assert where.applied_state() is None  # the root as before: nothing applied
+
+
+# --------------------------------------------------------------------------- the target's replay: block
+
+
+def test_the_targets_replay_settings_give_the_cap_and_the_gate(bi100: Any, cpu: Any,
+                                                               write_manifest: Callable[[str], Path]) -> None:
+    from imageforge.bench.runner import with_target
+    from imageforge.errors import ConfigError as Err
+    from imageforge.manifest.load import load_manifest
+
+    from .conftest import manifest_text
+
+    assert bi100.target.replay.time_cap == 13 * 3600 and bi100.target.replay.gate == ("competition",)
+    assert cpu.target.replay.time_cap is None and cpu.target.replay.gate == ()
+    options = ReplayOptions(duration=300.0)
+    on_bi100 = with_target(options, bi100.target.replay)
+    assert (on_bi100.cap, on_bi100.gate) == (46800.0, ("competition",))
+    assert with_target(ReplayOptions(time_cap=60.0), bi100.target.replay).cap == 60.0  # --time-cap wins
+    assert with_target(options, cpu.target.replay).cap == 300.0  # no cap of its own: --duration
+    with pytest.raises(Err) as info:
+        load_manifest(write_manifest(manifest_text("    replay: {time_cap: 0, gate: [organisers]}\n")))
+    text = info.value.render()
+    assert "replay.time_cap" in text and "replay.gate" in text
+
+
+def test_time_cap_from_the_command() -> None:
+    options = replay_options(True, "", time_cap=120.0)
+    assert options is not None and options.time_cap == 120.0 and options.cap == 120.0
+    unset = replay_options(True, "", time_cap=0, duration=300.0)
+    assert unset is not None and unset.time_cap is None and unset.cap == 300.0
+    with pytest.raises(ConfigError, match="time cap"):
+        ReplayOptions(time_cap=-1.0).validate()
+
+
+def test_bench_url_replay_with_a_target_takes_its_replay_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`bench --url U --replay --target bi100` (the card job): bi100's time cap and gate, nothing built."""
+    from imageforge import app
+    from imageforge.bench import Workload, replay
+
+    from .conftest import REPO
+
+    seen: list[ReplayOptions] = []
+
+    class Seen(Exception):
+        pass
+
+    def fake(url: str, options: ReplayOptions, run_dir: Path, **_kw: Any) -> Any:
+        seen.append(options)
+        raise Seen
+
+    monkeypatch.setattr(replay, "replay_bench", fake)
+    settings = app.settings(manifest=str(REPO / "build.yaml"))
+    with pytest.raises(Seen):
+        app.bench(settings, "bi100", None, [], url="http://127.0.0.1:9", port=None, workload=Workload(),
+                  replay=ReplayOptions(duration=300.0), echo=lambda _l: None)
+    assert (seen[0].cap, seen[0].gate) == (46800.0, ("competition",))
+    with pytest.raises(ConfigError, match="do not apply"):
+        app.bench(settings, "bi100", None, [], url="http://127.0.0.1:9", port=None, workload=Workload(),
+                  replay=None, echo=lambda _l: None)

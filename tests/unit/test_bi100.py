@@ -43,7 +43,7 @@ def test_baseline_profile_is_the_organisers_command_exactly() -> None:
     assert "enforce_eager" in r.target.serving.reasons["max-seq-len-to-capture"], "a flag that does nothing says so"
 
 
-@pytest.mark.parametrize("profile", ["baseline", "replay", "replay-big-chunks"])
+@pytest.mark.parametrize("profile", ["baseline", "replay", "replay-256k", "replay-big-chunks"])
 def test_rendered_config_is_pinned(profile: str) -> None:
     r = resolve(load_manifest(REPO / "build.yaml"), "bi100", profile, environ={})
     rendered = render_serving_config(r)
@@ -70,7 +70,11 @@ def test_default_profile_serves_one_request_at_a_time_safely() -> None:
     r = resolve(m, "bi100", None, environ={})
     args = r.serving_args()
     assert args["max-num-seqs"] >= 2, "n=2 must not hit serving_chat's n > max-num-seqs guard"
-    assert args["max-model-len"] > 230_000, "replay inputs exceed 230K tokens"
+    # the evaluator's max_context_tokens (131072): t3_max_tokens_over's 131073 tokens are refused, as it wants;
+    # replay-256k takes every replay input (> 230K tokens) at the price of that check
+    assert args["max-model-len"] == 131072
+    wide = resolve(m, "bi100", "replay-256k", environ={}).serving_args()
+    assert wide["max-model-len"] > 230_000, "replay inputs exceed 230K tokens"
     assert args["served-model-name"] == "llm" and args["tensor-parallel-size"] == 4
     steps = r.steps
     patches = [s.spec for s in steps if isinstance(s.spec, PatchSpec)]

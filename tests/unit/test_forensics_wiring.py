@@ -125,7 +125,7 @@ def test_select_checks_by_name_and_by_tag() -> None:
 class _Bench:
     def __init__(self, error_rate: float, tokens: int) -> None:
         self.worst_error_rate, self.completion_tokens = error_rate, tokens
-        self.score, self.output_tps, self.input_tps, self.cache_tps = 10.0, 1.0, 2.0, 3.0
+        self.weighted_tps, self.output_tps, self.uncached_input_tps, self.cache_tps = 10.0, 1.0, 2.0, 3.0
 
 
 def test_metrics_of_a_failed_bench_is_none() -> None:

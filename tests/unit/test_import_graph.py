@@ -39,6 +39,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     # manifest.load: build.yaml loaded and checked into the manifest (each step's keys by its kind's class)
     ("steps", "manifest.load"),
     ("verify", "blame", "lock", "clean"),  # the verify layer's checks; the step a traceback blames; build.lock; clean
+    ("flags.evaluator",),  # serving values against the evaluator's functional checks (validate, plan, preflight)
     # the layers; dry runs of the steps, patch-from against an image; flags learnt from an image
     ("build", "patches.check", "patches.from_image", "flags.images"),
     ("inplace",),  # the steps applied to the machine itself through a journal; revert, status

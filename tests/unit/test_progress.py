@@ -102,7 +102,7 @@ def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
     with pytest.raises(InfraError, match="needs the Python package 'matplotlib'") as caught:
-        plot_sweep([{"value": 1, "score": 1.0, "output_tps_p10": 1.0, "ttft_p90_s": 0.1}], tmp_path / "s.png",
+        plot_sweep([{"value": 1, "weighted_tps": 1.0, "output_tps_p10": 1.0, "ttft_p90_s": 0.1}], tmp_path / "s.png",
                    param="max-num-seqs")
     assert caught.value.hint == "pip install 'imageforge[plots]' (the 'plots' extra)"
     assert caught.value.exit_code == 5

@@ -97,9 +97,10 @@ def test_parse_assignments_types() -> None:
 def test_repo_manifest_profiles_match_the_notes() -> None:
     summary = validate_all(load_manifest(Path(__file__).resolve().parents[2] / "build.yaml"))
     m = summary.manifest
-    # bi100 (facts note): the organisers' baseline, then one-request-at-a-time profiles
-    expect = {"baseline": (1, 8192, 0.9, 100000), "replay": (2, 8192, 0.9, 256000),
-              "replay-big-chunks": (2, 16384, 0.9, 256000)}
+    # bi100 (facts note): the organisers' baseline, then one-request-at-a-time profiles; the default
+    # keeps to the evaluator's max_context_tokens, replay-256k takes every replay input
+    expect = {"baseline": (1, 8192, 0.9, 100000), "replay": (2, 8192, 0.9, 131072),
+              "replay-256k": (2, 8192, 0.9, 256000), "replay-big-chunks": (2, 16384, 0.9, 131072)}
     for profile, (seqs, tokens, util, length) in expect.items():
         args = resolve(m, "bi100", profile, environ={}).serving_args()
         assert (args["max-num-seqs"], args["max-num-batched-tokens"], args["gpu-memory-utilization"],

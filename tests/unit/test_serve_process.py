@@ -85,7 +85,7 @@ def test_bi100_argv_style_flags_by_name_model_from_its_variable(tmp_path: Path) 
     assert argv[:3] == ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert argv[argv.index("--model") + 1] == str(model.resolve())
     assert argv[argv.index("-tp") + 1] == "4" and "--tensor-parallel-size" not in argv
-    assert argv[argv.index("--max-model-len") + 1] == "256000"
+    assert argv[argv.index("--max-model-len") + 1] == "131072"  # the evaluator's max_context_tokens
     assert argv[-4:] == ["--host", "127.0.0.1", "--port", "8000"]  # not in the manifest's args: appended
     assert spec.config is None
     assert spec.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"

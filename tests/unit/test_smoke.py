@@ -508,7 +508,12 @@ def test_reports_are_written_and_junit_parses(tmp_path: Path) -> None:
     assert report.json_path is not None and report.junit_path is not None
     data = json.loads(report.json_path.read_text())
     assert data["summary"] == "5 passed, 0 failed, 1 skipped" and data["ok"] is True
-    assert {c["id"] for c in data["checks"]} == {"health", "lengths", "too-long", "metrics", "stream", "later"}
+    # every check of the suite is listed: the one the tags left out as skipped, saying why
+    assert {c["id"] for c in data["checks"]} == {"health", "lengths", "too-long", "metrics", "stream", "later",
+                                               "real-only"}
+    left_out = next(c for c in data["checks"] if c["id"] == "real-only")
+    assert left_out["status"] == "skipped" and data["not_selected"] == 1
+    assert left_out["why"] == "not selected: tagged real-weights, the run selected dummy-ok"
     xml = JUnitXml.fromfile(str(report.junit_path))
     suites = list(xml)
     assert len(suites) == 1
@@ -678,3 +683,132 @@ def test_every_json_operator_is_in_the_schema_and_compare_knows_it() -> None:
             compare(op, "x", "x" if op not in ("valid", "parses_as") else {})
         except ValueError as exc:
             raise AssertionError(f"compare() does not know {op!r}") from exc
+
+
+# ============================================================================ parameters, skip rules, merge, files
+
+
+PARAM_SUITE = """\
+    version: 1
+    params:
+      budget: {default: 8, description: tokens asked, schema: {type: integer, minimum: 1}}
+      mode: {default: "on", description: a word, schema: {enum: ["on", "off"]}}
+    tags:
+      real-weights: needs a trained model
+    files:
+      blob: blob.bin
+    vars:
+      extra: {temperature: 0, chat_template_kwargs: {enable_thinking: false}}
+    setup:
+      - id: probe
+        optional: true
+        request: {endpoint: /missing}
+        bind: {probed: $.x}
+    checks:
+      - id: sized
+        request:
+          endpoint: /v1/completions
+          body: {prompt: "${blob}", max_tokens: "${budget}", chat_template_kwargs: {other: 1}}
+          merge: "${extra}"
+          delay: 0.01
+        skip_if:
+          - {before: true, when: "mode == 'off'", why: "mode is ${mode}"}
+          - {when: "status == 200 and choices[0].text == 'maybe'", why: "inconclusive: ${choices[0].text}"}
+        expect:
+          relations: ["choices[0].text == 'yes'", "get(vars, 'probed') is None"]
+      - id: real
+        tags: [real-weights]
+        request: {endpoint: /health}
+        expect: {status: 200}
+    """
+
+
+def param_server(text: str, seen: list[Any]) -> Handler:
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/completions":
+            seen.append(json.loads(request.content))
+            return httpx.Response(200, json={"choices": [{"text": text}]})
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        return httpx.Response(404, json={"error": {"message": "no"}})
+    return handle
+
+
+def run_params(tmp_path: Path, text: str, params: list[str] | None = None) -> tuple[SmokeReport, list[Any]]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "p.yaml"
+    path.write_text(textwrap.dedent(PARAM_SUITE))
+    (tmp_path / "blob.bin").write_bytes(b"\x00\xffhi")
+    seen: list[Any] = []
+    report = run_suite(load_suite(path), URL, tags=("dummy-ok",), run_dir=tmp_path / "run", echo=lambda _: None,
+                       live=False, transport=httpx.MockTransport(param_server(text, seen)), params=params)
+    return report, seen
+
+
+def test_parameters_merge_files_and_optional_setup(tmp_path: Path) -> None:
+    report, seen = run_params(tmp_path, "yes", ["budget=32"])
+    assert report.ok and report.results[0].status == "passed", report.results[0].failures
+    assert seen == [{"prompt": "AP9oaQ==", "max_tokens": 32, "temperature": 0,
+                     "chat_template_kwargs": {"other": 1, "enable_thinking": False}}]
+    assert report.params == {"budget": 32, "mode": "on"}
+    # the check the tags left out is listed, with what its tag means
+    assert report.not_selected[0].message == ("not selected: tagged real-weights, the run selected dummy-ok "
+                                              "(real-weights: needs a trained model)")
+
+
+def test_skip_rules_before_and_after(tmp_path: Path) -> None:
+    report, seen = run_params(tmp_path / "a", "maybe")
+    assert report.results[0].status == "skipped" and report.results[0].message == "inconclusive: maybe"
+    assert report.ok and report.skipped == 1 and len(seen) == 1
+    report, seen = run_params(tmp_path / "b", "yes", ["mode=off"])
+    assert report.results[0].status == "skipped" and report.results[0].message == "mode is off" and seen == []
+    report, _ = run_params(tmp_path / "c", "no")
+    assert report.results[0].status == "failed"
+
+
+def test_parameter_values_are_checked(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(textwrap.dedent(PARAM_SUITE))
+    (tmp_path / "blob.bin").write_bytes(b"x")
+    suite = load_suite(path)
+    with pytest.raises(ConfigError, match="has no parameter 'budgt'") as info:
+        suite.resolve_params(["budgt=3"])
+    assert "budget" in str(info.value.hint)
+    with pytest.raises(ConfigError, match="budget=0"):
+        suite.resolve_params(["budget=0"])
+    with pytest.raises(ConfigError, match="mode=maybe"):
+        suite.resolve_params(["mode=maybe"])
+    assert suite.resolve_params(["mode=off", "budget=5"]) == {"budget": 5, "mode": "off"}  # `off` stays a word
+
+
+def test_new_keys_are_checked_at_load(suite_file: Callable[..., Path]) -> None:
+    err = config_error(suite_file("""\
+        version: 1
+        params:
+          n: {default: 0, description: a count, schema: {type: integer, minimum: 1}}
+        files:
+          image: nowhere.png
+        vars:
+          n: 3
+        checks:
+          - id: a
+            request: {endpoint: /health, body: [1], merge: {x: 1}}
+            skip_if:
+              - {when: "status ==", why: x}
+            expect: {status: 200}
+        """))
+    text = str(err)
+    assert "the default does not satisfy the parameter's schema" in text
+    assert "file does not exist" in text
+    assert "'n' is a parameter of the suite and a variable" in text
+    assert "merge needs a JSON object body" in text
+    assert "invalid expression" in text
+
+
+def test_smoke_refuses_an_unknown_param_before_sending(tmp_path: Path) -> None:
+    from tests.cli import imageforge
+
+    proc = imageforge("smoke", "--url", URL, "--suite", str(REPO / "smoke" / "evaluator.yaml"), "--param",
+                      "max_context=5")
+    assert proc.returncode == 2, proc.stderr
+    assert "no parameter 'max_context'" in proc.stderr and "max_context_tokens" in proc.stderr

@@ -393,7 +393,7 @@ def test_card_job_runs_the_steps_in_order_and_reverts(fake_forge: tuple[Path, Pa
         "apply --target bi100 --profile replay --in-place",
         "run --target bi100 --profile replay --in-place --port 8123",
         "smoke --url http://127.0.0.1:8123 --tags real-weights,dummy-ok",
-        "bench --url http://127.0.0.1:8123 --replay",
+        "bench --url http://127.0.0.1:8123 --replay --target bi100",
         "stop --in-place",
         "revert",
     ]

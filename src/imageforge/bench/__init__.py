@@ -1,4 +1,4 @@
-"""Load benchmarks and parameter sweeps against OpenAI-compatible servers, scored like the competition.
+"""Load benchmarks and parameter sweeps against OpenAI-compatible servers, and the evaluator's replay.
 
 * :class:`Workload` (``workload``) -- N requests at concurrency C: prompt length and output length in tokens,
   the fraction of each prompt shared by every request (it exercises the prefix cache), a seed.
@@ -10,20 +10,23 @@
 * :func:`run_bench` (``runner``, over ``client``) -- the load client (asyncio + httpx, streaming through
   :mod:`imageforge.serve.openai_wire` for the time to first token).  It stops by itself: after ``requests``
   requests or ``duration`` seconds, whichever is first; it talks only to the URL it is given.
-* Measures (``results``, ``metrics``): Output TPS (generated tokens / wall), Input TPS (prompt tokens / wall),
+* Measures (``results``, ``metrics``): Output TPS (generated tokens / wall), Input TPS (prompt tokens / wall; uncached:
+  prompt - cached),
   Cache TPS (prompt tokens served from the prefix cache / wall: from ``usage.prompt_tokens_details.cached_tokens``
   when the server reports it -- vLLM only with ``--enable-prompt-tokens-details`` -- else from the
   delta of vLLM's ``/metrics`` counter ``vllm:prompt_tokens_cached_total`` or ``vllm:prefix_cache_hits_total``),
-  TTFT / latency / time per output token percentiles, errors, and :func:`score`.
+  TTFT / latency / time per output token percentiles, errors, and ``weighted_tps`` (:func:`metrics.weighted_tps`:
+  the replay score's formula on these wall-clock rates; comparisons rank by it).
 * :func:`bench_target` -- build if needed, serve, bench, always remove; :func:`sweep` (``sweeps``) -- one
   server per parameter combination (``--set`` values; only the serving-config layer is rebuilt),
-  best score and Output-TPS plateau marked, ``sweep.json`` + ``sweep.md``.
+  best weighted_tps and Output-TPS plateau marked, ``sweep.json`` + ``sweep.md``.
 
 * The evaluator's replay (``replay_workload``: the request model and the seeded generator; ``replay_loading``:
-  a user's JSONL and the token counters; ``replay``: the runner; ``evaluator``): an agent-like workload sent
-  **one at a time** through the same request loop (:func:`.client.stream_request`), scored with the
-  evaluator's definitions (per-request Output TPS including TTFT, p10, TTFT p90, error classes, PASS/FAIL
-  targets, a labelled score estimate); :func:`replay_bench` / :func:`replay_target` (``invoke bench --replay``).
+  a dataset in imageforge's or the harness's format, and the token counters; ``replay``: the runner, with the
+  harness's retries and the time cap; ``evaluator``: the harness's metrics and the platform's score;
+  ``redlines``: redlines and targets as data, each naming its source; ``sampling``: whole-session stratified
+  samples and the full replay they predict): requests sent **one at a time** through the same request loop
+  (:func:`.client.stream_request`); :func:`replay_bench` / :func:`replay_target` (``invoke bench --replay``).
 * ``plots``: the PNGs of a replay (``bench.png``) and of a sweep (``sweep.png``), matplotlib's Agg canvas.
 
 One percentile (:func:`metrics.percentile`, numpy's linear) and one set of score weights serve all of it.
@@ -35,21 +38,24 @@ from __future__ import annotations
 
 from ..workload import APIS, Prompt, Workload, prompt_words
 from .client import BenchClient
-from .evaluator import EvalReport, RequestRecord, TargetLine, classify_error, evaluate
+from .evaluator import EvalReport, RequestRecord, classify_http, evaluate
 from .metrics import (
     CACHED_TOKEN_COUNTERS,
+    CACHED_WEIGHT,
     GENERATION_TOKEN_COUNTERS,
+    OUTPUT_WEIGHT,
     PLATEAU_TOLERANCE,
+    PLATFORM_FACTOR,
     PROMPT_TOKEN_COUNTERS,
-    SCORE_CACHE_WEIGHT,
-    SCORE_INPUT_WEIGHT,
-    SCORE_OUTPUT_WEIGHT,
+    UNCACHED_INPUT_WEIGHT,
     counter_delta,
     metrics_counters,
     percentile,
     plateau_index,
-    score,
+    platform_score,
+    weighted_tps,
 )
+from .redlines import REDLINES, Redline
 from .replay import ReplayBench, ReplayOptions, replay_bench, replay_options, run_replay
 from .replay_loading import load_jsonl
 from .replay_workload import ReplaySpec, generate
@@ -73,16 +79,19 @@ from .sweeps import (
 __all__ = [
     "APIS",
     "CACHED_TOKEN_COUNTERS",
+    "CACHED_WEIGHT",
     "GENERATION_TOKEN_COUNTERS",
+    "OUTPUT_WEIGHT",
     "PLATEAU_TOLERANCE",
+    "PLATFORM_FACTOR",
     "PROMPT_TOKEN_COUNTERS",
-    "SCORE_CACHE_WEIGHT",
-    "SCORE_INPUT_WEIGHT",
-    "SCORE_OUTPUT_WEIGHT",
+    "REDLINES",
+    "UNCACHED_INPUT_WEIGHT",
     "BenchClient",
     "BenchResult",
     "EvalReport",
     "Prompt",
+    "Redline",
     "ReplayBench",
     "ReplayOptions",
     "ReplaySpec",
@@ -90,12 +99,11 @@ __all__ = [
     "RequestResult",
     "SweepPoint",
     "SweepResult",
-    "TargetLine",
     "Workload",
     "bench_rows",
     "bench_target",
     "build_note",
-    "classify_error",
+    "classify_http",
     "combinations",
     "counter_delta",
     "evaluate",
@@ -106,6 +114,7 @@ __all__ = [
     "parse_params",
     "percentile",
     "plateau_index",
+    "platform_score",
     "print_bench",
     "print_sweep",
     "prompt_words",
@@ -116,11 +125,11 @@ __all__ = [
     "report_sweep",
     "run_bench",
     "run_replay",
-    "score",
     "set_args",
     "sweep",
     "sweep_image",
     "sweep_workload",
     "verdict",
+    "weighted_tps",
     "write_bench",
 ]

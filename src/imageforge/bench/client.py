@@ -221,6 +221,7 @@ class Streamed:
     total: float = 0.0  # the end of the stream, or the failure
     chunks: int = 0  # chunks with choices
     usage: dict[str, Any] | None = None  # the last usage block
+    finish_reason: str | None = None  # the last choice's finish_reason (None: the stream never said it ended)
     chunk_times: list[float] = field(default_factory=list)  # when each chunk with choices came
 
     @property
@@ -243,9 +244,15 @@ class Streamed:
 
     @property
     def cached_tokens(self) -> int | None:
-        details = (self.usage or {}).get("prompt_tokens_details")
+        """``usage.prompt_tokens_details.cached_tokens`` (else the other spellings the harness reads:
+        ``usage.cached_tokens``, ``usage.prompt_cache_hit_tokens``); None when the server reports none."""
+        usage = self.usage or {}
+        details = usage.get("prompt_tokens_details")
         if isinstance(details, dict) and details.get("cached_tokens") is not None:
             return int(details["cached_tokens"])
+        for key in ("cached_tokens", "prompt_cache_hit_tokens"):
+            if usage.get(key) is not None:
+                return int(usage[key])
         return None
 
 
@@ -292,6 +299,9 @@ async def stream_request(http: Any, endpoint: str, body: dict[str, Any], *,
                             out.first_chunk = out.chunk_times[-1]
                         if out.first_token is None and any(_carries_token(c) for c in choices):
                             out.first_token = clock() - start
+                        for choice in choices:
+                            if isinstance(choice, dict) and choice.get("finish_reason"):
+                                out.finish_reason = str(choice["finish_reason"])
                     usage = chunk.get("usage")
                     if isinstance(usage, dict):
                         out.usage = usage

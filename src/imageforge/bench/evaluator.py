@@ -1,151 +1,182 @@
-"""The competition evaluator's replay metrics, defined as its logs define them: pure functions over records.
+"""The competition evaluator's replay metrics, as its public harness and the platform compute them.
 
-Facts (``shared/notes/bi100-vendor-facts.md``, "The evaluator"): the replay sends its requests **one at a
-time**, streamed; per request, *Output TPS* = completion tokens / the request's **total time, time to first
-token included**, and the harness reports its **p10**; input tokens **include** the prompt tokens served from
-the prefix cache.  Score = Output TPS x 16.796 + Input TPS x 2.799 + Cache TPS x 0.56; the targets are Output
-TPS p10 >= 20, TTFT p90 <= 5 s, prefix-cache hit rate >= 50 %, success >= 99 % and total-time p99 <=
-999,999 ms.  Its error classes: ctx_overflow, http_400, connection, request_validation, server_error,
-stream_aborted.
+Facts (``shared/notes/bi100-vendor-facts.md``, "The evaluator" and "The replay's score"; the harness
+``modelsphere/llm-bench``, ``bench/tests/functional/replay.py``):
 
-Where the logs say nothing, this module chooses and says so (the README's "invoke bench --replay" section
-lists every choice):
+* per request: **Output TPS** = completion tokens / total time (TTFT included); **Input TPS** = prompt tokens /
+  TTFT (a prefill rate; 0 without a first token, as the harness); both as mean, p10, p50, p90 over the
+  **successful** requests;
+* TTFT and total-time percentiles over the successful requests only, linear interpolation
+  (:func:`.metrics.percentile`); TTFT per input-length bucket (:data:`TTFT_BUCKETS`, the harness's);
+* aggregate rates over the run's **wall time** (first request sent to the last stream's end, gaps and retry
+  back-off included, never the sum of request times): output, input, uncached input (prompt - cached) and
+  cached tokens per second and per minute (``output_tpm``, ``uncached_input_tpm``, ``cached_tpm``, ...);
+* **the score**: ``weighted_tps`` = 16.796 x output + 2.799 x uncached input + 0.56 x cached tokens per wall
+  second (:func:`.metrics.weighted_tps`); the platform prints it times 38.582 (``platform_score``);
+  ``score_shares`` says how much each term contributes;
+* success = no transport or HTTP failure after the retries; a 200 stream without a finish reason is a success
+  and counts as **unfinished**; ``uptime`` = successes / attempted requests (requests never started, cut by
+  the time cap, count in neither); a missing ``cached_tokens`` counts as 0 (and the report says how many);
+* the failure's class (:func:`classify_http`, :func:`classify_transport`): the server's own error message
+  first (ctx_overflow, image_load, tool_schema, multi_system_template, request_validation), else the status
+  (auth, not_found, payload_too_large, request_validation for 422, rate_limited, server_error, ``http_<code>``),
+  and for no response ``timeout`` / ``connection``, for a broken stream ``stream_aborted``.
 
-* Input TPS and Cache TPS per request use the same denominator as Output TPS (the total time);
-* the score cannot be reproduced from the evaluator's logged figures, so :func:`evaluate` reports an
-  **estimate** and names the aggregates it used (means of the per-request rates), with a second figure that
-  uses Output TPS p10 instead of the mean (the reading some teams use);
-* percentiles interpolate linearly between ranks (numpy's default; :func:`.metrics.percentile`).
-
-Score weights and the percentile are the bench's (:mod:`.metrics`): one definition each.
-
-Nothing here does I/O: the runner (``replay.py``) produces :class:`RequestRecord` values, and tests feed
-hand-made ones.
+Redlines and targets are data (:mod:`.redlines`).  Nothing here does I/O: the runner (``replay.py``) produces
+:class:`RequestRecord` values, and tests feed hand-made ones.
 """
 
 from __future__ import annotations
 
-import re
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from .metrics import SCORE_CACHE_WEIGHT, SCORE_INPUT_WEIGHT, SCORE_OUTPUT_WEIGHT, mean, percentile, score
+from .metrics import (
+    CACHED_WEIGHT,
+    OUTPUT_WEIGHT,
+    PLATFORM_FACTOR,
+    UNCACHED_INPUT_WEIGHT,
+    mean,
+    percentile,
+    platform_score,
+    score_shares,
+    weighted_tps,
+)
+from .redlines import REDLINES, RedlineResult, check
 
-# --------------------------------------------------------------------------- constants (facts note)
+# --------------------------------------------------------------------------- error classes
 
-SCORE_TARGET = 8000.0
-
-TARGET_OUTPUT_TPS_P10 = 20.0  # tokens/s, at least
-TARGET_TTFT_P90_S = 5.0  # seconds, at most
-TARGET_CACHE_HIT = 0.50  # fraction, at least
-TARGET_SUCCESS = 0.99  # fraction, at least
-TARGET_TOTAL_P99_MS = 999_999.0  # milliseconds, at most (the redline: the replay fails above it)
-
-ErrorClass = Literal["ctx_overflow", "http_400", "connection", "request_validation", "server_error",
-                     "stream_aborted"]
-ERROR_CLASSES: tuple[ErrorClass, ...] = ("ctx_overflow", "http_400", "connection", "request_validation",
-                                         "server_error", "stream_aborted")
-
-# A 400 whose message says the prompt (plus the asked completion) does not fit the context window.
-# vLLM 0.6.3: "This model's maximum context length is 80000 tokens. However, you requested 94467 tokens ...";
-# vLLM 0.32 adds "'max_tokens' or 'max_completion_tokens' is too large: ..." and "... longer than the maximum model
-# length ...".
-_CTX_PATTERNS = re.compile(
-    r"maximum context length|context length is|context window|max_model_len|maximum model length"
-    r"|prompt is too long|input is too long|too many tokens|exceeds? the max|is too large",
-    re.IGNORECASE)
-# A 400/422 produced by request-schema validation (pydantic / FastAPI), not by the engine: unknown fields
-# rejected by ``extra="forbid"`` (the baseline protocol's 400s for max_completion_tokens / reasoning_effort),
-# missing or mistyped fields.
-_VALIDATION_PATTERNS = re.compile(
-    r"extra_forbidden|extra inputs are not permitted|extra fields not permitted|validation error"
-    r"|field required|missing required|value_error|type_error|input should be|literal_error|json_invalid",
-    re.IGNORECASE)
+#: (class, lower-case phrases of the server's message), first hit wins: the harness's table of causes.
+MESSAGE_CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ctx_overflow", ("longer than the model", "requested token count exceeds", "maximum context length",
+                      "context length exceeded", "context_length_exceeded")),
+    ("image_load", ("loading image data", "while loading data imagedata", "cannot identify image",
+                    "failed to fetch image", "error in loading image")),
+    ("tool_schema", ("'parameters' schema", "invalid tool", "tool call validation")),
+    ("multi_system_template", ("system message must be", "multiple system messages",
+                               "conversation roles must alternate")),
+    ("request_validation", ("validation error", "input should be", "field required", "must be one of")),
+)
+STATUS_CLASSES = {401: "auth", 403: "auth", 404: "not_found", 413: "payload_too_large", 422: "request_validation",
+                  429: "rate_limited"}
+#: Every class a failure can get, besides ``http_<status>`` for any other status.
+ERROR_CLASSES: tuple[str, ...] = (
+    *(name for name, _ in MESSAGE_CLASSES), "auth", "not_found", "payload_too_large", "rate_limited",
+    "server_error", "timeout", "connection", "stream_aborted",
+)
 
 
-def classify_error(status: int | None, body: str | None = None, exception: BaseException | None = None, *,
-                   completed: bool = True) -> ErrorClass | None:
-    """The evaluator's class of one request's failure, or None when the request succeeded.
+def server_message(body: str | None) -> str:
+    """The server's error message: ``message`` or ``error.message`` of a JSON envelope, else the text."""
+    text = (body or "").strip()
+    if not text:
+        return ""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(data, dict):
+        message = data.get("message")
+        if not message and isinstance(data.get("error"), dict):
+            message = data["error"].get("message")
+        if message:
+            return str(message)
+    return text
 
-    ``status``: the HTTP status (None when no response came); ``body``: the error response's text, or the
-    ``error`` event found in the stream; ``exception``: what the client raised (None when nothing);
-    ``completed``: the stream reached its end (``data: [DONE]``, or a final chunk with usage).
 
-    * no status and an exception (refused, reset, DNS, a connect or read timeout before the headers):
-      ``connection``;
-    * 200 then an exception, an ``error`` event or no end of stream: ``stream_aborted`` (an error event that
-      names the context length: ``ctx_overflow``);
-    * 4xx whose message names the context length: ``ctx_overflow``; 422, or a 4xx whose message is a schema
-      validation error: ``request_validation``; any other 4xx: ``http_400``;
-    * 5xx: ``server_error``; any other status (1xx/3xx): ``http_400`` (the request was not served).
-    """
-    text = body or ""
-    if status is None:
-        if exception is None and not text:
-            raise ValueError("classify_error needs a status, a body or an exception")
-        return "connection"
-    if 200 <= status < 300:
-        if exception is None and not text and completed:
-            return None
-        if text and _CTX_PATTERNS.search(text):
-            return "ctx_overflow"
-        return "stream_aborted"
-    if 500 <= status < 600:
+def classify_http(status: int, body: str | None) -> str:
+    """The class of an HTTP failure (status >= 400): by the server's message, else by the status."""
+    low = server_message(body).lower()
+    for name, phrases in MESSAGE_CLASSES:
+        if any(p in low for p in phrases):
+            return name
+    if status in STATUS_CLASSES:
+        return STATUS_CLASSES[status]
+    if status >= 500:
         return "server_error"
-    if 400 <= status < 500:
-        if _CTX_PATTERNS.search(text):
-            return "ctx_overflow"
-        if status == 422 or _VALIDATION_PATTERNS.search(text):
-            return "request_validation"
-        return "http_400"
-    return "http_400"
+    return f"http_{status}"
+
+
+def classify_transport(*, timed_out: bool, got_response: bool) -> str:
+    """The class of a failure without an HTTP error status: no answer in time, no connection, a broken stream."""
+    if timed_out:
+        return "timeout"
+    return "stream_aborted" if got_response else "connection"
+
+
+def retryable_status(status: int) -> bool:
+    """429 and 5xx are retried (a 4xx is the request's fault: the same answer would come back)."""
+    return status == 429 or status >= 500
+
+
+def known_class(name: str) -> bool:
+    return name in ERROR_CLASSES or (name.startswith("http_") and name[5:].isdigit())
 
 
 # --------------------------------------------------------------------------- records
 
+#: The harness's input-length buckets for TTFT: (label, lowest prompt tokens, highest + 1); K = 1024.
+TTFT_BUCKETS: tuple[tuple[str, int, float], ...] = (
+    ("lt_6k", 0, 6 * 1024),
+    ("6k_16k", 6 * 1024, 16 * 1024),
+    ("16k_32k", 16 * 1024, 32 * 1024),
+    ("32k_64k", 32 * 1024, 64 * 1024),
+    ("64k_128k", 64 * 1024, 128 * 1024),
+    ("128k_256k", 128 * 1024, 256 * 1024),
+    ("ge_256k", 256 * 1024, float("inf")),
+)
+
+
+def bucket_of(prompt_tokens: int) -> str | None:
+    """The TTFT bucket of a prompt length; None for an unknown (0) length."""
+    if prompt_tokens <= 0:
+        return None
+    return next(label for label, low, high in TTFT_BUCKETS if low <= prompt_tokens < high)
+
 
 @dataclass(frozen=True)
 class RequestRecord:
-    """One replayed request as measured by the client (times in seconds, from just before the POST)."""
+    """One replayed request as the client measured it (times in seconds from before its first attempt: a retry's
+    back-off is inside TTFT and total time, as in the harness)."""
 
     index: int
     status: int | None
-    error_class: ErrorClass | None = None
+    error_class: str | None = None
     error: str | None = None
     ttft_s: float | None = None  # first generated token (content, reasoning or a tool call)
-    total_s: float | None = None  # the last byte of the stream (or the failure)
+    total_s: float | None = None  # the end of the stream (or the failure)
     prompt_tokens: int = 0  # usage.prompt_tokens: cached tokens included
     completion_tokens: int = 0
-    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens; None: not reported
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens; None: not reported (counts 0)
+    finished: bool = True  # a finish_reason came (a success without one is "unfinished")
+    attempts: int = 1
+    retry_wait_s: float = 0.0
     input_tokens_planned: int | None = None  # the generator's count, when the request came from it
+    session: str | None = None  # the session the request belongs to (sampled replays)
 
     @property
     def ok(self) -> bool:
         return self.error_class is None
 
     @property
-    def output_tps(self) -> float | None:
-        """Completion tokens / total time (TTFT included): the evaluator's per-request Output TPS."""
-        return _rate(self.completion_tokens, self.total_s)
+    def output_tps(self) -> float:
+        """Completion tokens / total time, TTFT included (0 without a time): the harness's Output TPS."""
+        return self.completion_tokens / self.total_s if self.total_s and self.total_s > 0 else 0.0
 
     @property
-    def input_tps(self) -> float | None:
-        """Prompt tokens (cached included) / total time."""
-        return _rate(self.prompt_tokens, self.total_s)
+    def input_tps(self) -> float:
+        """Prompt tokens / TTFT (0 without a first token): the harness's Input TPS, a prefill rate."""
+        return self.prompt_tokens / self.ttft_s if self.ttft_s and self.ttft_s > 0 else 0.0
 
     @property
-    def uncached_input_tps(self) -> float | None:
-        """Prompt tokens the server computed (prompt - cached) / total time; None without a cache figure."""
-        if self.cached_tokens is None:
-            return None
-        return _rate(max(0, self.prompt_tokens - self.cached_tokens), self.total_s)
+    def cached(self) -> int:
+        return self.cached_tokens or 0
 
     @property
-    def cache_tps(self) -> float | None:
-        if self.cached_tokens is None:
-            return None
-        return _rate(self.cached_tokens, self.total_s)
+    def uncached_tokens(self) -> int:
+        return max(0, self.prompt_tokens - self.cached)
 
     @property
     def input_length(self) -> int:
@@ -156,205 +187,160 @@ class RequestRecord:
         return {"index": self.index, "status": self.status, "error_class": self.error_class, "error": self.error,
                 "ttft_s": _round(self.ttft_s), "total_s": _round(self.total_s),
                 "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "cached_tokens": self.cached_tokens, "input_tokens_planned": self.input_tokens_planned,
-                "output_tps": _round(self.output_tps, 3)}
+                "cached_tokens": self.cached_tokens, "finished": self.finished, "attempts": self.attempts,
+                "retry_wait_s": round(self.retry_wait_s, 3), "input_tokens_planned": self.input_tokens_planned,
+                "session": self.session, "output_tps": _round(self.output_tps, 3),
+                "input_tps": _round(self.input_tps, 3)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RequestRecord:
         error_class = data.get("error_class")
-        if error_class is not None and error_class not in ERROR_CLASSES:
+        if error_class is not None and not known_class(str(error_class)):
             raise ValueError(f"unknown error class {error_class!r}")
         return cls(index=int(data["index"]), status=data.get("status"), error_class=error_class,
                    error=data.get("error"), ttft_s=data.get("ttft_s"), total_s=data.get("total_s"),
                    prompt_tokens=int(data.get("prompt_tokens") or 0),
                    completion_tokens=int(data.get("completion_tokens") or 0),
-                   cached_tokens=data.get("cached_tokens"), input_tokens_planned=data.get("input_tokens_planned"))
-
-
-def _rate(tokens: int, seconds: float | None) -> float | None:
-    if seconds is None or seconds <= 0:
-        return None
-    return tokens / seconds
+                   cached_tokens=data.get("cached_tokens"), finished=bool(data.get("finished", True)),
+                   attempts=int(data.get("attempts") or 1), retry_wait_s=float(data.get("retry_wait_s") or 0.0),
+                   input_tokens_planned=data.get("input_tokens_planned"), session=data.get("session"))
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
-# --------------------------------------------------------------------------- statistics
-
-
 # --------------------------------------------------------------------------- the report
 
 
 @dataclass(frozen=True)
-class TargetLine:
-    """One of the evaluator's targets, checked: ``PASS``, ``FAIL`` or ``N/A`` (no value to check)."""
-
-    name: str
-    value: float | None
-    op: Literal[">=", "<="]
-    threshold: float
-    unit: str
-
-    @property
-    def verdict(self) -> str:
-        if self.value is None:
-            return "N/A"
-        ok = self.value >= self.threshold if self.op == ">=" else self.value <= self.threshold
-        return "PASS" if ok else "FAIL"
-
-    def render(self) -> str:
-        shown = "unknown" if self.value is None else _fmt(self.value, self.unit)
-        return f"{self.verdict:4}  {self.name} {self.op} {_fmt(self.threshold, self.unit)}: {shown}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "value": self.value, "op": self.op, "threshold": self.threshold,
-                "unit": self.unit, "verdict": self.verdict}
-
-
-def _fmt(value: float, unit: str) -> str:
-    if unit == "%":
-        return f"{value * 100:.2f}%"
-    if unit == "ms":
-        return f"{value:,.0f} ms"
-    if unit == "s":
-        return f"{value:.3f} s"
-    return f"{value:.2f} {unit}".rstrip()
-
-
-@dataclass(frozen=True)
 class EvalReport:
-    """The evaluator's figures over a replay's records (rates in tokens/s, fractions 0..1)."""
+    """The evaluator's figures over one replay: ``metrics`` holds them under the harness's names."""
 
-    attempted: int
-    succeeded: int
-    errors: dict[str, int]
-    output_tps_mean: float | None
-    output_tps_p10: float | None
-    input_tps_mean: float | None  # cached tokens included
-    uncached_input_tps_mean: float | None  # computed prompt tokens only (information)
-    cache_tps_mean: float | None
-    ttft_p50_s: float | None
-    ttft_p90_s: float | None
-    total_p50_ms: float | None
-    total_p99_ms: float | None
-    cache_hit_rate: float | None  # sum(cached) / sum(prompt), successful requests
-    prompt_tokens: int
-    cached_tokens: int | None
-    completion_tokens: int
-    score_estimate: float | None
-    score_estimate_p10: float | None
-    cache_reported: bool
-    targets: tuple[TargetLine, ...] = field(default=())
+    metrics: dict[str, Any]
+    redlines: tuple[RedlineResult, ...] = field(default=())
+
+    def __getitem__(self, key: str) -> Any:
+        return self.metrics[key]
 
     @property
-    def success_rate(self) -> float | None:
-        return self.succeeded / self.attempted if self.attempted else None
-
-    @property
-    def passed(self) -> bool:
-        """Every target PASSes (an N/A target is not a pass)."""
-        return all(t.verdict == "PASS" for t in self.targets)
+    def weighted_tps(self) -> float:
+        return float(self.metrics["weighted_tps"])
 
     def lines(self) -> list[str]:
-        """The printed report: figures, the score estimate with its aggregates, the target lines."""
-        def f(value: float | None, digits: int = 2) -> str:
+        """The printed report: what each number is, which ones are the platform's, then the redlines."""
+        m = self.metrics
+
+        def f(key: str, digits: int = 2) -> str:
+            value = m.get(key)
             return "-" if value is None else f"{value:,.{digits}f}"
 
-        errors = ", ".join(f"{k}={v}" for k, v in self.errors.items() if v) or "none"
-        cache_note = "" if self.cache_reported else " (the server reported no cached_tokens: Cache TPS unknown)"
+        errors = ", ".join(f"{k}={v}" for k, v in sorted(m["error_class_counts"].items())) or "none"
+        shares = m["score_shares"] or {}
+        share_text = ", ".join(f"{k.replace('_', ' ')} {shares.get(k, 0) * 100:.1f}%"
+                               for k in ("output", "uncached_input", "cached")) if shares else "-"
         out = [
-            f"requests: {self.succeeded}/{self.attempted} succeeded; errors: {errors}",
-            f"Output TPS (completion tokens / total time incl. TTFT, per request): mean {f(self.output_tps_mean)}"
-            f", p10 {f(self.output_tps_p10)}",
-            f"Input TPS (prompt tokens incl. cached / total time, per request, mean): {f(self.input_tps_mean)}"
-            f"; uncached only: {f(self.uncached_input_tps_mean)}",
-            f"Cache TPS (cached prompt tokens / total time, per request, mean): {f(self.cache_tps_mean)}"
-            + cache_note,
-            "cache hit rate (sum cached / sum prompt tokens): "
-            + ("-" if self.cache_hit_rate is None else f"{self.cache_hit_rate * 100:.2f}%"),
-            f"TTFT p50 {f(self.ttft_p50_s, 3)} s, p90 {f(self.ttft_p90_s, 3)} s; total time p50 "
-            f"{f(self.total_p50_ms, 0)} ms, p99 {f(self.total_p99_ms, 0)} ms",
-            f"tokens: prompt {self.prompt_tokens:,}, cached "
-            + ("-" if self.cached_tokens is None else f"{self.cached_tokens:,}")
-            + f", completion {self.completion_tokens:,}",
-            f"Score (ESTIMATE; the evaluator's own cannot be reproduced from its logs): {f(self.score_estimate)}"
-            f" = {SCORE_OUTPUT_WEIGHT} x Output TPS mean + {SCORE_INPUT_WEIGHT} x Input TPS mean + "
-            f"{SCORE_CACHE_WEIGHT} x Cache TPS mean; with Output TPS p10 instead of the mean: "
-            f"{f(self.score_estimate_p10)} (target >= {SCORE_TARGET:,.0f})",
+            f"requests: {m['successful_requests']}/{m['attempted_requests']} succeeded"
+            f" ({m['not_started_requests']} never started); uptime {m['uptime'] * 100:.2f}%"
+            f"; unfinished {m['unfinished_requests']}; errors: {errors}",
+            f"wall time {f('wall_time_s', 1)} s (first request sent to the last stream's end)",
+            f"PLATFORM'S SCORE: weighted_tps {f('weighted_tps')} weighted tokens/s = {OUTPUT_WEIGHT} x output "
+            f"{f('output_tokens_per_s')} + {UNCACHED_INPUT_WEIGHT} x uncached input "
+            f"{f('uncached_input_tokens_per_s')} + {CACHED_WEIGHT} x cached {f('cached_tokens_per_s')} tokens/s; "
+            f"platform_score (x {PLATFORM_FACTOR}) {f('platform_score')}",
+            f"score shares: {share_text}",
+            f"aggregate rates per minute: output_tpm {f('output_tpm', 1)}, input_tpm {f('input_tpm', 1)}, "
+            f"uncached_input_tpm {f('uncached_input_tpm', 1)}, cached_tpm {f('cached_tpm', 1)}",
+            f"Output TPS (per request, completion / total time incl. TTFT): mean {f('output_tps_mean')}, "
+            f"p10 {f('output_tps_p10')}",
+            f"Input TPS (per request, prompt / TTFT: prefill rate): mean {f('input_tps_mean')}, "
+            f"p10 {f('input_tps_p10')}",
+            f"TTFT p50 / p90 / p99: {f('ttft_p50_ms', 0)} / {f('ttft_p90_ms', 0)} / {f('ttft_p99_ms', 0)} ms; "
+            f"total time p50 / p99: {f('total_time_p50_ms', 0)} / {f('total_time_p99_ms', 0)} ms",
+            f"tokens: prompt {m['total_input_tokens']:,} (cached {m['total_cached_tokens']:,}, uncached "
+            f"{m['total_uncached_input_tokens']:,}), completion {m['total_output_tokens']:,}; cache hit "
+            + ("-" if m["cache_hit_rate"] is None else f"{m['cache_hit_rate'] * 100:.2f}%"),
         ]
-        out.extend(t.render() for t in self.targets)
+        buckets = [f"{label} n={m[f'ttft_{label}_count']} p90 {f(f'ttft_{label}_p90_ms', 0)} ms"
+                   for label, _, _ in TTFT_BUCKETS if m[f"ttft_{label}_count"]]
+        if buckets:
+            out.append("TTFT by input length: " + "; ".join(buckets))
+        if m["cached_tokens_missing"]:
+            out.append(f"warning: {m['cached_tokens_missing']} successful responses carried no cached_tokens: "
+                       "counted as 0, as the harness does (vLLM reports it with --enable-prompt-tokens-details)")
+        out.extend(r.render() for r in self.redlines)
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "attempted": self.attempted, "succeeded": self.succeeded, "success_rate": self.success_rate,
-            "errors": dict(self.errors),
-            "output_tps_mean": self.output_tps_mean, "output_tps_p10": self.output_tps_p10,
-            "input_tps_mean": self.input_tps_mean, "uncached_input_tps_mean": self.uncached_input_tps_mean,
-            "cache_tps_mean": self.cache_tps_mean, "cache_hit_rate": self.cache_hit_rate,
-            "ttft_p50_s": self.ttft_p50_s, "ttft_p90_s": self.ttft_p90_s,
-            "total_p50_ms": self.total_p50_ms, "total_p99_ms": self.total_p99_ms,
-            "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
-            "completion_tokens": self.completion_tokens, "cache_reported": self.cache_reported,
-            "score_estimate": self.score_estimate, "score_estimate_p10": self.score_estimate_p10,
-            "score_aggregates": "means of per-request rates (total time incl. TTFT as denominator); "
-                                "score_estimate_p10 uses Output TPS p10 instead of its mean",
-            "score_weights": {"output_tps": SCORE_OUTPUT_WEIGHT, "input_tps": SCORE_INPUT_WEIGHT,
-                              "cache_tps": SCORE_CACHE_WEIGHT},
-            "targets": [t.to_json() for t in self.targets], "passed": self.passed,
-        }
+        return {**self.metrics, "redlines": [r.to_json() for r in self.redlines]}
 
 
-def evaluate(records: Sequence[RequestRecord]) -> EvalReport:
-    """The evaluator's figures and target lines over ``records`` (one per attempted request).
+def _stats(values: Sequence[float], prefix: str, stats: Sequence[str]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for stat in stats:
+        if stat == "mean":
+            out[f"{prefix}_mean"] = mean(values)
+        else:
+            out[f"{prefix}_{stat}"] = percentile(values, float(stat[1:]))
+    return out
 
-    Rates, TTFT and the cache hit rate are over the successful requests; the success rate is over every
-    attempted one; total-time p99 is over every request that has a total time (a failure that took long counts
-    against the redline too).  Cache TPS and the hit rate need ``cached_tokens`` on every successful request:
-    when any lacks it they are None (and the cache target reads N/A) rather than a guess.
-    """
+
+def _ms(values: Sequence[float], prefix: str, stats: Sequence[str]) -> dict[str, float | None]:
+    return {k + "_ms": v for k, v in _stats([x * 1000 for x in values], prefix, stats).items()}
+
+
+def evaluate(records: Sequence[RequestRecord], wall_s: float, *, not_started: int = 0) -> EvalReport:
+    """The evaluator's figures over ``records`` (one per attempted request) and the run's wall time."""
     ok = [r for r in records if r.ok]
-    errors: dict[str, int] = {name: sum(1 for r in records if r.error_class == name) for name in ERROR_CLASSES}
-    cache_reported = bool(ok) and all(r.cached_tokens is not None for r in ok)
-
-    def rates(attr: str) -> list[float]:
-        return [v for r in ok if (v := getattr(r, attr)) is not None]
-
-    output_rates = rates("output_tps")
-    out_mean, out_p10 = mean(output_rates), percentile(output_rates, 10)
-    in_mean = mean(rates("input_tps"))
-    uncached_mean = mean(rates("uncached_input_tps")) if cache_reported else None
-    cache_mean = mean(rates("cache_tps")) if cache_reported else None
+    attempted = len(records)
+    counts: dict[str, int] = {}
+    for r in records:
+        if r.error_class is not None:
+            counts[r.error_class] = counts.get(r.error_class, 0) + 1
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
-    totals_ms = [r.total_s * 1000 for r in records if r.total_s is not None]
+    totals = [r.total_s for r in ok if r.total_s is not None]
+    unfinished = sum(1 for r in ok if not r.finished)
     prompt = sum(r.prompt_tokens for r in ok)
-    cached = sum(r.cached_tokens or 0 for r in ok) if cache_reported else None
-    hit = (cached / prompt) if cached is not None and prompt > 0 else None
+    output = sum(r.completion_tokens for r in ok)
+    cached = sum(r.cached for r in ok)
+    uncached = max(0, prompt - cached)
+    seconds = wall_s if wall_s > 0 else 0.0
 
-    est = est_p10 = None
-    if out_mean is not None and in_mean is not None and cache_mean is not None:
-        est = score(out_mean, in_mean, cache_mean)
-        est_p10 = score(out_p10 or 0.0, in_mean, cache_mean)
+    def per_s(tokens: int) -> float:
+        return tokens / seconds if seconds else 0.0
 
-    ttft_p90 = percentile(ttfts, 90)
-    total_p99 = percentile(totals_ms, 99)
-    success = len(ok) / len(records) if records else None
-    targets = (
-        TargetLine("Output TPS p10", out_p10, ">=", TARGET_OUTPUT_TPS_P10, "tok/s"),
-        TargetLine("TTFT p90", ttft_p90, "<=", TARGET_TTFT_P90_S, "s"),
-        TargetLine("cache hit rate", hit, ">=", TARGET_CACHE_HIT, "%"),
-        TargetLine("success rate", success, ">=", TARGET_SUCCESS, "%"),
-        TargetLine("total time p99", total_p99, "<=", TARGET_TOTAL_P99_MS, "ms"),
-    )
-    return EvalReport(
-        attempted=len(records), succeeded=len(ok), errors=errors,
-        output_tps_mean=out_mean, output_tps_p10=out_p10, input_tps_mean=in_mean,
-        uncached_input_tps_mean=uncached_mean, cache_tps_mean=cache_mean,
-        ttft_p50_s=percentile(ttfts, 50), ttft_p90_s=ttft_p90,
-        total_p50_ms=percentile(totals_ms, 50), total_p99_ms=total_p99,
-        cache_hit_rate=hit, prompt_tokens=prompt, cached_tokens=cached,
-        completion_tokens=sum(r.completion_tokens for r in ok),
-        score_estimate=est, score_estimate_p10=est_p10, cache_reported=cache_reported, targets=targets,
-    )
+    out_s, in_s, unc_s, cac_s = per_s(output), per_s(prompt), per_s(uncached), per_s(cached)
+    weighted = weighted_tps(out_s, unc_s, cac_s)
+    metrics: dict[str, Any] = {
+        "total_requests": attempted + not_started, "attempted_requests": attempted,
+        "not_started_requests": not_started, "successful_requests": len(ok),
+        "error_requests": attempted - len(ok),
+        "error_rate": (attempted - len(ok)) / attempted if attempted else 0.0,
+        "uptime": len(ok) / attempted if attempted else 0.0,
+        "unfinished_requests": unfinished, "unfinished_rate": unfinished / attempted if attempted else 0.0,
+        "error_class_counts": counts,
+        "retried_requests": sum(1 for r in records if r.attempts > 1),
+        **_ms(ttfts, "ttft", ("p50", "p90", "p99", "mean")),
+        **_ms(totals, "total_time", ("p50", "p90", "p99")),
+        **_stats([r.output_tps for r in ok], "output_tps", ("mean", "p10", "p50", "p90")),
+        **_stats([r.input_tps for r in ok], "input_tps", ("mean", "p10", "p50", "p90")),
+        "total_input_tokens": prompt, "total_output_tokens": output, "total_cached_tokens": cached,
+        "total_uncached_input_tokens": uncached,
+        "cache_hit_rate": cached / prompt if prompt else None,
+        "cached_tokens_missing": sum(1 for r in ok if r.cached_tokens is None),
+        "wall_time_s": wall_s,
+        "output_tokens_per_s": out_s, "input_tokens_per_s": in_s, "uncached_input_tokens_per_s": unc_s,
+        "cached_tokens_per_s": cac_s,
+        "output_tpm": out_s * 60, "input_tpm": in_s * 60, "uncached_input_tpm": unc_s * 60,
+        "cached_tpm": cac_s * 60,
+        "weighted_tps": weighted, "platform_score": platform_score(weighted),
+        "score_shares": score_shares(out_s, unc_s, cac_s),
+        "ttft_input_unknown_count": sum(1 for r in ok if r.ttft_s is not None and r.prompt_tokens <= 0),
+    }
+    for label, _, _ in TTFT_BUCKETS:
+        values = [r.ttft_s for r in ok if r.ttft_s is not None and bucket_of(r.prompt_tokens) == label]
+        metrics.update(_ms(values, f"ttft_{label}", ("p90", "p50")))
+        average = mean(values)
+        metrics[f"ttft_{label}_avg_ms"] = None if average is None else average * 1000
+        metrics[f"ttft_{label}_count"] = len(values)
+    return EvalReport(metrics, check(metrics, REDLINES))

@@ -1,13 +1,16 @@
 """The evaluator's replay, running: a one-at-a-time runner and ``invoke bench --replay``.
 
-The workload (request model, seeded generator, JSONL writer) is :mod:`.replay_workload`; a user's JSONL and the
-token counters are :mod:`.replay_loading`.
+The workload (request model, seeded generator, JSONL writer) is :mod:`.replay_workload`; a dataset in either
+format and the token counters are :mod:`.replay_loading`; the metrics are :mod:`.evaluator`'s.
 
 * :func:`run_replay` -- sends the requests **one at a time** (concurrency 1) through the bench's request loop
-  (:func:`.client.stream_request`, httpx-sse) to an
-  OpenAI-compatible server and records, per request, TTFT, total time, prompt / cached / completion tokens
-  (``stream_options.include_usage``), the status and the evaluator's error class (:mod:`.evaluator`).
-  It stops after a request count or a duration, whichever comes first, and talks only to the URL it is given.
+  (:func:`.client.stream_request`, httpx-sse) to an OpenAI-compatible server and records, per request, TTFT,
+  total time, prompt / cached / completion tokens (``stream_options.include_usage``), whether a finish reason
+  came, the status and the harness's error class.  As the harness: a 429, 5xx, connection failure or timeout
+  is retried up to 3 times after 5, 10, 20 s (:class:`RetryPolicy`), the request's clock running from before
+  the first attempt.  The **time cap** ends the replay: a request not started by then adds nothing, and one
+  still running at the cap is dropped (the harness stops collecting at its cap); the wall time runs from the
+  first request sent to the last stream's end (the cap, when it cut).
 * :func:`replay_bench` -- what ``invoke bench --replay [FILE]`` runs (:class:`ReplayOptions`): generate (or
   load), replay, write ``bench.json`` and ``bench.png``; :func:`replay_verdict` is its exit code.
 
@@ -25,7 +28,7 @@ import datetime as _dt
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,18 +37,37 @@ import httpx
 
 from ..cli.progress import progress
 from ..errors import ConfigError, SmokeError
-from .client import stream_request
-from .evaluator import ErrorClass, EvalReport, RequestRecord, classify_error, evaluate
+from .client import Streamed, stream_request
+from .evaluator import EvalReport, RequestRecord, classify_http, classify_transport, evaluate, retryable_status
 from .plots import available as plots_available
 from .plots import plot_replay
-from .replay_loading import load_jsonl, server_counter
+from .redlines import SOURCE_TEXT, failing, gated_sources
+from .replay_loading import dataset_format, load_jsonl, server_counter
 from .replay_workload import ReplayRequest, ReplaySpec, generate, stats, write_jsonl
+from .sampling import choose, predict, prediction_lines, sessions
 
 Log = Callable[[str], None]
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[Any]]
 
 CHAT_ENDPOINT = "/v1/chat/completions"
 
 # --------------------------------------------------------------------------- the runner
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """The harness's retries of transient failures: ``retries`` more attempts, ``first_delay`` s doubling up to
+    ``max_delay`` (5, 10, 20 s by default)."""
+
+    retries: int = 3
+    first_delay: float = 5.0
+    factor: float = 2.0
+    max_delay: float = 60.0
+
+    def delay(self, attempt: int) -> float:
+        """The wait after failed attempt ``attempt`` (1-based)."""
+        return min(self.first_delay * self.factor ** (attempt - 1), self.max_delay)
 
 
 @dataclass
@@ -57,19 +79,21 @@ class ReplayRun:
     started_at: str
     wall_s: float
     records: list[RequestRecord]
-    stopped_by: str  # "all requests", "request count", "duration"
+    stopped_by: str  # "all requests", "request count", "time cap"
     planned_output: bool
+    time_cap_s: float | None = None
+    not_started: int = 0
     host: dict[str, Any] = field(default_factory=dict)
 
     @property
     def report(self) -> EvalReport:
-        return evaluate(self.records)
+        return evaluate(self.records, self.wall_s, not_started=self.not_started)
 
     def to_json(self) -> dict[str, Any]:
         return {"url": self.url, "model": self.model, "started_at": self.started_at,
                 "wall_s": round(self.wall_s, 3), "stopped_by": self.stopped_by, "concurrency": 1,
-                "planned_output": self.planned_output, "host": self.host, "report": self.report.to_json(),
-                "requests": [r.to_json() for r in self.records]}
+                "time_cap_s": self.time_cap_s, "planned_output": self.planned_output, "host": self.host,
+                "report": self.report.to_json(), "requests": [r.to_json() for r in self.records]}
 
 
 def prepare_body(request: ReplayRequest, model: str, *, planned_output: bool) -> dict[str, Any]:
@@ -85,21 +109,53 @@ def prepare_body(request: ReplayRequest, model: str, *, planned_output: bool) ->
     return body
 
 
-async def send_one(client: Any, index: int, body: dict[str, Any], *,
-                   planned_input: int | None = None) -> RequestRecord:
-    """POST one streamed chat request and measure it (``client``: an ``httpx.AsyncClient`` on the server),
-    through the bench's one request loop (:func:`.client.stream_request`)."""
-    got = await stream_request(client, CHAT_ENDPOINT, body)
-    completed = got.done and got.error_text is None and got.exception is None
-    error_class: ErrorClass | None = classify_error(got.status, got.error_text, got.exception, completed=completed)
-    error = None
-    if error_class is not None:
-        error = (f"{type(got.exception).__name__}: {got.exception}" if got.exception is not None
-                 else (got.error_text or "the stream ended without [DONE]"))[:300]
-    return RequestRecord(index=index, status=got.status, error_class=error_class, error=error,
-                         ttft_s=got.ttft, total_s=got.total, prompt_tokens=got.prompt_tokens,
-                         completion_tokens=got.completion_tokens, cached_tokens=got.cached_tokens,
-                         input_tokens_planned=planned_input)
+def attempt_failure(got: Streamed) -> tuple[str, bool, str] | None:
+    """One attempt's failure as (class, retryable, text), or None when it succeeded (as the harness counts it:
+    a 200 stream that ends without a finish reason, or with an ``error`` event, is a success, unfinished)."""
+    from httpx_sse import SSEError
+
+    exc = got.exception
+    if got.status is not None and got.status != 200:
+        text = got.error_text or (f"{type(exc).__name__}: {exc}" if exc is not None else "")
+        return classify_http(got.status, got.error_text), retryable_status(got.status), text or f"HTTP {got.status}"
+    if exc is None:
+        return None
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, SSEError):  # a 200 that is not an event stream although one was asked for: not retried
+        return "stream_aborted", False, text
+    timed_out = isinstance(exc, httpx.TimeoutException)
+    return classify_transport(timed_out=timed_out, got_response=got.status is not None), True, text
+
+
+async def send_one(client: Any, index: int, body: dict[str, Any], *, planned_input: int | None = None,
+                   session: str | None = None, policy: RetryPolicy = RetryPolicy(),
+                   clock: Clock = time.perf_counter, sleep: Sleep = asyncio.sleep) -> RequestRecord:
+    """POST one streamed chat request, retrying transient failures (``policy``), and measure it from before the
+    first attempt (``client``: an ``httpx.AsyncClient`` on the server)."""
+    start = clock()
+    attempt = 0
+    waited = 0.0
+    while True:
+        attempt += 1
+        offset = clock() - start
+        got = await stream_request(client, CHAT_ENDPOINT, body, clock=clock)
+        failure = attempt_failure(got)
+        if failure is not None and failure[1] and attempt <= policy.retries:
+            delay = policy.delay(attempt)
+            await sleep(delay)
+            waited += delay
+            continue
+        break
+    total = clock() - start
+    base = RequestRecord(index=index, status=got.status, total_s=total, attempts=attempt, retry_wait_s=waited,
+                         input_tokens_planned=planned_input, session=session)
+    if failure is not None:
+        return dataclasses.replace(base, error_class=failure[0], error=failure[2][:300])
+    completion = got.completion_tokens if got.usage else got.chunks
+    note = None if got.error_text is None else f"stream error event: {got.error_text}"[:300]
+    return dataclasses.replace(base, error=note, ttft_s=None if got.ttft is None else offset + got.ttft,
+                               prompt_tokens=got.prompt_tokens, completion_tokens=completion,
+                               cached_tokens=got.cached_tokens, finished=got.finish_reason is not None)
 
 
 def discover_model(url: str, model: str | None = None, *, transport: Any = None) -> tuple[str, int | None]:
@@ -120,15 +176,17 @@ def discover_model(url: str, model: str | None = None, *, transport: Any = None)
 
 
 def run_replay(requests: Sequence[ReplayRequest], url: str, *, model: str | None = None,
-               max_requests: int | None = None, duration: float = 3600.0, timeout: float = 1000.0,
-               planned_output: bool = True, log: Log | None = None, transport: Any = None) -> ReplayRun:
-    """Send ``requests`` one at a time; stop after ``max_requests`` or once ``duration`` seconds have passed.
+               max_requests: int | None = None, time_cap: float = 3600.0, timeout: float = 1000.0,
+               planned_output: bool = True, log: Log | None = None, transport: Any = None,
+               policy: RetryPolicy = RetryPolicy(), clock: Clock = time.perf_counter,
+               sleep: Sleep = asyncio.sleep) -> ReplayRun:
+    """Send ``requests`` one at a time; stop after ``max_requests`` or at the time cap (``time_cap`` seconds from
+    the first request sent: a request not started by then is not sent; one still running is dropped).
 
-    ``timeout`` bounds each request (the evaluator's redline is a total-time p99 of 999,999 ms); the duration
-    is checked between requests, so the last one may run past it by at most ``timeout``.
+    ``timeout`` bounds each attempt's reads (the competition's redline is a total-time p99 of 999,999 ms).
     """
-    if duration <= 0 or timeout <= 0:
-        raise ConfigError("duration and timeout must be > 0")
+    if time_cap <= 0 or timeout <= 0:
+        raise ConfigError("time cap and timeout must be > 0")
     if max_requests is not None and max_requests < 1:
         raise ConfigError(f"max requests must be >= 1 (got {max_requests})")
     served, _ = discover_model(url, model, transport=transport)
@@ -136,32 +194,54 @@ def run_replay(requests: Sequence[ReplayRequest], url: str, *, model: str | None
     started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     load_before = _loadavg()
     records: list[RequestRecord] = []
-    stopped_by = "all requests" if limit == len(requests) else "request count"
-    begin = time.monotonic()
+    state: dict[str, Any] = {"stopped_by": "all requests" if limit == len(requests) else "request count",
+                             "first": None, "last": None, "not_started": 0, "cut": False}
 
-    async def loop() -> str:
+    async def loop() -> None:
         async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=httpx.Timeout(timeout, connect=10.0),
                                      transport=transport) as client:
             with progress("replay requests", total=limit, unit="requests") as bar:
                 for i, request in enumerate(requests[:limit]):
-                    if time.monotonic() - begin >= duration:
-                        return "duration"
+                    now = clock()
+                    if state["first"] is None:
+                        state["first"] = now
+                    left = time_cap - (now - state["first"])
+                    if left <= 0:
+                        state["stopped_by"], state["not_started"] = "time cap", limit - i
+                        return
                     body = prepare_body(request, served, planned_output=planned_output)
-                    record = await send_one(client, i, body, planned_input=request.planned_input)
+                    session = (request.meta or {}).get("session")
+                    try:
+                        record = await asyncio.wait_for(
+                            send_one(client, i, body, planned_input=request.planned_input,
+                                     session=None if session is None else str(session), policy=policy,
+                                     clock=clock, sleep=sleep), timeout=left)
+                    except asyncio.TimeoutError:
+                        state["stopped_by"], state["not_started"], state["cut"] = "time cap", limit - i, True
+                        return
+                    state["last"] = clock()
                     records.append(record)
                     bar.advance()
                     if log is not None:
-                        state = "ok" if record.ok else f"{record.error_class} ({record.error})"
-                        ttft = "-" if record.ttft_s is None else f"{record.ttft_s:.3f}s"
-                        log(f"  [{i + 1}/{limit}] {state}: prompt {record.prompt_tokens} (cached "
-                            f"{record.cached_tokens}), out {record.completion_tokens}, ttft {ttft}, "
-                            f"total {record.total_s or 0:.3f}s")
-        return stopped_by
+                        log(_request_line(record, i, limit))
 
-    stopped_by = asyncio.run(loop())
-    return ReplayRun(url=url, model=served, started_at=started_at, wall_s=time.monotonic() - begin,
-                     records=records, stopped_by=stopped_by, planned_output=planned_output,
+    asyncio.run(loop())
+    first, last = state["first"], state["last"]
+    wall = time_cap if state["cut"] else (last - first if first is not None and last is not None else 0.0)
+    return ReplayRun(url=url, model=served, started_at=started_at, wall_s=wall, records=records,
+                     stopped_by=state["stopped_by"], planned_output=planned_output, time_cap_s=time_cap,
+                     not_started=state["not_started"],
                      host={"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": _loadavg()})
+
+
+def _request_line(record: RequestRecord, i: int, limit: int) -> str:
+    state = "ok" if record.ok else f"{record.error_class} ({record.error})"
+    if record.ok and not record.finished:
+        state = "ok, unfinished (no finish reason)"
+    ttft = "-" if record.ttft_s is None else f"{record.ttft_s:.3f}s"
+    retries = f", {record.attempts - 1} retries ({record.retry_wait_s:.0f} s back-off)" if record.attempts > 1 else ""
+    return (f"  [{i + 1}/{limit}] {state}: prompt {record.prompt_tokens} (cached {record.cached_tokens}), out "
+            f"{record.completion_tokens}, ttft {ttft}, total {record.total_s or 0:.3f}s{retries}")
 
 
 def _loadavg() -> list[float] | None:
@@ -183,10 +263,18 @@ class ReplayOptions:
     seed: int = 0
     max_model_len: int | None = None  # default: the server's (/v1/models), else the target's serving args
     planned_output: bool = True
-    duration: float = 3600.0
+    duration: float = 3600.0  # the time cap when neither --time-cap nor the target gives one
     timeout: float = 1000.0
     max_error_rate: float = 0.0
-    require_targets: bool = False  # exit 4 when a target line does not PASS
+    require_targets: bool = False  # exit 4 when an organisers' target does not PASS
+    time_cap: float | None = None  # seconds from the first request sent (--time-cap, else the target's replay:)
+    gate: tuple[str, ...] = ()  # redline sources that exit 4 (the target's replay.gate)
+    sample: int = 0  # --sample N: about N requests of whole sessions of FILE (seed: --seed); 0: the whole file
+
+    @property
+    def cap(self) -> float:
+        """The time cap this replay runs under."""
+        return self.time_cap if self.time_cap is not None else self.duration
 
     def validate(self) -> ReplayOptions:
         problems = []
@@ -194,12 +282,14 @@ class ReplayOptions:
             problems.append(f"requests must be >= 0 (got {self.requests})")
         if self.max_model_len is not None and self.max_model_len < 256:
             problems.append(f"max-model-len must be >= 256 (got {self.max_model_len})")
-        if self.duration <= 0 or self.timeout <= 0:
-            problems.append("duration and timeout must be > 0")
+        if self.duration <= 0 or self.timeout <= 0 or (self.time_cap is not None and self.time_cap <= 0):
+            problems.append("duration, time cap and timeout must be > 0")
         if not 0.0 <= self.max_error_rate <= 1.0:
             problems.append(f"max error rate must be within 0..1 (got {self.max_error_rate})")
         if self.file is not None and self.out is not None:
             problems.append("--replay FILE replays your file: --replay-out only keeps a generated workload")
+        if self.sample < 0 or (self.sample and self.file is None):
+            problems.append("--sample N takes N >= 1 requests of whole sessions of a file: --replay FILE --sample N")
         if problems:
             raise ConfigError("invalid replay options: " + "; ".join(problems))
         return self
@@ -212,6 +302,7 @@ class ReplayBench:
     run: ReplayRun
     workload: dict[str, Any]  # source (generated / file), path, spec, stats
     run_dir: Path
+    prediction: dict[str, Any] | None = None  # --sample: the full replay's figures with intervals
     json_path: Path | None = None
     png_path: Path | None = None
     target: str | None = None
@@ -219,9 +310,12 @@ class ReplayBench:
     startup_seconds: float | None = None
 
     def to_json(self) -> dict[str, Any]:
+        run = self.run.to_json()
+        if self.prediction is not None:
+            run["report"]["prediction"] = self.prediction
         return {"kind": "replay", "target": self.target, "profile": self.profile,
                 "startup_seconds": None if self.startup_seconds is None else round(self.startup_seconds, 2),
-                "workload": self.workload, **self.run.to_json()}
+                "workload": self.workload, **run}
 
     def lines(self) -> list[str]:
         w = self.workload
@@ -230,6 +324,8 @@ class ReplayBench:
                f"({w['source']}: {w['path']}); stopped by {self.run.stopped_by}; wall {self.run.wall_s:.1f} s; "
                f"load {host.get('loadavg_before')} -> {host.get('loadavg_after')} on {host.get('cpus')} CPUs"]
         out.extend(self.run.report.lines())
+        if self.prediction is not None:
+            out.extend(prediction_lines(self.prediction))
         return out
 
 
@@ -239,9 +335,13 @@ def replay_workload(options: ReplayOptions, url: str, model: str, server_len: in
     ``options.max_model_len`` or the server's max-model-len) kept as JSONL."""
     if options.file is not None:
         requests = load_jsonl(options.file)
+        if options.sample:
+            return requests, {"source": "file", "path": str(options.file), "format": dataset_format(requests),
+                              "stats": stats(requests)}
         if options.requests:
             requests = requests[:options.requests]
-        return requests, {"source": "file", "path": str(options.file), "stats": stats(requests)}
+        return requests, {"source": "file", "path": str(options.file), "format": dataset_format(requests),
+                          "stats": stats(requests)}
     max_len = options.max_model_len or server_len
     if max_len is None:
         raise ConfigError("the server does not list its max_model_len: the replay cannot be scaled",
@@ -249,8 +349,8 @@ def replay_workload(options: ReplayOptions, url: str, model: str, server_len: in
     spec = ReplaySpec(requests=options.requests or ReplaySpec.requests, seed=options.seed, max_model_len=max_len)
     requests = generate(spec, server_counter(url, model, transport=_sync(transport)))
     path = write_jsonl(requests, options.out or run_dir / "replay.jsonl")
-    return requests, {"source": "generated", "path": str(path), "spec": dataclasses.asdict(spec),
-                      "stats": stats(requests)}
+    return requests, {"source": "generated", "path": str(path), "format": dataset_format(requests),
+                      "spec": dataclasses.asdict(spec), "stats": stats(requests)}
 
 
 def replay_bench(url: str, options: ReplayOptions, run_dir: Path, *, echo: Log = print,
@@ -262,9 +362,18 @@ def replay_bench(url: str, options: ReplayOptions, run_dir: Path, *, echo: Log =
     model, server_len = discover_model(url, transport=transport)
     requests, workload = replay_workload(options, url, model, server_len, run_dir, transport=transport)
     echo(f"workload ({workload['source']}): {workload['path']} {json.dumps(workload['stats'])}")
-    run = run_replay(requests, url, model=model, duration=options.duration, timeout=options.timeout,
+    population = chosen = None
+    if options.sample:
+        population = sessions(requests)
+        chosen = choose(population, options.sample, options.seed)
+        requests = [requests[i] for s in chosen for i in s.requests]
+        workload["sample"] = {"requests": options.sample, "seed": options.seed, "sessions": [s.index for s in chosen]}
+        echo(f"sample (seed {options.seed}): {len(requests)} requests of {len(chosen)} whole sessions")
+    run = run_replay(requests, url, model=model, time_cap=options.cap, timeout=options.timeout,
                      planned_output=options.planned_output, log=echo, transport=transport)
     result = ReplayBench(run, workload, run_dir)
+    if chosen is not None and population is not None:
+        result.prediction = predict(chosen, population, run.records, run.wall_s, time_cap=options.cap)
     write_replay(result)
     return result
 
@@ -274,7 +383,8 @@ def write_replay(result: ReplayBench) -> None:
     result.json_path = result.run_dir / "bench.json"
     result.json_path.write_text(json.dumps(result.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     title = f"replay of {len(result.run.records)} requests on {result.run.model}, one at a time"
-    result.png_path = (plot_replay(result.run.records, result.run_dir / "bench.png", title=title)
+    result.png_path = (plot_replay(result.run.records, result.run_dir / "bench.png", title=title,
+                                   shares=result.run.report.metrics["score_shares"])
                        if plots_available() else None)
 
 
@@ -284,37 +394,43 @@ def _sync(transport: Any) -> Any:
 
 
 def replay_verdict(result: ReplayBench, options: ReplayOptions) -> None:
-    """SmokeError (exit 4): error rate above ``max_error_rate``, no token back, or (``require_targets``) a target
-    line that does not PASS."""
+    """SmokeError (exit 4): no token back, an error rate above ``max_error_rate``, or a FAILing redline of a
+    gated source (the target's ``replay.gate``; the organisers' targets with ``require_targets``)."""
     report = result.run.report
-    first = next((r.error for r in result.run.records if r.error), None)
-    if report.completion_tokens == 0:
-        raise SmokeError(f"the replay of {result.run.url} got no tokens back "
-                         f"({report.attempted - report.succeeded} of {report.attempted} requests failed)",
-                         found=first, hint=f"the per-request errors are in {result.json_path}")
-    failed = report.attempted - report.succeeded
-    rate = failed / report.attempted if report.attempted else 0.0
+    m = report.metrics
+    first = next((r.error for r in result.run.records if not r.ok), None)
+    attempted, failed = m["attempted_requests"], m["error_requests"]
+    if m["total_output_tokens"] == 0:
+        raise SmokeError(f"the replay of {result.run.url} got no tokens back ({failed} of {attempted} requests "
+                         "failed)", found=first, hint=f"the per-request errors are in {result.json_path}")
+    rate = failed / attempted if attempted else 0.0
     if rate > options.max_error_rate:
-        raise SmokeError(f"{failed} of {report.attempted} replayed requests failed (error rate {rate:.1%} > "
+        raise SmokeError(f"{failed} of {attempted} replayed requests failed (error rate {rate:.1%} > "
                          f"{options.max_error_rate:.1%})", found=first,
                          hint="raise --max-error-rate to accept some; the per-request errors are in "
                          f"{result.json_path}")
-    if options.require_targets and not report.passed:
-        missed = [t.render() for t in report.targets if t.verdict != "PASS"]
-        raise SmokeError("the replay misses the evaluator's targets", found="; ".join(missed))
+    sources = gated_sources(options.gate, require_targets=options.require_targets)
+    missed = failing(report.redlines, sources)
+    if missed:
+        named = sorted({r.line.source for r in missed})
+        raise SmokeError("the replay fails " + " and ".join(SOURCE_TEXT[n] for n in named),
+                         found="; ".join(r.render() for r in missed),
+                         hint="the redlines that gate are the target's replay.gate (and the organisers' targets "
+                         "with --require-targets)")
 
 
 def replay_options(replay: str | bool, replay_out: str = "", **fields: Any) -> ReplayOptions | None:
     """The task's ``--replay [FILE]`` / ``--replay-out FILE`` (+ workload fields) -> options; None: no replay.
 
     ``replay``: ``""``/False (no replay), True (bare ``--replay``: generate) or a file name.  ``max_model_len``
-    0 means the server's.
+    0 means the server's; ``time_cap`` 0 the target's (``replay.time_cap``), else ``duration``.
     """
     if not replay:
         if replay_out:
             raise ConfigError("--replay-out keeps a generated replay workload: add --replay")
         return None
     max_len = fields.pop("max_model_len", 0) or None
+    fields["time_cap"] = fields.pop("time_cap", 0) or None
     file = Path(replay) if isinstance(replay, str) and replay not in ("True", "true") else None
     return ReplayOptions(file=file, out=Path(replay_out) if replay_out else None, max_model_len=max_len,
                          **fields).validate()

@@ -1,14 +1,17 @@
 """The evaluator's replay, loading: a user's own JSONL of chat requests, and the token counters.
 
-* :func:`load_jsonl` -- one OpenAI chat-completions body per line, validated line by line: a bad line is a
-  ConfigError naming ``file:line``; an optional ``"_replay"`` object is metadata, never sent.
-* :func:`server_counter` (the server's ``/tokenize``): the :data:`.replay_workload.TokenCounter` the generator
-  measures its lengths with.
+* :func:`load_jsonl` -- a replay dataset in either format, told apart by content: imageforge's (one OpenAI
+  chat-completions body per line; an optional ``"_replay"`` object is metadata, never sent) or the evaluator
+  harness's matched requests (``request_id`` + ``request_body`` as JSON text); validated line by line, a bad
+  line is a ConfigError naming ``file:line`` and what was expected.
+* :func:`server_counter` (the server's ``/tokenize``): the
+  :data:`.replay_workload.TokenCounter` the generator measures its lengths with.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +68,63 @@ def _check_body(body: Any) -> list[Problem]:
     return problems
 
 
-def load_jsonl(path: Path) -> list[ReplayRequest]:
-    """Chat requests from ``path``, one JSON object per line (blank lines skipped); every bad line reported.
+#: The two dataset formats, told apart by each line's content.
+FORMAT_CHAT = "chat-request"  # imageforge's own: one chat-completions body per line (+ optional "_replay")
+FORMAT_MATCHED = "matched-request"  # the harness's: {"request_id": ..., "request_body": "<JSON text>", ...}
+EXPECTED_LINE = ("a chat-completions body {\"messages\": [...], ...} (imageforge's format) or the evaluator "
+                 "harness's matched request {\"request_id\": ..., \"request_body\": \"{...}\", ...}")
 
-    A line is an OpenAI chat-completions body (``messages`` at least); ``model``, ``stream`` and
-    ``stream_options`` are set by the runner; an optional ``"_replay"`` object is metadata.
+
+def line_format(data: Any) -> str | None:
+    """Which format one parsed line is in: a ``request_body`` key makes it the harness's, ``messages`` ours."""
+    if not isinstance(data, dict):
+        return None
+    if "request_body" in data:
+        return FORMAT_MATCHED
+    if "messages" in data:
+        return FORMAT_CHAT
+    return None
+
+
+def _matched_body(data: dict[str, Any]) -> tuple[dict[str, Any] | None, list[Problem], dict[str, Any]]:
+    """A harness line -> (the chat body it replays, problems, metadata kept from the line)."""
+    problems: list[Problem] = []
+    raw = data.get("request_body")
+    request_id = data.get("request_id")
+    if not isinstance(request_id, str | int) or isinstance(request_id, bool):
+        problems.append(Problem("a matched request needs its request_id", key_path="request_id",
+                                expected="a string", found=json.dumps(request_id)[:120]))
+    if not isinstance(raw, str):
+        problems.append(Problem("request_body must be the request's JSON text (a string)", key_path="request_body",
+                                expected="a string of JSON text", found=json.dumps(raw)[:120]))
+        return None, problems, {}
+    try:
+        body = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        problems.append(Problem(f"request_body is not JSON: {exc.msg}", key_path="request_body",
+                                expected="a chat-completions body as JSON text", found=raw[:120]))
+        return None, problems, {}
+    for p in _check_body(body):
+        key = f"request_body.{p.key_path}" if p.key_path else "request_body"
+        problems.append(Problem(p.message, key_path=key, expected=p.expected, found=p.found, hint=p.hint))
+    meta = {"request_id": str(request_id), "format": FORMAT_MATCHED}
+    for key in ("timestamp", "source_file", "line_no"):
+        if data.get(key) is not None:
+            meta[key] = data[key]
+    return body if isinstance(body, dict) else None, problems, meta
+
+
+def load_jsonl(path: Path) -> list[ReplayRequest]:
+    """The requests of a replay dataset, one JSON object per line (blank lines skipped); every bad line reported.
+
+    Two formats, told apart by content (the first request line decides, every line must then be in it):
+
+    * imageforge's: an OpenAI chat-completions body (``messages`` at least); ``model``, ``stream`` and
+      ``stream_options`` are set by the runner; an optional ``"_replay"`` object is metadata;
+    * the evaluator harness's matched requests (``modelsphere/llm-bench``, ``log_replay_tool.py extract``):
+      ``request_id`` and ``request_body``, the body as JSON *text*; the other keys (``source_file``,
+      ``line_no``, ``timestamp``, ``request_json``, ...) are kept or ignored.  The body is replayed as the
+      harness replays it (its model replaced by the served one; streamed, with usage).
     """
     try:
         text = path.read_text(encoding="utf-8")
@@ -81,6 +136,7 @@ def load_jsonl(path: Path) -> list[ReplayRequest]:
         raise ConfigError(f"cannot read replay file {path}: {exc}") from None
     collector = ErrorCollector()
     out: list[ReplayRequest] = []
+    chosen: tuple[str, int] | None = None  # the format and the line that decided it
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -88,21 +144,45 @@ def load_jsonl(path: Path) -> list[ReplayRequest]:
         try:
             data = json.loads(line)
         except json.JSONDecodeError as exc:
-            collector.add(Problem(f"not JSON: {exc.msg}", location=Location(str(path), number, exc.colno)))
+            collector.add(Problem(f"not JSON: {exc.msg}", location=Location(str(path), number, exc.colno),
+                                  expected=EXPECTED_LINE))
             continue
-        problems = _check_body(data)
+        kind = line_format(data)
+        if kind is None:
+            found = (f"an object with keys {sorted(data)[:8]}" if isinstance(data, dict)
+                     else f"a JSON {type(data).__name__}")
+            collector.add(Problem("not a replay request", location=where, expected=EXPECTED_LINE, found=found))
+            continue
+        if chosen is None:
+            chosen = (kind, number)
+        elif kind != chosen[0]:
+            collector.add(Problem(f"a {kind} line in a {chosen[0]} file (line {chosen[1]} decided the format)",
+                                  location=where, expected=f"every line a {chosen[0]}"))
+            continue
+        if kind == FORMAT_MATCHED:
+            body, problems, meta = _matched_body(data)
+        else:
+            problems = _check_body(data)
+            body, meta = data, None
         for p in problems:
             collector.add(Problem(p.message, location=where, key_path=p.key_path, expected=p.expected,
                                   found=p.found, hint=p.hint))
-        if problems:
+        if problems or body is None:
             continue
-        meta = data.pop(META_KEY, None)
-        out.append(ReplayRequest(data, meta, where))
+        if kind == FORMAT_CHAT:
+            meta = body.pop(META_KEY, None)
+        out.append(ReplayRequest(body, meta, where))
     collector.raise_if_any(f"invalid replay file {path}")
     if not out:
         raise ConfigError(f"replay file {path} holds no request", location=Location(str(path)),
-                          hint="one JSON chat request per line")
+                          expected=EXPECTED_LINE)
     return out
+
+
+def dataset_format(requests: Sequence[ReplayRequest]) -> str:
+    """The format the requests were read in (generated workloads are imageforge's)."""
+    first = requests[0].meta if requests else None
+    return FORMAT_MATCHED if isinstance(first, dict) and first.get("format") == FORMAT_MATCHED else FORMAT_CHAT
 
 
 # --------------------------------------------------------------------------- token counters

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli.output import results_stream
-from .metrics import SCORE_CACHE_WEIGHT, SCORE_INPUT_WEIGHT, SCORE_OUTPUT_WEIGHT
+from .metrics import CACHED_WEIGHT, OUTPUT_WEIGHT, PLATFORM_FACTOR, UNCACHED_INPUT_WEIGHT
 from .results import BenchResult
 
 Log = Callable[[str], None]
@@ -43,10 +43,11 @@ def bench_rows(bench: BenchResult) -> list[tuple[str, str]]:
         ("tokens", f"{s['prompt_tokens']} prompt, {s['completion_tokens']} generated, cached {cached}"),
         ("wall", f"{s['wall_s']:.2f} s"),
         ("Output TPS", fmt(s["output_tps"], 2)),
-        ("Input TPS", fmt(s["input_tps"], 2)),
+        ("Input TPS", fmt(s["input_tps"], 2) + f"  (uncached {fmt(s['uncached_input_tps'], 2)})"),
         ("Cache TPS", fmt(s["cache_tps"], 2)),
-        ("score", f"{s['score']:,.1f}  (= {SCORE_OUTPUT_WEIGHT} x out + {SCORE_INPUT_WEIGHT} x in + "
-                  f"{SCORE_CACHE_WEIGHT} x cache)"),
+        ("weighted_tps", f"{s['weighted_tps']:,.1f}  (= {OUTPUT_WEIGHT} x out + {UNCACHED_INPUT_WEIGHT} x uncached "
+                         f"in + {CACHED_WEIGHT} x cached, per wall second; x {PLATFORM_FACTOR} = "
+                         f"{s['platform_score']:,.0f}: the replay score's formula, not a replay)"),
         ("TTFT p50 / p95 / p99", f"{ms(s['ttft_p50_s'])} / {ms(s['ttft_p95_s'])} / {ms(s['ttft_p99_s'])}"),
         ("latency p50 / p95 / p99", f"{ms(s['latency_p50_s'])} / {ms(s['latency_p95_s'])} / "
                                     f"{ms(s['latency_p99_s'])}"),
@@ -55,7 +56,7 @@ def bench_rows(bench: BenchResult) -> list[tuple[str, str]]:
                                           "chunks, pooled)"),
         ("per-request Output TPS p10", fmt(s["output_tps_p10"], 2) + "  (completion / latency incl. TTFT: the "
                                                                      "evaluator's definition)"),
-        ("runs", f"{len(bench.repeats) or 1}" + (f" (median by score shown; scores {_scores(bench)})"
+        ("runs", f"{len(bench.repeats) or 1}" + (f" (median by weighted_tps shown; {_scores(bench)})"
                                                  if bench.repeats else "")),
         ("load (1/5/15 min)", f"{_load(bench.host.get('loadavg_before'))} -> "
                               f"{_load(bench.host.get('loadavg_after'))} on {bench.host.get('cpus', '?')} CPUs"),
@@ -67,7 +68,7 @@ def bench_rows(bench: BenchResult) -> list[tuple[str, str]]:
 
 
 def _scores(bench: BenchResult) -> str:
-    return ", ".join(f"{float(r['score']):,.0f}" for r in bench.repeats)
+    return ", ".join(f"{float(r['weighted_tps']):,.0f}" for r in bench.repeats)
 
 
 def _load(value: Any) -> str:

@@ -1,4 +1,4 @@
-"""What one bench measured: each request's result and the whole run's rates, score and summary."""
+"""What one bench measured: each request's result and the whole run's rates, weighted rate and summary."""
 
 from __future__ import annotations
 
@@ -7,7 +7,15 @@ from pathlib import Path
 from typing import Any
 
 from ..workload import Workload
-from .metrics import SCORE_CACHE_WEIGHT, SCORE_INPUT_WEIGHT, SCORE_OUTPUT_WEIGHT, percentile, score
+from .metrics import (
+    CACHED_WEIGHT,
+    OUTPUT_WEIGHT,
+    UNCACHED_INPUT_WEIGHT,
+    percentile,
+    platform_score,
+    score_shares,
+    weighted_tps,
+)
 
 
 @dataclass
@@ -129,8 +137,14 @@ class BenchResult:
         return self._per_second(self.cached_tokens)
 
     @property
-    def score(self) -> float:
-        return score(self.output_tps, self.input_tps, self.cache_tps)
+    def uncached_input_tps(self) -> float:
+        """Prompt tokens the server computed (prompt - cached) per wall second."""
+        return self._per_second(max(0, self.prompt_tokens - (self.cached_tokens or 0)))
+
+    @property
+    def weighted_tps(self) -> float:
+        """The replay score's formula on this run's wall-clock rates (weighted tokens per wall second)."""
+        return weighted_tps(self.output_tps, self.uncached_input_tps, self.cache_tps)
 
     def _pct(self, attr: str, q: float) -> float | None:
         values = [v for r in self.ok_results if (v := getattr(r, attr)) is not None]
@@ -149,7 +163,9 @@ class BenchResult:
             "cached_tokens": self.cached_tokens, "cache_source": self.cache_source,
             "short_responses": self.short_responses, "wall_s": round(self.wall_seconds, 3),
             "output_tps": round(self.output_tps, 2), "input_tps": round(self.input_tps, 2),
-            "cache_tps": round(self.cache_tps, 2), "score": round(self.score, 2),
+            "uncached_input_tps": round(self.uncached_input_tps, 2), "cache_tps": round(self.cache_tps, 2),
+            "weighted_tps": round(self.weighted_tps, 2), "platform_score": round(platform_score(self.weighted_tps), 1),
+            "score_shares": score_shares(self.output_tps, self.uncached_input_tps, self.cache_tps),
             "ttft_p50_s": rounded(self._pct("ttft", 50)), "ttft_p90_s": rounded(self._pct("ttft", 90)),
             "ttft_p95_s": rounded(self._pct("ttft", 95)), "ttft_p99_s": rounded(self._pct("ttft", 99)),
             "output_tps_p10": rounded(self._pct("output_tps", 10), 2),
@@ -165,8 +181,8 @@ class BenchResult:
             "target": self.target, "profile": self.profile, "params": self.params,
             "startup_seconds": rounded(self.startup_seconds, 2), "host": self.host,
             "workload": self.workload.to_json(), "prompt_mode": self.prompt_mode,
-            "score_weights": {"output_tps": SCORE_OUTPUT_WEIGHT, "input_tps": SCORE_INPUT_WEIGHT,
-                              "cache_tps": SCORE_CACHE_WEIGHT},
+            "score_weights": {"output_tps": OUTPUT_WEIGHT, "uncached_input_tps": UNCACHED_INPUT_WEIGHT,
+                              "cache_tps": CACHED_WEIGHT},
             "summary": self.summary(), "repeats": self.repeats, "metrics_delta": self.metrics_delta,
             "notes": self.notes,
             "requests": [r.to_json() for r in self.results],

@@ -165,7 +165,7 @@ def run_bench(url: str, workload: Workload, *, run_dir: Path | None = None, echo
         if workload.repeat > 1:
             s = runs[-1].summary()
             echo(f"  run {r + 1}/{workload.repeat} (seed {one.seed}): Output {s['output_tps']:.1f} / Input "
-                 f"{s['input_tps']:.1f} / Cache {s['cache_tps']:.1f} TPS, score {s['score']:.0f}, errors "
+                 f"{s['input_tps']:.1f} / Cache {s['cache_tps']:.1f} TPS, weighted_tps {s['weighted_tps']:.0f}, errors "
                  f"{s['errors']}/{s['requests']}")
     bench = median_run(runs)
     if skipped:
@@ -177,14 +177,15 @@ def run_bench(url: str, workload: Workload, *, run_dir: Path | None = None, echo
 
 
 def median_run(runs: Sequence[BenchResult]) -> BenchResult:
-    """The run with the median score (the lower middle one for an even count), carrying every run's summary."""
+    """The run with the median weighted_tps (the lower middle one for an even count), carrying every run's
+    summary."""
     if len(runs) == 1:
         return runs[0]
-    ordered = sorted(runs, key=lambda b: b.score)
+    ordered = sorted(runs, key=lambda b: b.weighted_tps)
     chosen = ordered[(len(ordered) - 1) // 2]
     chosen.repeats = [b.summary() | {"seed": b.workload.seed} for b in runs]
-    scores = ", ".join(f"{b.score:.0f}" for b in runs)
-    chosen.notes.append(f"median of {len(runs)} runs by score (seed {chosen.workload.seed}); scores: {scores}")
+    rates = ", ".join(f"{b.weighted_tps:.0f}" for b in runs)
+    chosen.notes.append(f"median of {len(runs)} runs by weighted_tps (seed {chosen.workload.seed}): {rates}")
     return chosen
 
 
@@ -239,7 +240,8 @@ def replay_target(resolved: Any, options: Any, *, environ: Mapping[str, str] | N
     ``in_place`` (a :class:`imageforge.serve.process.InPlace`): served as a process from its root instead.
 
     The generated workload is scaled to ``options.max_model_len``, else the server's max_model_len, else the
-    target's resolved ``max-model-len``.
+    target's resolved ``max-model-len``; the target's ``replay:`` gives the time cap (unless --time-cap) and
+    the redline sources that gate (:func:`with_target`).
     """
     serve = serving if in_place is None else in_place.serving
 
@@ -248,6 +250,7 @@ def replay_target(resolved: Any, options: Any, *, environ: Mapping[str, str] | N
         declared = resolved.serving_args().get("max-model-len")
         if isinstance(declared, int):
             options = dataclasses.replace(options, max_model_len=declared)
+    options = with_target(options, resolved.target.replay)
     with serve(resolved, environ=environ, port=port, run_id=new_run_id(), startup_timeout=startup_timeout,
                  log=echo, host_address=host_address) as server:
         result = replay_bench(server.url, options, server.run_dir, echo=echo)
@@ -255,6 +258,12 @@ def replay_target(resolved: Any, options: Any, *, environ: Mapping[str, str] | N
         result.startup_seconds = server.startup_seconds
         write_replay(result)
         return result
+
+
+def with_target(options: Any, settings: Any) -> Any:
+    """``options`` with a target's ``replay:`` settings: its time cap unless --time-cap gave one, its gate."""
+    cap = options.time_cap if options.time_cap is not None else settings.time_cap
+    return dataclasses.replace(options, time_cap=cap, gate=tuple(settings.gate)).validate()
 
 
 def replay_report(result: Any, options: Any, echo: Log, show: Callable[[Any], None] | None = None) -> Any:

@@ -1,5 +1,5 @@
 """Parameter sweeps: one build + server + bench per combination of ``--param`` values (only the serving-config
-layer is rebuilt), best score and Output-TPS plateau marked, ``sweep.json`` + ``sweep.md``.
+layer is rebuilt), best weighted_tps and Output-TPS plateau marked, ``sweep.json`` + ``sweep.md``.
 
 (The module is ``sweeps``, not ``sweep``: ``imageforge.bench.sweep`` is the function.)
 """
@@ -25,7 +25,7 @@ from ..manifest.resolve import resolve
 from ..rundirs import new_run_id
 from ..serve.container import serving
 from ..workload import Workload
-from .metrics import PLATEAU_TOLERANCE, SCORE_CACHE_WEIGHT, SCORE_INPUT_WEIGHT, SCORE_OUTPUT_WEIGHT, plateau_index
+from .metrics import CACHED_WEIGHT, OUTPUT_WEIGHT, PLATEAU_TOLERANCE, UNCACHED_INPUT_WEIGHT, plateau_index
 from .plots import NO_PLOTS, plot_sweep
 from .plots import available as plots_available
 from .report import fmt, make_console, ms, write_bench
@@ -88,16 +88,17 @@ class SweepPoint:
     startup_seconds: float | None = None
     reused: bool = False  # served by a running server of the same run spec (--reuse-servers): no start-up of its own
     bench_json: str | None = None
-    scores: list[float] = field(default_factory=list)  # every repeat's score (workload.repeat > 1)
+    rates: list[float] = field(default_factory=list)  # every repeat's weighted_tps (workload.repeat > 1)
     load: float | None = None  # the host's 1-minute load average when the (median) bench started
     runs: list[dict[str, Any]] = field(default_factory=list)  # every run's summary (+ round, seed, load)
-    ratio: tuple[float, float, float] | None = None  # interleaved: median, min, max of score / the first point's
+    ratio: tuple[float, float, float] | None = None  # interleaved: median, min, max of weighted_tps / the first's
 
     def to_json(self) -> dict[str, Any]:
         return {"params": self.params, "status": self.status, "error": self.error, "build": self.build,
                 "image_id": self.image_id, "startup_seconds": rounded(self.startup_seconds, 2),
                 "reused": self.reused,
-                "bench_json": self.bench_json, "summary": self.summary, "scores": self.scores, "load": self.load,
+                "bench_json": self.bench_json, "summary": self.summary, "weighted_tps_runs": self.rates,
+                "load": self.load,
                 "runs": self.runs, "ratio_to_first": None if self.ratio is None else
                 {"median": round(self.ratio[0], 4), "min": round(self.ratio[1], 4), "max": round(self.ratio[2], 4)}}
 
@@ -124,8 +125,8 @@ class SweepResult:
 
     @property
     def best(self) -> int | None:
-        scores = [p.value("score") for p in self.points]
-        known = [(s, i) for i, s in enumerate(scores) if s is not None]
+        rates = [p.value("weighted_tps") for p in self.points]
+        known = [(r, i) for i, r in enumerate(rates) if r is not None]
         return max(known)[1] if known else None
 
     @property
@@ -136,8 +137,8 @@ class SweepResult:
         return {
             "run_id": self.run_id, "target": self.target, "profile": self.profile, "sets": self.base_sets,
             "started_at": self.started_at, "seconds": round(self.seconds, 1), "workload": self.workload.to_json(),
-            "score_weights": {"output_tps": SCORE_OUTPUT_WEIGHT, "input_tps": SCORE_INPUT_WEIGHT,
-                              "cache_tps": SCORE_CACHE_WEIGHT},
+            "score_weights": {"output_tps": OUTPUT_WEIGHT, "uncached_input_tps": UNCACHED_INPUT_WEIGHT,
+                              "cache_tps": CACHED_WEIGHT},
             "plateau_tolerance": PLATEAU_TOLERANCE, "best": self.best, "plateau": self.plateau,
             "repeats": self.workload.repeat, "interleaved": self.interleaved, "cpus": os.cpu_count(),
             "points": [p.to_json() for p in self.points],
@@ -147,25 +148,26 @@ class SweepResult:
         keys = list(self.points[0].params) if self.points else []
         ranges = self.workload.repeat > 1
         ratios = self.interleaved and len(self.points) > 1
-        header = [*keys, "Output TPS", "Input TPS", "Cache TPS", "score", *(["score range"] if ranges else []),
-                  *(["score / first (median, range)"] if ratios else []),
+        header = [*keys, "Output TPS", "Input TPS", "Cache TPS", "weighted TPS",
+                  *(["weighted TPS range"] if ranges else []),
+                  *(["weighted / first (median, range)"] if ratios else []),
                   "TTFT p95", "latency p95", "errors", "start", "load", "mark"]
         best, plateau = self.best, self.plateau
         rows: list[list[str]] = []
         for i, p in enumerate(self.points):
             s = p.summary or {}
-            marks = [m for m, on in (("best score", i == best), ("plateau", i == plateau)) if on]
+            marks = [m for m, on in (("best weighted_tps", i == best), ("plateau", i == plateau)) if on]
             if p.status != "ok":
                 marks.append(f"{p.status}: {(p.error or '').splitlines()[0][:80]}" if p.error else p.status)
             errors = (f"{s['errors']}/{s['requests']}" + (f", {s['cancelled']} cut" if s.get("cancelled") else "")
                       if s else "-")
-            spread = [f"{min(p.scores):,.0f}-{max(p.scores):,.0f}" if p.scores else "-"] if ranges else []
+            spread = [f"{min(p.rates):,.0f}-{max(p.rates):,.0f}" if p.rates else "-"] if ranges else []
             if ratios:
                 spread.append("-" if p.ratio is None else
                               f"{p.ratio[0]:.3f} ({p.ratio[1]:.3f}-{p.ratio[2]:.3f})")
             rows.append([*(str(p.params[k]) for k in keys),
                          fmt(s.get("output_tps"), 1), fmt(s.get("input_tps"), 1), fmt(s.get("cache_tps"), 1),
-                         fmt(s.get("score"), 0), *spread, ms(s.get("ttft_p95_s")), ms(s.get("latency_p95_s")),
+                         fmt(s.get("weighted_tps"), 0), *spread, ms(s.get("ttft_p95_s")), ms(s.get("latency_p95_s")),
                          errors,
                          "-" if p.startup_seconds is None else f"{p.startup_seconds:.0f} s", fmt(p.load, 1),
                          ", ".join(marks)])
@@ -189,12 +191,13 @@ class SweepResult:
             "| " + " | ".join("---" for _ in header) + " |",
             *("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows),
             "",
-            f"score = Output TPS x {SCORE_OUTPUT_WEIGHT} + Input TPS x {SCORE_INPUT_WEIGHT} + Cache TPS x "
-            f"{SCORE_CACHE_WEIGHT}; plateau = the first point whose Output TPS is within "
+            f"weighted TPS = Output TPS x {OUTPUT_WEIGHT} + uncached Input TPS x {UNCACHED_INPUT_WEIGHT} + Cache "
+            f"TPS x {CACHED_WEIGHT} (the replay score's formula on this bench's wall-clock rates); plateau = the "
+            "first point whose Output TPS is within "
             f"{PLATEAU_TOLERANCE:.0%} of the best (none when only the last point is); load = the host's 1-minute "
             f"load average when the bench started ({os.cpu_count()} CPUs here)"
-            + ("; score / first = the median (min-max) over rounds of each round's score divided by the first "
-               "point's score in the same round (an A/A run gives the noise floor: bench/RESULTS.md)."
+            + ("; weighted / first = the median (min-max) over rounds of each round's weighted TPS divided by the "
+               "first point's in the same round (an A/A run gives the noise floor: bench/RESULTS.md)."
                if self.interleaved else "."),
         ]
         return "\n".join(lines) + "\n"
@@ -220,8 +223,8 @@ class SweepResult:
             if p.status != "ok":
                 continue
             for run in p.runs or ([p.summary] if p.summary else []):
-                out.append({"value": value, "score": run.get("score"), "output_tps_p10": run.get("output_tps_p10"),
-                            "ttft_p90_s": run.get("ttft_p90_s")})
+                out.append({"value": value, "weighted_tps": run.get("weighted_tps"),
+                            "output_tps_p10": run.get("output_tps_p10"), "ttft_p90_s": run.get("ttft_p90_s")})
         return out
 
     def plot(self) -> Path | None:
@@ -292,7 +295,7 @@ def rotations(points: int, rounds: int) -> list[list[int]]:
 
 
 def paired_ratios(scores: Sequence[Sequence[float | None]]) -> list[tuple[float, float, float] | None]:
-    """``scores[point][round]`` -> per point (median, min, max) of score / the first point's score in the same
+    """``scores[point][round]`` -> per point (median, min, max) of weighted_tps / the first point's in the same
     round (None where no round has both; the first point's is 1.0 by definition)."""
     out: list[tuple[float, float, float] | None] = []
     first = scores[0] if scores else []
@@ -303,9 +306,9 @@ def paired_ratios(scores: Sequence[Sequence[float | None]]) -> list[tuple[float,
 
 
 def _record(point: SweepPoint, bench: Any) -> None:
-    """A point's (median) bench into the point: summary, every run, scores, load, verdict."""
+    """A point's (median) bench into the point: summary, every run, weighted rates, load, verdict."""
     point.summary, point.startup_seconds = bench.summary(), point.startup_seconds or bench.startup_seconds
-    point.scores = [float(r["score"]) for r in bench.repeats]
+    point.rates = [float(r["weighted_tps"]) for r in bench.repeats]
     before = bench.host.get("loadavg_before")
     point.load = float(before[0]) if before else None
     point.bench_json = str(bench.json_path) if bench.json_path else None
@@ -392,10 +395,10 @@ def _build_point(i: int, point: SweepPoint, resolved: Any, result: SweepResult, 
 
 def _echo_point(point: SweepPoint, echo: Log) -> None:
     s = point.summary or {}
-    spread = (f", score range {min(point.scores):,.0f}-{max(point.scores):,.0f} over {len(point.scores)} runs"
-              if len(point.scores) > 1 else "")
+    spread = (f", weighted_tps range {min(point.rates):,.0f}-{max(point.rates):,.0f} over {len(point.rates)} runs"
+              if len(point.rates) > 1 else "")
     echo(f"  Output {s.get('output_tps', 0):.1f} / Input {s.get('input_tps', 0):.1f} / Cache "
-         f"{s.get('cache_tps', 0):.1f} TPS, score {s.get('score', 0):.0f}{spread}, errors "
+         f"{s.get('cache_tps', 0):.1f} TPS, weighted_tps {s.get('weighted_tps', 0):.0f}{spread}, errors "
          f"{s.get('errors')}/{s.get('requests')}" + (f"  ({point.status}: {point.error})" if point.error else ""))
 
 
@@ -473,7 +476,7 @@ def _sweep_interleaved(result: SweepResult, resolved_points: Sequence[Any], work
                 load = bench.host.get("loadavg_before")
                 result.points[i].runs.append(s | {"round": r, "seed": one.seed,
                                                   "load": float(load[0]) if load else None})
-                echo(f"  [{i + 1}] score {s['score']:.0f}, Output {s['output_tps']:.1f} TPS, TTFT p50 "
+                echo(f"  [{i + 1}] weighted_tps {s['weighted_tps']:.0f}, Output {s['output_tps']:.1f} TPS, TTFT p50 "
                      f"{ms(s['ttft_p50_s'])}, errors {s['errors']}/{s['requests']}, "
                      f"load {fmt(load[0] if load else None, 2)}")
             result.write()
@@ -481,7 +484,7 @@ def _sweep_interleaved(result: SweepResult, resolved_points: Sequence[Any], work
     for i in range(len(result.points)):
         scores: list[float | None] = [None] * workload.repeat
         for run in result.points[i].runs:
-            scores[int(run["round"])] = float(run["score"])
+            scores[int(run["round"])] = float(run["weighted_tps"])
         by_round.append(scores)
     measured = [i for i in range(len(result.points)) if runs.get(i)]
     ratios = paired_ratios([by_round[i] for i in measured])
@@ -516,8 +519,8 @@ def report_sweep(result: SweepResult, echo: Log = print) -> SweepResult:
     png = result.plot()
     best, plateau = result.best, result.plateau
     if best is not None:
-        echo(f"best score: {' '.join(f'{k}={v}' for k, v in result.points[best].params.items())} "
-             f"({result.points[best].value('score'):.0f})")
+        echo(f"best weighted_tps: {' '.join(f'{k}={v}' for k, v in result.points[best].params.items())} "
+             f"({result.points[best].value('weighted_tps'):.0f})")
     if plateau is not None:
         echo(f"Output TPS plateau (within {PLATEAU_TOLERANCE:.0%} of the max) from: "
              f"{' '.join(f'{k}={v}' for k, v in result.points[plateau].params.items())}")

@@ -32,19 +32,27 @@ if TYPE_CHECKING:
     from ..smoke import SmokeReport
 
 
-@command(json=True)
-def validate(c: Context, cmd: Output) -> None:
-    """Check the manifest: YAML, schema, files, paths, profiles of every target. No daemon needed."""
-    summary = app.validate(cmd.settings)
+STRICT_HELP = ("Exit 2 when a serving value makes an evaluator check fail (max-model-len above max_context_tokens, "
+               "max-num-seqs 1 with the n guard, a parser or prefix caching missing) and no profile takes it on "
+               "purpose")
+
+
+@command(json=True, help={"strict": STRICT_HELP})
+def validate(c: Context, cmd: Output, strict: bool = False) -> None:
+    """Check the manifest: YAML, schema, files, paths, profiles of every target, their serving values against the
+    evaluator's checks (warnings). No daemon needed."""
+    summary = app.validate(cmd.settings, strict=strict)
     cmd.result(summary.text(), summary.to_json())
 
 
 @command(json=True, iterable=["set_"],
-         help={**RESOLVE_HELP, "no_daemon": "Do not ask the Docker daemon for cache state"})
+         help={**RESOLVE_HELP, "no_daemon": "Do not ask the Docker daemon for cache state", "strict": STRICT_HELP})
 def plan(c: Context, cmd: Output, target: str = "", profile: str = "", set_: list[str] | None = None,
-         no_daemon: bool = False) -> None:
-    """Show every resolved value (and where it came from), the ordered steps, cache keys and HIT/MISS."""
-    result = app.plan(cmd.settings, target or None, profile or None, set_ or [], use_daemon=not no_daemon)
+         no_daemon: bool = False, strict: bool = False) -> None:
+    """Show every resolved value (and where it came from), the ordered steps, cache keys and HIT/MISS; warn
+    where a serving value makes an evaluator check fail."""
+    result = app.plan(cmd.settings, target or None, profile or None, set_ or [], use_daemon=not no_daemon,
+                      strict=strict)
     cmd.result(result.text(), result.to_json())
 
 
@@ -171,7 +179,7 @@ def stop(c: Context, cmd: Output, target: str = "", all: bool = False, in_place:
     app.stop(target or None, every=all, s=cmd.settings, in_place=in_place)
 
 
-@command(json=True, host=True, in_place=True, iterable=["set_"], help={
+@command(json=True, host=True, in_place=True, iterable=["set_", "param"], help={
     "url": "Test a server that is already running, e.g. http://127.0.0.1:8000",
     "target": "Target name (default: the manifest's default_target); names the suite and tags",
     "profile": "Profile to build, start, test and remove (default: the target's default_profile)",
@@ -181,18 +189,22 @@ def stop(c: Context, cmd: Output, target: str = "", all: bool = False, in_place:
     "port": "Host port for the server started here (default: a free one)",
     "wait": "With --url: seconds to wait for /health first (default 0)",
     "set_": SET_HELP,
-    "junit": "Also write the JUnit XML report to this file"})
+    "junit": "Also write the JUnit XML report to this file",
+    "param": "NAME=VALUE: a parameter of the suite (repeatable), e.g. max_context_tokens=131072; --json lists "
+             "each parameter's value"})
 def smoke(c: Context, cmd: Output, url: str = "", target: str = "", profile: str = "", suite: str = "",
           tags: str = "", base: bool = False, port: int = 0, wait: float = 0.0, set_: list[str] | None = None,
-          junit: str = "") -> None:
-    """Run the smoke suite: against --url, or build + start + test + remove TARGET:PROFILE. Exit 4 on a failure."""
+          junit: str = "", param: list[str] | None = None) -> None:
+    """Run the smoke suite: against --url, or build + start + test + remove TARGET:PROFILE. Exit 4 on a failure.
+    --json lists every check of the suite; those not run (tag not selected, a skip rule) as skipped, with why."""
     def show(report: SmokeReport) -> None:
         if junit and report.junit_path is not None:
             shutil.copyfile(report.junit_path, junit)
         cmd.result(f"smoke: {report.summary_line()}", report.to_json())
 
     app.smoke(cmd.settings, target or None, profile or None, set_ or [], url=url or None, suite=suite or None,
-              tags=tags or None, base=base, port=port or None, wait=wait, show=show, in_place=cmd.in_place)
+              tags=tags or None, base=base, port=port or None, wait=wait, show=show, in_place=cmd.in_place,
+              params=param or [])
 
 
 @command(host=True)
@@ -211,18 +223,24 @@ def demo(c: Context, cmd: Output) -> None:
     "max_model_len": "Scale the generated replay to this max-model-len (default: the server's)",
     "planned_output": "Replay: add max_tokens = the planned output to requests without a limit (default on; "
                       "--no-planned-output sends the bodies as they are, for real weights)",
-    "require_targets": "Replay: exit 4 when an evaluator target line does not PASS",
-    "target": TARGET_HELP,
+    "require_targets": "Replay: exit 4 when one of the organisers' targets does not PASS (the target's replay.gate "
+                       "redlines always gate)",
+    "sample": "Replay FILE: about N requests of whole sessions, stratified (--seed picks them), and the full "
+              "replay's predicted score, rates and wall time with 95 % intervals",
+    "time_cap": "Replay: stop this many seconds after the first request; requests not started add nothing "
+                "(default: the target's replay.time_cap, bi100 13 h; else --duration)",
+    "target": TARGET_HELP + "; with --url --replay: only its replay: settings (time cap, gating redlines)",
     "profile": "Profile to build, start, bench and remove (default: the target's default_profile)",
     "set_": SET_HELP,
     "port": "Host port for the server started here (default: a free one)"})
 def bench(c: Context, cmd: Output, url: str = "", target: str = "", profile: str = "",
           set_: list[str] | None = None, port: int = 0, replay: str = "", replay_out: str = "",
           max_model_len: int = 0, planned_output: bool = True, require_targets: bool = False,
-          workload: Workload | None = None) -> None:
+          time_cap: float = 0, sample: int = 0, workload: Workload | None = None) -> None:
     """Load-test --url, or build + serve + bench + remove TARGET:PROFILE: TPS, score, latencies. Exit 4 on failure.
 
-    --replay: the evaluator's workload one request at a time, its metrics and PASS/FAIL lines, bench.json + PNG.
+    --replay: the evaluator's workload one request at a time, its metrics (weighted_tps: the platform's score),
+    its redlines with their sources, bench.json + PNG.
     Workload options also answer to `vllm bench serve`'s names: --num-prompts, --max-concurrency,
     --random-input-len, --random-output-len, --request-rate (Poisson arrivals); the report adds p99s and ITL."""
     from ..bench import replay_options
@@ -230,7 +248,8 @@ def bench(c: Context, cmd: Output, url: str = "", target: str = "", profile: str
     w = workload or Workload()
     options = replay_options(replay, replay_out, requests=w.requests, seed=w.seed, max_model_len=max_model_len,
                              planned_output=planned_output, duration=w.duration, timeout=w.timeout,
-                             max_error_rate=w.max_error_rate, require_targets=require_targets)
+                             max_error_rate=w.max_error_rate, require_targets=require_targets,
+                             time_cap=time_cap, sample=sample)
     def show(result: Any) -> None:  # before the verdict: the JSON document also when the bench fails
         if options:
             cmd.result("\n".join(result.lines()), result.to_json()["report"], logged=True)

@@ -13,7 +13,7 @@ variant alternate ``full, variant, full, variant, ...`` for ``repeats`` rounds. 
 server stays up for the whole ablation and each variant's server is started once, for its block,
 so at most two servers run at a time (this machine: 2 cores, 24 GiB).  A variant's deltas are
 medians of the paired ratios (variant run r / the full run just before it), so slow drift of a
-shared machine cancels; the spread is the min..max of those paired score ratios.
+shared machine cancels; the spread is the min..max of those paired weighted_tps ratios.
 
 How ``ablate_runner`` wires it: ``plan = plan_ablation(chain_steps, chosen, repeats)``; build every
 ``variant.steps`` image (the kept steps in order, the profile's serving config on top; cache hits
@@ -176,9 +176,9 @@ def bracketed_results(plan: AblationPlan, before: Sequence[Metrics | None], afte
 class Metrics:
     """What ablate needs of one bench run (``ablate_runner`` maps a BenchResult onto it)."""
 
-    score: float
+    weighted_tps: float  # the replay score's formula on the bench's wall-clock rates
     output_tps: float
-    input_tps: float
+    uncached_input_tps: float
     cache_tps: float
 
 
@@ -188,16 +188,16 @@ class RunResult:
     metrics: Metrics | None  # None: the run (or its server) failed
 
 
-METRICS = ("score", "output_tps", "input_tps", "cache_tps")
+METRICS = ("weighted_tps", "output_tps", "uncached_input_tps", "cache_tps")
 
 
 @dataclass(frozen=True)
 class Row:
     step: str
     dropped: tuple[str, ...]
-    score: float | None  # median over the image's runs
+    weighted_tps: float | None  # median over the image's runs
     deltas: Mapping[str, float | None]  # metric -> median paired ratio - 1 (None: no pair, or full value 0)
-    spread: tuple[float, float] | None  # min, max of the paired score ratios - 1
+    spread: tuple[float, float] | None  # min, max of the paired weighted_tps ratios - 1
     pairs: int
     failed_runs: int
     equiv: str
@@ -212,7 +212,7 @@ class AblationTable:
 
     def to_json(self) -> dict[str, Any]:
         def row(r: Row) -> dict[str, Any]:
-            return {"step": r.step, "dropped": list(r.dropped), "score": r.score,
+            return {"step": r.step, "dropped": list(r.dropped), "weighted_tps": r.weighted_tps,
                     **{f"delta_{m}": r.deltas.get(m) for m in METRICS},
                     "spread": list(r.spread) if r.spread else None, "pairs": r.pairs, "failed_runs": r.failed_runs,
                     "equiv": r.equiv}
@@ -224,10 +224,12 @@ class AblationTable:
     def csv(self) -> str:
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(["step", "dropped", "score", "delta_score", "delta_output_tps", "delta_input_tps",
+        writer.writerow(["step", "dropped", "weighted_tps", "delta_weighted_tps", "delta_output_tps",
+                         "delta_uncached_input_tps",
                          "delta_cache_tps", "spread_min", "spread_max", "pairs", "failed_runs", "equiv"])
         for r in (self.full, *self.rows):
-            writer.writerow([r.step, " ".join(r.dropped), _num(r.score), *(_num(r.deltas.get(m)) for m in METRICS),
+            writer.writerow([r.step, " ".join(r.dropped), _num(r.weighted_tps),
+                             *(_num(r.deltas.get(m)) for m in METRICS),
                              _num(r.spread[0] if r.spread else None), _num(r.spread[1] if r.spread else None),
                              r.pairs, r.failed_runs, r.equiv])
         for s in self.skipped:
@@ -235,13 +237,13 @@ class AblationTable:
         return out.getvalue()
 
     def text(self) -> str:
-        head = (f"{'step':<28} {'score':>9} {'d score':>8} {'d out':>8} {'d in':>8} {'d cache':>8} "
+        head = (f"{'step':<28} {'wtd TPS':>9} {'d wtd':>8} {'d out':>8} {'d in':>8} {'d cache':>8} "
                 f"{'spread':>15} {'n':>3} {'equiv':>6}")
         lines = [head]
         for r in (self.full, *self.rows):
             spread = f"{_pct(r.spread[0])}..{_pct(r.spread[1])}" if r.spread else "-"
-            score = "-" if r.score is None else f"{r.score:.1f}"
-            lines.append(f"{r.step:<28} {score:>9} " + " ".join(f"{_pct(r.deltas.get(m)):>8}" for m in METRICS)
+            rate = "-" if r.weighted_tps is None else f"{r.weighted_tps:.1f}"
+            lines.append(f"{r.step:<28} {rate:>9} " + " ".join(f"{_pct(r.deltas.get(m)):>8}" for m in METRICS)
                          + f" {spread:>15} {r.pairs:>3} {r.equiv:>6}")
             if r.failed_runs:
                 lines.append(f"{'':<28} {r.failed_runs} run(s) failed and are left out")
@@ -266,12 +268,12 @@ def _median(values: Sequence[float]) -> float | None:
 
 def summarize(plan: AblationPlan, results: Sequence[RunResult],
               equiv: Mapping[str, str] | None = None) -> AblationTable:
-    """The table: per variant, median score, median paired deltas and their spread."""
+    """The table: per variant, median weighted_tps, median paired deltas and their spread."""
     equiv = equiv or {}
     by_key = {(r.run.block, r.run.round, r.run.role): r.metrics for r in results}
     full_runs = [r.metrics for r in results if r.run.role == "full"]
     full_ok = [m for m in full_runs if m is not None]
-    full_scores = [m.score for m in full_ok]
+    full_scores = [m.weighted_tps for m in full_ok]
     full_median = _median(full_scores)
     full_spread = None
     if full_median:
@@ -289,7 +291,7 @@ def summarize(plan: AblationPlan, results: Sequence[RunResult],
             if (block, r, "variant") in by_key and b is None:
                 failed += 1
             if b is not None:
-                scores.append(b.score)
+                scores.append(b.weighted_tps)
             if a is None or b is None:
                 continue
             pairs += 1
@@ -298,7 +300,7 @@ def summarize(plan: AblationPlan, results: Sequence[RunResult],
                 if base:
                     ratios[m].append(getattr(b, m) / base - 1)
         deltas = {m: _median(ratios[m]) for m in METRICS}
-        spread = (min(ratios["score"]), max(ratios["score"])) if ratios["score"] else None
+        spread = (min(ratios["weighted_tps"]), max(ratios["weighted_tps"])) if ratios["weighted_tps"] else None
         rows.append(Row(variant.step, variant.dropped, _median(scores), deltas, spread, pairs, failed,
                         equiv.get(variant.step, "-")))
     return AblationTable(full, tuple(rows), plan.skipped, plan.repeats)

@@ -50,7 +50,7 @@ def metrics_of(bench: BenchResult, workload: Workload) -> Metrics | None:
     """A bench run's numbers, or None when it failed (error rate above the limit, or no token came back)."""
     if bench.worst_error_rate > workload.max_error_rate or not bench.completion_tokens:
         return None
-    return Metrics(bench.score, bench.output_tps, bench.input_tps, bench.cache_tps)
+    return Metrics(bench.weighted_tps, bench.output_tps, bench.uncached_input_tps, bench.cache_tps)
 
 
 @dataclass
@@ -146,7 +146,8 @@ def ablate_target(resolved: Resolved, workload: Workload, *, steps: Sequence[str
             return None
         metrics = metrics_of(bench, one)
         echo(f"    [{run.index + 1}/{len(plan.schedule)}] {run.image:<28} round {run.round + 1}: "
-             + ("failed" if metrics is None else f"score {metrics.score:.1f}, Output {metrics.output_tps:.1f} TPS"))
+             + ("failed" if metrics is None
+                else f"weighted_tps {metrics.weighted_tps:.1f}, Output {metrics.output_tps:.1f} TPS"))
         return metrics
 
     full_resolved = subset_resolved(resolved, plan.full, suffix="ablate")
@@ -232,7 +233,8 @@ def ablate_in_place(resolved: Resolved, workload: Workload, in_place: Any, *, st
                             runs.append(None)
                         got = runs[-1]
                         echo(f"    round {r + 1}: " + ("failed" if got is None else
-                                                       f"score {got.score:.1f}, Output {got.output_tps:.1f} TPS"))
+                                                       f"weighted_tps {got.weighted_tps:.1f}, Output "
+                                                       f"{got.output_tps:.1f} TPS"))
                     if equiv and slot.index == 0:
                         reference = collect_reference(server.url, settings.prompts, top_k=settings.top_k,
                                                       greedy_tokens=settings.greedy_tokens)

@@ -34,6 +34,7 @@ from .model import (
     Manifest,
     PackageSpec,
     Profile,
+    ReplaySettings,
     RunOptions,
     ServingSpec,
     SmokeSettings,
@@ -287,6 +288,11 @@ class _Builder:
             default_profile=raw.get("default_profile"),
             smoke=smoke,
             equiv=equiv_settings(raw.get("equiv")),
+            replay=ReplaySettings(
+                time_cap=None if raw.get("replay", {}).get("time_cap") is None
+                else float(raw["replay"]["time_cap"]),
+                gate=tuple(raw.get("replay", {}).get("gate", ())),
+            ),
         )
 
     def check_profiles(self, kp: tuple[str | int, ...], profiles: Mapping[str, Profile], default: str | None) -> None:

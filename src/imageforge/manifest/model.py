@@ -213,6 +213,15 @@ class VerifySpec:
 
 
 @dataclass(frozen=True)
+class ReplaySettings:
+    """How ``bench --replay`` treats a target: the evaluator's time cap (seconds from the first request sent;
+    None: the bench's --duration) and the redline sources that exit 4 (``competition``, ``harness``)."""
+
+    time_cap: float | None = None
+    gate: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class SmokeSettings:
     suite: Path | None
     tags: tuple[str, ...]
@@ -234,6 +243,7 @@ class Target:
     default_profile: str | None
     smoke: SmokeSettings
     equiv: EquivSettings = field(default_factory=EquivSettings)
+    replay: ReplaySettings = field(default_factory=ReplaySettings)
 
     def profile_chain(self, name: str) -> tuple[Profile, ...]:
         """``name`` and its ``extends`` ancestors, root first."""

@@ -236,6 +236,7 @@ class ValidationSummary:
     manifest: Manifest
     resolved: tuple[Resolved, ...]
     notes: tuple[str, ...] = ()  # what the serving-flag check said per target (imageforge.flags.images)
+    warnings: tuple[str, ...] = ()  # evaluator checks the serving values make fail (imageforge.flags.evaluator)
 
     def to_json(self) -> dict[str, Any]:
         targets: dict[str, Any] = {}
@@ -254,6 +255,7 @@ class ValidationSummary:
             "default_target": self.manifest.default_target,
             "targets": targets,
             "notes": list(self.notes),
+            "warnings": list(self.warnings),
         }
 
     def text(self) -> str:
@@ -267,7 +269,8 @@ class ValidationSummary:
             lines.append(
                 f"  target {name}{default}: {len(target.steps)} steps; profiles {profiles}"
             )
-        return "\n".join([*lines, *(f"  {note}" for note in self.notes)])
+        return "\n".join([*lines, *(f"  {note}" for note in self.notes),
+                          *(f"  warning: {w}" for w in self.warnings)])
 
 
 def validate_all(manifest: Manifest) -> ValidationSummary:

@@ -15,7 +15,7 @@ from ..serve.container import serving
 from ..serve.openai_wire import check_url
 from ..serve.waits import probe_health, wait_healthy
 from .report import LOG_TAIL, interesting_lines, print_failures, write_reports
-from .results import SmokeReport
+from .results import SKIP, CheckResult, SmokeReport
 from .runner import Runner, ServerHooks
 from .suite import DEFAULT_TAGS, Suite, load_suite
 from .table import LiveTable
@@ -39,10 +39,13 @@ def run_suite(
     profile: str | None = None,
     startup_seconds: float | None = None,
     transport: Any = None,
+    params: Mapping[str, Any] | Sequence[str] | None = None,
 ) -> SmokeReport:
     """Run the checks of ``suite`` selected by ``tags`` against ``url``; write the reports.
 
-    ``transport`` (an httpx transport) replaces the network, for tests.
+    ``transport`` (an httpx transport) replaces the network, for tests. ``params``: the suite's parameters
+    (``NAME=VALUE`` texts or a mapping; the rest keep their defaults; an unknown one is a ConfigError).
+    The report lists every check of the suite: those the tags leave out as skipped, with why.
 
     Returns the report (``report.ok`` says whether everything passed); raises SmokeError only
     when no server answers at all.
@@ -50,8 +53,10 @@ def run_suite(
     run_id = run_id or new_run_id()
     t0 = time.monotonic()
     checks = suite.select(tags)
+    resolved_params = suite.resolve_params(params)
     hooks = hooks or ServerHooks()
-    runner = Runner(suite, url, tags=tags, vars=vars, hooks=hooks, echo=echo, transport=transport)
+    runner = Runner(suite, url, tags=tags, vars=vars, hooks=hooks, echo=echo, transport=transport,
+                    params=resolved_params)
     try:
         first = probe_health(runner.http, timeout=10)
         if first.connect_failed:
@@ -64,6 +69,8 @@ def run_suite(
         runner.prepare()
         echo(f"smoke {suite.name} ({suite.path}): {len(checks)} checks tagged {', '.join(tags) or 'any'} "
              f"against {url}  run {run_id}")
+        if suite.params:
+            echo("  parameters: " + ", ".join(f"{k}={v}" for k, v in resolved_params.items()))
         for problem in runner.setup_problems:
             echo(f"  warning: {problem}")
         with LiveTable(checks, echo=echo, console=console, live=live) as table:
@@ -71,9 +78,13 @@ def run_suite(
     finally:
         runner.close()
     seconds = time.monotonic() - t0
+    chosen = {c.id for c in checks}
+    left_out = [CheckResult(c, status=SKIP, message=suite.not_selected_reason(c, tags))
+                for c in suite.checks if c.id not in chosen]
     report = SmokeReport(run_id=run_id, suite=suite, url=url, tags=tuple(tags), results=results, started=t0,
                          seconds=seconds, run_dir=run_dir, target=target, profile=profile,
-                         server_problem=runner.server_down, startup_seconds=startup_seconds)
+                         server_problem=runner.server_down, startup_seconds=startup_seconds,
+                         not_selected=left_out, params=resolved_params)
     if not report.ok and hooks.log_tail is not None:
         with contextlib.suppress(Exception):
             report.log_tail = hooks.log_tail(LOG_TAIL)
@@ -121,16 +132,18 @@ def suite_for(resolved: Any, explicit: str | None) -> Path:
 
 
 def smoke_url(url: str, *, suite_path: Path, tags: Sequence[str], run_root: Path, echo: Log = print,
-              vars: Mapping[str, Any] | None = None, wait: float = 0.0, target: str | None = None) -> SmokeReport:
+              vars: Mapping[str, Any] | None = None, wait: float = 0.0, target: str | None = None,
+              params: Sequence[str] = ()) -> SmokeReport:
     """``invoke smoke --url``: a server somebody else started (``target``: the one --target named, for the
     report)."""
     check_url(url)
     suite = load_suite(suite_path)
+    suite.resolve_params(params)  # an unknown or refused --param: exit 2 before anything is sent
     if wait > 0:
         _wait_for_url(url, wait, echo)
     run_id = new_run_id()
     return run_suite(suite, url, tags=tags, run_id=run_id, run_dir=run_root / ".imageforge" / "runs" / run_id,
-                     vars=vars, echo=echo, target=target)
+                     vars=vars, echo=echo, target=target, params=params)
 
 
 def _wait_for_url(url: str, timeout: float, echo: Log) -> None:
@@ -142,7 +155,7 @@ def smoke_target(resolved: Any, *, environ: Mapping[str, str] | None = None, sui
                  tags: Sequence[str] | None = None, echo: Log = print, base: bool = False,
                  build_image: bool = True, port: int | None = None, live: bool | None = None,
                  startup_timeout: float | None = None, host_address: str | None = None,
-                 in_place: Any = None) -> SmokeReport:
+                 in_place: Any = None, params: Sequence[str] = ()) -> SmokeReport:
     """``invoke smoke --target T --profile P``: build if needed, serve, run the suite, always remove.
 
     The server is published on and reached at ``host_address`` (default: from ``environ``, else 127.0.0.1).
@@ -153,6 +166,7 @@ def smoke_target(resolved: Any, *, environ: Mapping[str, str] | None = None, sui
 
     environ = os.environ if environ is None else environ
     suite = load_suite(suite_for(resolved, str(suite_path) if suite_path else None))
+    suite.resolve_params(params)  # an unknown or refused --param: exit 2 before any build or start
     selected_tags = tuple(tags) if tags else (tuple(resolved.target.smoke.tags) or DEFAULT_TAGS)
     run_id = new_run_id()
     with serve(resolved, environ=environ, base=base, port=port, build_image=build_image, run_id=run_id,
@@ -165,4 +179,4 @@ def smoke_target(resolved: Any, *, environ: Mapping[str, str] | None = None, sui
         return run_suite(suite, server.url, tags=selected_tags, run_id=run_id, run_dir=server.run_dir,
                          vars=target_vars(resolved), hooks=hooks, echo=echo, live=live,
                          target=resolved.target.name, profile=server.profile,
-                         startup_seconds=server.startup_seconds)
+                         startup_seconds=server.startup_seconds, params=params)

@@ -83,6 +83,80 @@ def _concat(items: Iterable[Any]) -> str:
     return "".join("" if item is None else str(item) for item in items)
 
 
+# --------------------------------------------------------------------------- a chat message's reasoning and answer
+# Servers and routers carry a model's thinking differently: a message field (`reasoning_content` in vLLM 0.6,
+# `reasoning` in newer vLLM and routers, `thinking`, a `reasoning_details` list of parts), or, with no reasoning
+# parser, a leading <think>...</think> block left in `content` (unclosed when generation stopped inside it).
+# The evaluator judges the visible answer and any of these transports alike; these functions do the same.
+
+REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
+_LEADING_THINK = re.compile(r"\s*<(think|thinking)>(?P<inner>.*?)(?:</(?:think|thinking)>|\Z)",
+                            re.DOTALL | re.IGNORECASE)
+
+
+def as_text(value: Any) -> str:
+    """A message field as text: a string, null, a list of typed parts, or a part mapping."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(as_text(part.get("text") if isinstance(part, Mapping) else part) for part in value)
+    if isinstance(value, Mapping):
+        return as_text(value.get("text") or value.get("content"))
+    return str(value)
+
+
+def _message(obj: Any) -> Mapping[str, Any]:
+    """A chat message: the mapping itself, or a response's first choice's message."""
+    if isinstance(obj, Mapping) and isinstance(obj.get("choices"), list):
+        choices = obj["choices"]
+        first = choices[0] if choices and isinstance(choices[0], Mapping) else {}
+        obj = first.get("message") or {}
+    return obj if isinstance(obj, Mapping) else {}
+
+
+def reasoning_field(obj: Any) -> str:
+    """The reasoning a parser put in a field of the message (inline <think> text is not counted)."""
+    message = _message(obj)
+    for name in REASONING_FIELDS:
+        text = as_text(message.get(name))
+        if text:
+            return text
+    details = message.get("reasoning_details")
+    if isinstance(details, list):
+        return "".join(as_text(d.get("text") or d.get("summary")) for d in details if isinstance(d, Mapping))
+    return ""
+
+
+def _split_leading_think(content: str) -> tuple[str, str]:
+    match = _LEADING_THINK.match(content)
+    if match is None:
+        return "", content
+    return match.group("inner"), content[match.end():]
+
+
+def inline_reasoning(obj: Any) -> str:
+    """The leading <think> block left in the content by a deployment without a reasoning parser."""
+    return _split_leading_think(as_text(_message(obj).get("content")))[0]
+
+
+def reasoning(obj: Any) -> str:
+    """The reasoning by any transport: a message field, else the content's leading <think> block."""
+    return reasoning_field(obj) or inline_reasoning(obj)
+
+
+def visible(obj: Any) -> str:
+    """The answer a user sees: the content without a leading <think> block."""
+    return _split_leading_think(as_text(_message(obj).get("content")))[1]
+
+
+def _occurrences(text: Any, part: Any) -> int:
+    if not isinstance(text, str) or not isinstance(part, str) or not part:
+        raise ExprError("occurrences(text, part) needs two strings, part not empty")
+    return text.count(part)
+
+
 FUNCTIONS: Mapping[str, Callable[..., Any]] = MappingProxyType({
     "len": len,
     "sum": sum,
@@ -109,6 +183,13 @@ FUNCTIONS: Mapping[str, Callable[..., Any]] = MappingProxyType({
     "fullmatch": lambda pattern, text: re.fullmatch(pattern, text) is not None,
     "search": lambda pattern, text: re.search(pattern, text) is not None,
     "count": lambda items, value: list(items).count(value),
+    "occurrences": _occurrences,
+    "strip": lambda text: as_text(text).strip(),
+    "lower": lambda text: as_text(text).lower(),
+    "reasoning": reasoning,
+    "reasoning_field": reasoning_field,
+    "inline_reasoning": inline_reasoning,
+    "visible": visible,
 })
 
 _ALLOWED_NODES = (

@@ -87,6 +87,7 @@ class CheckResult:
             "seconds": round(self.seconds, 4),
             "latency_ms": None if self.latency is None else round(self.latency * 1000, 1),
             "message": self.message,
+            "why": self.message if self.status == SKIP else None,
             "failures": list(self.failures),
             "exchanges": [e.to_json() for e in self.exchanges[:4]],
         }
@@ -109,6 +110,8 @@ class SmokeReport:
     startup_seconds: float | None = None
     json_path: Path | None = None
     junit_path: Path | None = None
+    not_selected: list[CheckResult] = field(default_factory=list)  # listed as skipped, not counted below
+    params: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> int:
@@ -129,6 +132,12 @@ class SmokeReport:
     def summary_line(self) -> str:
         return summary_line(self.passed, self.failed, self.skipped)
 
+    def every_check(self) -> list[CheckResult]:
+        """The results of every check of the suite in its order: those run, and those the tags left out."""
+        by_id = {r.check.id: r for r in (*self.results, *self.not_selected)}
+        ordered = [by_id.pop(c.id) for c in self.suite.checks if c.id in by_id]
+        return ordered + list(by_id.values())
+
     def to_json(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id,
@@ -141,12 +150,14 @@ class SmokeReport:
             "passed": self.passed,
             "failed": self.failed,
             "skipped": self.skipped,
+            "not_selected": len(self.not_selected),
             "ok": self.ok,
+            "params": dict(self.params),
             "seconds": round(self.seconds, 3),
             "startup_seconds": None if self.startup_seconds is None else round(self.startup_seconds, 3),
             "server_problem": self.server_problem,
             "summary": self.summary_line(),
-            "checks": [r.to_json() for r in self.results],
+            "checks": [r.to_json() for r in self.every_check()],
             "log_tail": list(self.log_tail),
         }
 

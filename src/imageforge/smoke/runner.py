@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import ChainMap
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -46,11 +47,13 @@ class ServerHooks:
 class Runner:
     def __init__(self, suite: Suite, url: str, *, tags: Sequence[str], vars: Mapping[str, Any] | None = None,
                  hooks: ServerHooks | None = None, echo: Log = print, concurrency: int | None = None,
-                 transport: Any = None) -> None:
+                 transport: Any = None, params: Mapping[str, Any] | None = None) -> None:
         self.suite = suite
         self.url = url.rstrip("/")
         self.tags = tuple(tags)
-        self.provided = dict(vars or {})
+        # the suite's parameters (defaults, or resolved --param values) are names like the runner's vars
+        self.params = suite.resolve_params() if params is None else dict(params)
+        self.provided = {**dict(vars or {}), **self.params}
         self.hooks = hooks or ServerHooks()
         self.echo = echo
         self.concurrency = concurrency or suite.concurrency
@@ -112,13 +115,34 @@ class Runner:
                 ex.body = None
         return ex
 
+    def scope(self) -> Mapping[str, Any]:
+        """The names templates see outside a check: every variable, and ``vars`` (all of them, as a mapping:
+        ``get(vars, 'x')`` for one that setup may not have bound)."""
+        return ChainMap({"vars": self.names}, self.names)
+
     def render_request(self, request: Request) -> tuple[str, Any]:
-        names = self.names
+        names = self.scope()
         endpoint = str(render(request.endpoint, names))
         body = render(request.body, names) if request.body is not None else None
+        if request.merge is not None and isinstance(body, dict):
+            extra = render(request.merge, names)
+            if extra is not None and not isinstance(extra, Mapping):
+                raise ExprError(f"merge gave {type(extra).__name__}, not a mapping: {short(extra, 80)}")
+            for key, value in (extra or {}).items():
+                if isinstance(value, Mapping) and isinstance(body.get(key), Mapping):
+                    body[key] = {**body[key], **value}
+                else:
+                    body[key] = value
         if request.stream and isinstance(body, dict):
             body["stream"] = True
         return endpoint, body
+
+    def send_request(self, request: Request, endpoint: str, body: Any) -> Exchange:
+        """``request`` sent as rendered (after its ``delay``)."""
+        if request.delay > 0:
+            time.sleep(request.delay)
+        return self.send(request.method, endpoint, body=body, raw_body=request.raw_body, headers=request.headers,
+                         stream=request.stream, timeout=request.timeout)
 
     # -- setup ------------------------------------------------------------------
 
@@ -137,11 +161,11 @@ class Runner:
             except ExprError as exc:
                 self.setup_problems.append(f"setup {step.id}: {exc}")
                 continue
-            ex = self.send(step.request.method, endpoint, body=body, raw_body=step.request.raw_body,
-                           headers=step.request.headers, timeout=step.request.timeout)
+            ex = self.send_request(step.request, endpoint, body)
             if ex.error or ex.status != 200 or ex.body is None:
-                why = ex.error or f"HTTP {ex.status}: {short(ex.text, 200)}"
-                self.setup_problems.append(f"setup {step.id} ({step.request.method} {endpoint}) failed: {why}")
+                if not step.optional:
+                    why = ex.error or f"HTTP {ex.status}: {short(ex.text, 200)}"
+                    self.setup_problems.append(f"setup {step.id} ({step.request.method} {endpoint}) failed: {why}")
                 continue
             for name, path in step.bind.items():
                 if name in self.provided:
@@ -155,9 +179,16 @@ class Runner:
                     self.setup_problems.append(f"setup {step.id}: {path} matched {len(matches)} values, "
                                                f"expected exactly 1 (to bind {name})")
             self._fill(pending)
+        # once every setup step has run, the variables again from scratch: one that read a binding of a later
+        # (or optional, failed) step through get(vars, ...) had rendered without it
+        bound = {name for step in self.suite.setup for name in step.bind}
+        pending = {k: v for k, v in self.suite.vars.items() if k not in self.provided and k not in bound}
+        for name in pending:
+            self.names.pop(name, None)
+        self._fill(pending)
         for name, value in pending.items():
             try:
-                render(value, self.names)
+                render(value, self.scope())
             except ExprError as exc:
                 self.setup_problems.append(f"variable {name}: {exc}")
 
@@ -168,7 +199,7 @@ class Runner:
             progressed = False
             for name, value in list(pending.items()):
                 try:
-                    self.names[name] = render(value, self.names)
+                    self.names[name] = render(value, self.scope())
                 except ExprError:
                     continue
                 del pending[name]
@@ -220,6 +251,8 @@ class Runner:
         if self.server_down:
             result.fail(f"not run: the server is down ({self.server_down})")
             return
+        if self._skipped_by_rule(check, result, self.scope(), before=True):
+            return
         req = check.request
         try:
             endpoint, body = self.render_request(req)
@@ -235,8 +268,7 @@ class Runner:
                 return
 
         def one(_: int) -> Exchange:
-            return self.send(req.method, endpoint, body=body, raw_body=req.raw_body, headers=req.headers,
-                             stream=req.stream, timeout=req.timeout)
+            return self.send_request(req, endpoint, body)
 
         if req.repeat == 1:
             exchanges = [one(0)]
@@ -272,9 +304,7 @@ class Runner:
             except ExprError as exc:
                 result.fail(f"cannot render the reference request: {exc}")
                 return
-            ref = self.send(check.reference.method, ref_endpoint, body=ref_body, raw_body=check.reference.raw_body,
-                            headers=check.reference.headers, stream=check.reference.stream,
-                            timeout=check.reference.timeout)
+            ref = self.send_request(check.reference, ref_endpoint, ref_body)
             result.exchanges.append(ref)
             if ref.error or ref.status != 200:
                 result.fail(f"the reference request {check.reference.method} {ref_endpoint} failed: "
@@ -283,6 +313,10 @@ class Runner:
             reference = (ref_body, ref.body)
 
         bodies = [e.body for e in exchanges]
+        if check.skip_if:
+            names = namespace(body, exchanges[0], bodies, non_stream, reference, self.names)
+            if self._skipped_by_rule(check, result, names, before=False):
+                return
         for i, ex in enumerate(exchanges):
             prefix = f"[{i + 1}/{len(exchanges)}] " if len(exchanges) > 1 else ""
             names = namespace(body, ex, bodies, non_stream, reference, self.names)
@@ -302,6 +336,22 @@ class Runner:
             health = probe_health(self.http, timeout=10)
             if not health.ok:
                 result.fail(f"the server is not healthy after the check: {health.error or health.short}")
+
+    def _skipped_by_rule(self, check: Check, result: CheckResult, names: Mapping[str, Any], *, before: bool) -> bool:
+        """Mark ``result`` skipped by the first of the check's ``skip_if`` rules (of this phase) that holds."""
+        for rule in check.skip_if:
+            if rule.before != before:
+                continue
+            try:
+                holds = rule.when.evaluate(names)
+                why = str(render(rule.why, names)) if holds else ""
+            except ExprError as exc:
+                result.fail(f"skip_if {rule.when.text!r} ({rule.location}): {exc}")
+                return True
+            if holds:
+                result.status, result.message = SKIP, why
+                return True
+        return False
 
     # -- metrics ------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ is sent: JSONPath and regular expressions compile, expressions and templates par
 
 from __future__ import annotations
 
+import base64
 import copy
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -42,6 +43,8 @@ class Request:
     repeat: int = 1
     concurrency: int = 1
     timeout: float = DEFAULT_TIMEOUT
+    merge: Any = None  # a mapping (template) merged into the rendered body
+    delay: float = 0.0  # seconds to wait before sending
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,37 @@ class Expectations:
 
 
 @dataclass(frozen=True)
+class SkipRule:
+    """Report the check as skipped (``why``) when ``when`` holds: before the request (variables only) or
+    after the answer (the check's names)."""
+
+    when: Expr
+    why: str
+    before: bool
+    location: Location
+
+
+@dataclass(frozen=True)
+class Param:
+    """A suite parameter: a named value with a default that ``smoke --param NAME=VALUE`` changes."""
+
+    name: str
+    default: Any
+    description: str
+    schema: Mapping[str, Any] | None
+    location: Location
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is not allowed (None: it is)."""
+        if self.schema is None:
+            return None
+        from jsonschema import Draft202012Validator
+
+        errors = sorted(Draft202012Validator(self.schema).iter_errors(value), key=str)
+        return errors[0].message if errors else None
+
+
+@dataclass(frozen=True)
 class Check:
     id: str
     request: Request
@@ -104,6 +138,7 @@ class Check:
     serial: bool = False
     skip: str | None = None
     reference: Request | None = None
+    skip_if: tuple[SkipRule, ...] = ()
 
     def selected(self, tags: Iterable[str]) -> bool:
         wanted = set(tags)
@@ -117,6 +152,7 @@ class SetupStep:
     bind: Mapping[str, str]
     all_matches: bool
     location: Location
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,10 +165,60 @@ class Suite:
     checks: tuple[Check, ...]
     concurrency: int
     schemas: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: MappingProxyType({}))
+    params: Mapping[str, Param] = field(default_factory=lambda: MappingProxyType({}))
+    tag_notes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def select(self, tags: Iterable[str]) -> tuple[Check, ...]:
         tags = tuple(tags)
         return tuple(c for c in self.checks if c.selected(tags))
+
+    def not_selected_reason(self, check: Check, tags: Sequence[str]) -> str:
+        """Why a run selecting ``tags`` leaves ``check`` out: its tags, and what they mean where the suite says."""
+        notes = "; ".join(f"{t}: {self.tag_notes[t]}" for t in check.tags if t in self.tag_notes)
+        return (f"not selected: tagged {', '.join(check.tags)}, the run selected {', '.join(tags) or 'any'}"
+                + (f" ({notes})" if notes else ""))
+
+    def resolve_params(self, given: Mapping[str, str] | Sequence[str] | None = None) -> dict[str, Any]:
+        """Every parameter's value: its default, or ``given`` (``NAME=VALUE`` texts, or a mapping of texts or
+        values). A text value is read as YAML (``4096`` is a number, ``on`` stays text). Raises ConfigError
+        (exit 2) for an unknown name or a value its schema refuses, naming the parameters there are."""
+        import yaml
+
+        values = {name: p.default for name, p in self.params.items()}
+        pairs: list[tuple[str, Any]] = []
+        if isinstance(given, Mapping):
+            pairs = list(given.items())
+        else:
+            for item in given or ():
+                name, sep, text = item.partition("=")
+                if not sep or not name.strip():
+                    raise ConfigError(f"--param {item!r} is not NAME=VALUE", expected="NAME=VALUE, e.g. "
+                                      "max_context_tokens=2048", hint=self._params_hint())
+                pairs.append((name.strip(), text))
+        for name, raw in pairs:
+            if name not in self.params:
+                raise ConfigError(f"suite {self.name!r} has no parameter {name!r}", location=Location(str(self.path)),
+                                  expected=self._params_hint(), hint=did_you_mean(name, self.params))
+            param = self.params[name]
+            value = raw
+            if isinstance(raw, str):
+                try:
+                    loaded = yaml.safe_load(raw) if raw.strip() else raw
+                except yaml.YAMLError:
+                    loaded = raw
+                # the YAML reading unless only the text fits (`on` is a word to a string parameter)
+                value = raw if param.problem(loaded) is not None and param.problem(raw) is None else loaded
+            problem = param.problem(value)
+            if problem is not None:
+                raise ConfigError(f"--param {name}={raw}: {problem}", location=param.location,
+                                  expected=param.description)
+            values[name] = value
+        return values
+
+    def _params_hint(self) -> str:
+        if not self.params:
+            return "this suite has no parameters"
+        return "parameters: " + ", ".join(f"{n} (default {p.default!r})" for n, p in self.params.items())
 
 
 # --------------------------------------------------------------------------- loading
@@ -182,6 +268,9 @@ class _SuiteLoader:
     def request(self, kp: tuple[str | int, ...], raw: Mapping[str, Any]) -> Request:
         body = raw.get("body")
         self.templates((*kp, "body"), body)
+        self.templates((*kp, "merge"), raw.get("merge"))
+        if "merge" in raw and not isinstance(body, Mapping):
+            self.problem((*kp, "merge"), "merge needs a JSON object body", found=json_type(body))
         self.templates((*kp, "endpoint"), raw["endpoint"])
         headers = {**self.defaults.get("headers", {}), **raw.get("headers", {})}
         method = raw.get("method") or ("POST" if "body" in raw or "raw_body" in raw else "GET")
@@ -201,6 +290,8 @@ class _SuiteLoader:
             repeat=int(raw.get("repeat", 1)),
             concurrency=int(raw.get("concurrency", 1)),
             timeout=float(raw.get("timeout", self.defaults.get("timeout", DEFAULT_TIMEOUT))),
+            merge=copy.deepcopy(raw.get("merge")),
+            delay=float(raw.get("delay", 0.0)),
         )
 
     def path_expectation(self, kp: tuple[str | int, ...], raw: Mapping[str, Any]) -> PathExpectation | None:
@@ -310,7 +401,29 @@ class _SuiteLoader:
             serial=serial,
             skip=raw.get("skip"),
             reference=self.request((*kp, "reference"), raw["reference"]) if "reference" in raw else None,
+            skip_if=self.skip_rules((*kp, "skip_if"), raw.get("skip_if", [])),
         )
+
+    def skip_rules(self, kp: tuple[str | int, ...], raw: Sequence[Mapping[str, Any]]) -> tuple[SkipRule, ...]:
+        rules: list[SkipRule] = []
+        for i, item in enumerate(raw):
+            expr = self.expression((*kp, i, "when"), item["when"])
+            self.templates((*kp, i, "why"), item["why"])
+            if expr is not None:
+                rules.append(SkipRule(expr, item["why"], bool(item.get("before", False)), self.doc.location((*kp, i))))
+        return tuple(rules)
+
+    def params(self, raw: Mapping[str, Any]) -> dict[str, Param]:
+        out: dict[str, Param] = {}
+        for name, item in raw.items():
+            kp: tuple[str | int, ...] = ("params", name)
+            schema = self.named_schema((*kp, "schema"), item["schema"]) if "schema" in item else None
+            param = Param(name, item["default"], item["description"], schema, self.doc.location(kp))
+            problem = param.problem(param.default)
+            if problem is not None:
+                self.problem((*kp, "default"), f"the default does not satisfy the parameter's schema: {problem}")
+            out[name] = param
+        return out
 
     def setup_step(self, index: int, raw: Mapping[str, Any]) -> SetupStep:
         kp: tuple[str | int, ...] = ("setup", index)
@@ -321,7 +434,7 @@ class _SuiteLoader:
                 self.problem((*kp, "bind", name), f"invalid JSONPath: {str(exc).splitlines()[0]}", found=path)
         return SetupStep(raw["id"], self.request((*kp, "request"), raw["request"]),
                          MappingProxyType(dict(raw["bind"])), bool(raw.get("all", False)),
-                         self.doc.location((*kp, "id")))
+                         self.doc.location((*kp, "id")), optional=bool(raw.get("optional", False)))
 
 
 def load_suite(path: Path | str, *, _seen: tuple[Path, ...] = ()) -> Suite:
@@ -354,10 +467,26 @@ def load_suite(path: Path | str, *, _seen: tuple[Path, ...] = ()) -> Suite:
             loader.schemas.setdefault(name, schema)
 
     vars_: dict[str, Any] = {}
+    params: dict[str, Param] = {}
+    tag_notes: dict[str, str] = {}
     for sub in included:
         vars_.update(sub.vars)
+        params.update(sub.params)
+        tag_notes.update(sub.tag_notes)
+    params.update(loader.params(data.get("params", {})))
+    tag_notes.update(data.get("tags", {}))
+    for name, rel in data.get("files", {}).items():
+        file = path.parent / rel
+        if not file.is_file():
+            errors.add(doc.problem(("files", name), "file does not exist", expected=f"a file at {file}",
+                                   hint="files paths are relative to the suite"))
+            continue
+        vars_[name] = base64.b64encode(file.read_bytes()).decode("ascii")
     for name, value in data.get("vars", {}).items():
         loader.templates(("vars", name), value)
+        if name in params:
+            errors.add(doc.problem(("vars", name), f"{name!r} is a parameter of the suite and a variable",
+                                   hint="a parameter is set with --param; rename the variable"))
         vars_[name] = value
 
     setup: list[SetupStep] = [s for sub in included for s in sub.setup]
@@ -391,6 +520,8 @@ def load_suite(path: Path | str, *, _seen: tuple[Path, ...] = ()) -> Suite:
         checks=tuple(checks),
         concurrency=concurrency,
         schemas=MappingProxyType(dict(loader.schemas)),
+        params=MappingProxyType(params),
+        tag_notes=MappingProxyType(tag_notes),
     )
     return suite
 

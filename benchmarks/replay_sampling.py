@@ -1,0 +1,113 @@
+"""Does a sampled replay's interval hold the full replay's weighted_tps? (issue 33 item 6; bench/RESULTS.md,
+"Replay metrics against a second client")
+
+Usage: .venv/bin/python benchmarks/replay_sampling.py --url http://127.0.0.1:PORT [--requests 120] [--seed 7]
+       [--sample 30] [--seeds 10] [--out FILE]
+
+One running server.  The workload is imageforge's generated replay (``--requests`` from ``--seed``).  Runs are
+interleaved: the full replay, then the sampled replays of seeds 0..``--seeds``-1 (``--sample`` requests of whole
+sessions each: :func:`imageforge.bench.sampling.choose`), with a full replay again after every half of them, so
+slow drift of the shared machine reaches both sides.  Every run starts from a cold prefix cache of its own: its
+requests' first system message starts with the run's own tag (a few tokens), so no run reads another's cache
+while the sharing inside a run (sessions, shared heads) stays as it is.  The A/A is the full replays against each
+other.  Per seed: the predicted interval and whether it holds the full replays' mean weighted_tps.  Prints one
+JSON object (and writes it to ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from imageforge.bench.evaluator import evaluate  # noqa: E402
+from imageforge.bench.replay import ReplayOptions, discover_model, replay_workload, run_replay  # noqa: E402
+from imageforge.bench.replay_workload import ReplayRequest  # noqa: E402
+from imageforge.bench.sampling import choose, predict, sessions  # noqa: E402
+
+
+def tagged(requests: Sequence[ReplayRequest], tag: str) -> list[ReplayRequest]:
+    """The requests with ``tag`` in front of their first system message: a prefix cache of their own."""
+    out = []
+    for r in requests:
+        body = copy.deepcopy(r.body)
+        first = next(m for m in body["messages"] if m.get("role") == "system")
+        first["content"] = f"[{tag}] {first['content']}"
+        out.append(ReplayRequest(body, r.meta, r.source))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--requests", type=int, default=120)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--sample", type=int, default=30)
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    model, server_len = discover_model(args.url)
+    with tempfile.TemporaryDirectory() as tmp:
+        requests, workload = replay_workload(ReplayOptions(requests=args.requests, seed=args.seed), args.url,
+                                             model, server_len, Path(tmp))
+    population = sessions(requests)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    runs = 0
+
+    def replay(chosen_requests: Sequence[ReplayRequest]) -> Any:
+        nonlocal runs
+        runs += 1
+        return run_replay(tagged(chosen_requests, f"run {runs} {started}"), args.url, time_cap=86400.0)
+
+    full: list[dict[str, Any]] = []
+    samples: list[dict[str, Any]] = []
+
+    def full_run() -> None:
+        run = replay(requests)
+        m = evaluate(run.records, run.wall_s).metrics
+        full.append({"weighted_tps": m["weighted_tps"], "wall_s": run.wall_s, "failed": m["error_requests"],
+                     "load": round(os.getloadavg()[0], 2)})
+        print(json.dumps({"full": full[-1]}), file=sys.stderr)
+
+    full_run()
+    for seed in range(args.seeds):
+        chosen = choose(population, args.sample, seed)
+        run = replay([requests[i] for s in chosen for i in s.requests])
+        p = predict(chosen, population, run.records, run.wall_s)
+        samples.append({"seed": seed, "requests": p["requests_sampled"], "sessions": p["sessions_sampled"],
+                        "weighted_tps": p["weighted_tps"], "wall_time_s": p["wall_time_s"],
+                        "head_corrections": p["head_corrections"], "load": round(os.getloadavg()[0], 2)})
+        print(json.dumps({"sample": samples[-1]}), file=sys.stderr)
+        if seed + 1 == args.seeds // 2:
+            full_run()
+    full_run()
+    truth = statistics.fmean(f["weighted_tps"] for f in full)
+    for s in samples:
+        s["holds"] = s["weighted_tps"]["low"] <= truth <= s["weighted_tps"]["high"]
+        s["half_width"] = round((s["weighted_tps"]["high"] - s["weighted_tps"]["low"]) / 2 / truth, 4)
+    result = {"started": started, "url": args.url, "model": model, "workload": workload["stats"],
+              "sessions": len(population), "sample": args.sample, "cpus": os.cpu_count(),
+              "full": full, "full_mean_weighted_tps": truth,
+              "full_spread": [min(f["weighted_tps"] for f in full) / truth,
+                              max(f["weighted_tps"] for f in full) / truth],
+              "held": sum(1 for s in samples if s["holds"]), "seeds": args.seeds, "samples": samples}
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

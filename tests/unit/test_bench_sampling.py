@@ -1,0 +1,152 @@
+"""Sampled replays: sessions found by content, stratified whole-session samples, the full replay predicted.
+
+The prediction is checked against a simulated server (a prefix cache over whole messages; time = a fixed cost +
+uncached tokens / a prefill rate + output tokens / a decode rate), whose full replay is the truth.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from imageforge.bench.evaluator import RequestRecord, evaluate
+from imageforge.bench.replay import ReplayOptions, replay_bench, replay_options
+from imageforge.bench.replay_workload import ReplayRequest, ReplaySpec, generate, write_jsonl
+from imageforge.bench.sampling import choose, predict, prediction_lines, sessions
+from imageforge.errors import ConfigError
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def _tokens(messages: Sequence[dict[str, Any]]) -> int:
+    return sum(words(str(m.get("content") or "")) + sum(words(c["function"]["arguments"])
+                                                        for c in m.get("tool_calls") or []) for m in messages)
+
+
+def _key(messages: Sequence[dict[str, Any]], tools: Any) -> str:
+    return hashlib.sha256(json.dumps([list(messages), tools], sort_keys=True).encode()).hexdigest()
+
+
+def simulate(requests: Sequence[ReplayRequest], order: Sequence[int]) -> list[RequestRecord]:
+    """One record per sent request: a prefix cache of whole messages, times from a fixed cost model."""
+    seen: set[str] = set()
+    out = []
+    for k, i in enumerate(order):
+        body = requests[i].body
+        messages, tools = body["messages"], body.get("tools")
+        tool_tokens = words(json.dumps(tools)) if tools else 0
+        prompt = _tokens(messages) + tool_tokens
+        cached = next((_tokens(messages[:cut]) + tool_tokens for cut in range(len(messages), 0, -1)
+                       if _key(messages[:cut], tools) in seen), 0)
+        seen.update(_key(messages[:cut], tools) for cut in range(1, len(messages) + 1))
+        completion = requests[i].planned_output or 1
+        ttft = 0.02 + (prompt - cached) / 4000
+        out.append(RequestRecord(k, 200, ttft_s=ttft, total_s=ttft + completion / 40, prompt_tokens=prompt,
+                                 completion_tokens=completion, cached_tokens=cached))
+    return out
+
+
+@pytest.fixture(scope="module")
+def workload() -> list[ReplayRequest]:
+    return generate(ReplaySpec(requests=300, max_model_len=4096, seed=11), words)
+
+
+def test_sessions_are_found_by_content(workload: list[ReplayRequest]) -> None:
+    found = sessions(workload)
+    # the generator's own session numbers are the truth: every found session is exactly one of them
+    truth: dict[int, list[int]] = {}
+    for i, r in enumerate(workload):
+        truth.setdefault(int((r.meta or {})["session"]), []).append(i)
+    assert sorted(s.requests for s in found) == sorted(tuple(v) for v in truth.values())
+    assert [s.index for s in found] == list(range(len(found)))
+    assert all(s.stratum.count("/") == 3 for s in found)
+    assert len({s.head for s in found}) <= 8  # 4 agent kinds, with and without tools
+
+
+def test_a_sample_is_whole_sessions_stratified_and_seeded(workload: list[ReplayRequest]) -> None:
+    found = sessions(workload)
+    a, b, c = choose(found, 60, 1), choose(found, 60, 1), choose(found, 60, 2)
+    assert a == b and a != c
+    assert [s.index for s in a] == sorted(s.index for s in a)  # replayed in file order
+    assert 45 <= sum(len(s.requests) for s in a) <= 80
+    assert {s.stratum for s in a} == {s.stratum for s in found}  # every stratum is in the sample
+    assert choose(found, 10_000, 0) == found
+
+
+def test_the_prediction_holds_against_the_full_replay(workload: list[ReplayRequest]) -> None:
+    population = sessions(workload)
+    full = simulate(workload, range(len(workload)))
+    truth_wall = sum(r.total_s or 0 for r in full)
+    truth = evaluate(full, truth_wall).metrics
+    hits, widths = 0, []
+    for seed in range(20):
+        chosen = choose(population, 80, seed)
+        order = [i for s in chosen for i in s.requests]
+        records = simulate(workload, order)
+        p = predict(chosen, population, records, sum(r.total_s or 0 for r in records), time_cap=3600.0)
+        w = p["weighted_tps"]
+        hits += w["low"] <= truth["weighted_tps"] <= w["high"]
+        widths.append((w["high"] - w["low"]) / 2 / truth["weighted_tps"])
+        assert p["cut_by_time_cap"] is False and p["requests_sampled"] == len(order)
+        assert p["platform_score"]["value"] == pytest.approx(w["value"] * 38.582)
+    assert hits >= 17, f"{hits} of 20 intervals hold the full replay's weighted_tps"
+    assert max(widths) < 0.25
+    # the wall-time prediction is near the truth, and a cap below it is said to cut the replay
+    chosen = choose(population, 80, 0)
+    records = simulate(workload, [i for s in chosen for i in s.requests])
+    p = predict(chosen, population, records, sum(r.total_s or 0 for r in records), time_cap=truth_wall / 2)
+    assert p["wall_time_s"] == pytest.approx(truth_wall, rel=0.25) and p["cut_by_time_cap"] is True
+    assert any("WOULD cut it" in line for line in prediction_lines(p))
+
+
+def test_the_shared_head_correction_moves_cold_heads_to_the_cached_term(workload: list[ReplayRequest]) -> None:
+    population = sessions(workload)
+    chosen = choose(population, 40, 3)
+    records = simulate(workload, [i for s in chosen for i in s.requests])
+    corrected = predict(chosen, population, records, sum(r.total_s or 0 for r in records))
+    assert corrected["head_corrections"] >= 1
+    truth = evaluate(simulate(workload, range(len(workload))), 1.0).metrics
+    # uncached tokens per request are over-counted by a sample's cold heads unless corrected: the corrected
+    # uncached_input_tpm is below the plain expansion of the sample's own rates
+    plain = evaluate(records, sum(r.total_s or 0 for r in records)).metrics
+    assert corrected["uncached_input_tpm"]["value"] < plain["uncached_input_tpm"]
+    assert truth["total_cached_tokens"] > 0
+
+
+def test_bench_replay_file_sample(tmp_path: Path) -> None:
+    path = write_jsonl(generate(ReplaySpec(requests=60, max_model_len=2048, seed=2), words), tmp_path / "w.jsonl")
+    sent: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "tiny", "max_model_len": 2048}]})
+        body = json.loads(request.content)
+        sent.append(body)
+        prompt = _tokens(body["messages"])
+        chunks = [{"choices": [{"delta": {"content": "x"}, "finish_reason": "length"}]},
+                  {"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": body["max_tokens"]
+                                            if "max_tokens" in body else body["max_completion_tokens"],
+                                            "prompt_tokens_details": {"cached_tokens": prompt // 2}}}]
+        content = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=content)
+
+    options = replay_options(str(path), "", sample=20, seed=4)
+    assert options is not None and options.sample == 20
+    lines: list[str] = []
+    result = replay_bench("http://127.0.0.1:9", options, tmp_path / "run", echo=lines.append,
+                          transport=httpx.MockTransport(handler))
+    assert result.prediction is not None and result.workload["sample"]["seed"] == 4
+    assert len(sent) == result.prediction["requests_sampled"] < 60
+    data = json.loads((tmp_path / "run" / "bench.json").read_text())
+    assert data["report"]["prediction"]["weighted_tps"]["low"] <= data["report"]["prediction"]["weighted_tps"]["high"]
+    assert any(line.startswith("PREDICTED full replay: weighted_tps") for line in result.lines())
+    with pytest.raises(ConfigError, match="--sample N takes"):
+        ReplayOptions(sample=5).validate()
