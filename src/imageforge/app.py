@@ -24,11 +24,11 @@ from .settings import Settings
 if TYPE_CHECKING:
     from .bench import SweepResult, Workload
     from .build import BuildResult
+    from .clean import CleanResult
     from .equiv.runner import EquivRun
     from .export import ExportResult
     from .forensics.ablate_runner import AblationRun
     from .forensics.bisect_runner import BisectRun
-    from .housekeeping import CleanResult
     from .manifest.model import Manifest
     from .manifest.resolve import Resolved, ValidationSummary
     from .patches.check import CheckReport
@@ -88,7 +88,7 @@ def _resolve(s: Settings, manifest: Manifest, target: str | None, profile: str |
 def validate(s: Settings, *, strict: bool = False) -> ValidationSummary:
     """`validate`: YAML, schema, files, paths and every profile of every target; the serving values of each
     against the evaluator's checks (warnings; ``strict``: exit 2 on one)."""
-    from .evaluator_preflight import report_risks
+    from .flags.evaluator import report_risks
     from .flags.images import check_validate
     from .manifest.resolve import validate_all
 
@@ -103,7 +103,7 @@ def plan(s: Settings, target: str | None, profile: str | None, sets: Sequence[st
     """`plan`: resolve, check the serving values against the evaluator (warnings; ``strict``: exit 2 on one,
     before anything else), then ask the daemon (when one answers) what is cached."""
     from .base import daemon_probe
-    from .evaluator_preflight import report_risks
+    from .flags.evaluator import report_risks
     from .flags.images import check_resolved
     from .plan import PlanReport, make_plan
 
@@ -203,7 +203,7 @@ def patch_from(s: Settings, target: str | None, file: str, edited: str, *, again
 
 def lock(s: Settings, target: str | None) -> tuple[Path, dict[str, Any]]:
     """`lock`: write the target's entry of build.lock."""
-    from .housekeeping import write_lock
+    from .lock import write_lock
 
     return write_lock(_resolve(s, load(s), target, None), s.environ)
 
@@ -219,7 +219,7 @@ def export(s: Settings, target: str | None, profile: str | None, *, out: str | N
 
 def clean(s: Settings, *, keep: int, dry_run: bool, target: str | None, min_age: float) -> CleanResult:
     """`clean`: remove the labelled images and containers no retention rule keeps."""
-    from .housekeeping import clean as do_clean
+    from .clean import clean as do_clean
 
     return do_clean(load(s), keep=keep, dry_run=dry_run, target=target, min_age=min_age)
 
@@ -445,13 +445,14 @@ def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         load_record,
         record_reference,
         record_running,
+        refuse_url_options,
         settings_from_cli,
     )
     from .errors import ConfigError
     from .serve.openai_wire import check_url
 
     if url:
-        _refuse_equiv_url(record, against, profile, sets, in_place)
+        refuse_url_options(record, against, profile, sets, in_place)
         check_url(url)
     resolved = _resolve(s, load(s), target, profile, sets)
     chosen = settings_from_cli(resolved.target.equiv, top_k=top_k, greedy_tokens=greedy_tokens, prompts=prompts)
@@ -492,26 +493,6 @@ def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         show(result)
     raise_if_failed(result.verdict)
     return result
-
-
-def _refuse_equiv_url(record: str, against: str, profile: str | None, sets: Sequence[str],
-                      in_place: InPlace | None) -> None:
-    """`equiv --url`: only with --record FILE, and nothing that would pick, apply or start what is served."""
-    from .errors import ConfigError
-
-    if not record:
-        raise ConfigError("equiv --url reads a running server: only --record FILE takes it",
-                          hint="equiv --record FILE --url URL, then equiv --against FILE (serves the candidate)")
-    if in_place is not None:
-        raise ConfigError("equiv --record --url records the server already running: --in-place would apply and "
-                          "start one", hint="drop --in-place (nothing is applied, started or stopped with --url), "
-                          "or drop --url to serve the reference in place")
-    if against not in ("", "base"):
-        raise ConfigError(f"equiv --record --url: the reference is the server at --url, not --against {against!r}",
-                          hint="drop --against")
-    if profile or sets:
-        raise ConfigError("equiv --record --url records the server as it runs: --profile and --set pick what is "
-                          "served", hint="drop them; --target names the prompts, top-k and dtype recorded")
 
 
 def bisect(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *,

@@ -59,7 +59,6 @@ from .docker_engine.containers import (
     tar_of,
 )
 from .errors import BuildError, ImageforgeError, InfraError
-from .housekeeping import check_lock
 from .labels import (
     L_BASE,
     L_CREATED,
@@ -77,6 +76,7 @@ from .labels import (
     LABEL,
     TOOL,
 )
+from .lock import check_lock
 from .manifest.model import Step, Target
 from .manifest.resolve import Resolved
 from .plan import Plan, PlannedStep, canonical, make_plan

@@ -343,7 +343,7 @@ def format_plan(plan: Plan) -> str:
 class PlanReport:
     plan: Plan
     notes: tuple[str, ...] = ()  # e.g. "flags not checked: ..." (imageforge.flags.images)
-    warnings: tuple[str, ...] = ()  # evaluator checks the serving values make fail (imageforge.evaluator_preflight)
+    warnings: tuple[str, ...] = ()  # evaluator checks the serving values make fail (imageforge.flags.evaluator)
 
     def to_json(self) -> dict[str, Any]:
         return {**self.plan.to_json(), **({"notes": list(self.notes)} if self.notes else {}),

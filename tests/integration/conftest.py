@@ -37,6 +37,7 @@ from typing import Any
 
 import pytest
 
+from tests.cli import imageforge
 from tests.integration import helpers
 
 REPO = helpers.REPO
@@ -96,11 +97,11 @@ class Cli:
 
 @pytest.fixture(scope="session")
 def invoke_cli() -> Callable[..., Cli]:
-    """``imageforge ARGS`` (:func:`helpers.invoke`: in this process; ``process=True`` for a child process)."""
+    """``imageforge ARGS`` (:func:`tests.cli.imageforge`: in this process; ``process=True`` for a child process)."""
 
     def run(*args: str, timeout: float = 900, env: dict[str, str] | None = None, cwd: Path = REPO,
             process: bool = False) -> Cli:
-        proc = helpers.invoke(*args, expect=None, timeout=timeout, env=env, cwd=cwd, process=process)
+        proc = imageforge(*args, timeout=timeout, env=env, cwd=cwd, process=process)
         output = proc.stdout + proc.stderr
         print(output[-6000:])
         return Cli(proc.returncode, output, proc.stdout)

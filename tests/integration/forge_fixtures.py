@@ -35,6 +35,7 @@ from typing import Any
 
 import docker
 
+from tests.cli import imageforge
 from tests.integration import helpers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -222,10 +223,10 @@ targets:
 
 def invoke(*args: str, env: dict[str, str] | None = None, timeout: float = 600, check: bool = False,
            process: bool = False) -> subprocess.CompletedProcess[str]:
-    """``imageforge ARGS`` as a user runs it from the repo root (:func:`helpers.invoke`: in this process unless
+    """``imageforge ARGS`` as a user runs it from the repo root (:func:`tests.cli.imageforge`: in this process unless
     ``process``), output captured, without IMAGEFORGE_TRACEBACK (the tests read what a user reads)."""
-    return helpers.invoke(*args, expect=0 if check else None, timeout=timeout, process=process,
-                          env={"IMAGEFORGE_TRACEBACK": None, **(env or {})})
+    return imageforge(*args, expect=0 if check else None, timeout=timeout, process=process,
+                      env={"IMAGEFORGE_TRACEBACK": None, **(env or {})})
 
 
 def assert_clean_failure(proc: subprocess.CompletedProcess[str], code: int) -> None:

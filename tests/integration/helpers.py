@@ -7,14 +7,9 @@
   ``FROM imageforge/os:...``, a dangling layer of a plain ``docker build`` of a submission tree, a test's committed
   probe), so "the newest image with the label" may hold anyone's files.
 * :func:`run_in_dir` -- a command in a directory, capturing output, asserting its exit code.
-* :func:`imageforge` -- ``imageforge ARGS`` in this process through invoke's ``Program`` (the environment and the
-  working directory given, both restored after; stdout and stderr captured apart): what the CLI tests use wherever
-  a separate process is not the point (a process costs ~1-2 s of interpreter and imports here, more under coverage).
 * :func:`sigint_default` -- a ``preexec_fn`` for a child that a test interrupts with SIGINT: Ctrl-C as a terminal
   gives it, whatever the suite was started from (a background job of a non-interactive shell, e.g. ``cmd &`` or
   ``nohup``, inherits SIGINT *ignored*, and Python keeps an ignored SIGINT: the child would never see the Ctrl-C).
-* :func:`invoke` -- ``imageforge ARGS`` as a user runs it from the repository: in this process by default,
-  ``process=True`` for ``.venv/bin/invoke`` in a child process (signals, a timeout, a fresh interpreter's state).
 * :func:`hooks_for` -- the smoke runner's :class:`ServerHooks` (alive, log tail) of a started server.
 * :func:`kill_mid_suite` -- the smoke claim "a server killed mid-suite" run against a server a test has finished
   with (the claim costs no vLLM start of its own): a suite whose first check is a long generation, the
@@ -34,8 +29,6 @@
 from __future__ import annotations
 
 import contextlib
-import io
-import os
 import re
 import shutil
 import signal
@@ -44,22 +37,21 @@ import tempfile
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import docker
 import yaml
 
-from imageforge.cli import commands
 from imageforge.serve.container import free_port
 from imageforge.smoke import ServerHooks, SmokeReport, load_suite, run_suite
+from tests.cli import merged_environ
 
 REPO = Path(__file__).resolve().parents[2]
-INVOKE = REPO / ".venv" / "bin" / "invoke"
 CPU_RECIPE = REPO / "images" / "cpu"
 
-__all__ = ["INVOKE", "REPO", "cpu_base_refs", "free_port", "hooks_for", "imageforge", "invoke", "kill_mid_suite",
+__all__ = ["REPO", "cpu_base_refs", "free_port", "hooks_for", "kill_mid_suite",
            "one_maker", "os_image", "plain_docker_build", "run_in_dir", "sdk", "sigint_default"]
 
 
@@ -89,56 +81,9 @@ def os_image(c: docker.DockerClient, *, or_vllm_base: bool = False) -> Any:
 
 def run_in_dir(argv: Sequence[str], cwd: Path, *, expect: int | None = 0, timeout: float = 600,
                env: Mapping[str, str | None] | None = None) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_merged(env))
+    proc = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=merged_environ(env))
     if expect is not None and proc.returncode != expect:
         raise AssertionError(f"{' '.join(argv)} (in {cwd}) -> {proc.returncode}, expected {expect}\n"
-                             f"{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-@contextlib.contextmanager
-def _environment(env: Mapping[str, str], cwd: Path) -> Iterator[None]:
-    """``os.environ`` exactly ``env`` and the working directory ``cwd`` for the block, both as before after it."""
-    saved, here = dict(os.environ), Path.cwd()
-    os.environ.clear()
-    os.environ.update(env)
-    os.chdir(cwd)
-    try:
-        yield
-    finally:
-        os.chdir(here)
-        os.environ.clear()
-        os.environ.update(saved)
-
-
-def _merged(env: Mapping[str, str | None] | None) -> dict[str, str]:
-    """This process's environment with ``env`` over it (a None value: that variable unset)."""
-    merged: dict[str, str | None] = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return {k: v for k, v in merged.items() if v is not None}
-
-
-def imageforge(*args: str, env: Mapping[str, str | None] | None = None,
-               cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    """``imageforge ARGS`` in this process (see the module's docstring): a CompletedProcess with the exit code."""
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with _environment(_merged(env), cwd), contextlib.redirect_stdout(out), \
-            contextlib.redirect_stderr(err):
-        try:
-            commands.program().run(["imageforge", *args], exit=True)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    return subprocess.CompletedProcess(["imageforge", *args], code, out.getvalue(), err.getvalue())
-
-
-def invoke(*args: str, expect: int | None = 0, timeout: float = 600, env: Mapping[str, str | None] | None = None,
-           cwd: Path = REPO, process: bool = False) -> subprocess.CompletedProcess[str]:
-    """``imageforge ARGS`` (see the module's docstring), its exit code checked against ``expect`` (None: not)."""
-    if process:
-        return run_in_dir([str(INVOKE), *args], cwd, expect=expect, timeout=timeout, env=env)
-    proc = imageforge(*args, env=env, cwd=cwd)
-    if expect is not None and proc.returncode != expect:
-        raise AssertionError(f"imageforge {' '.join(args)} (in {cwd}) -> {proc.returncode}, expected {expect}\n"
                              f"{proc.stdout}\n{proc.stderr}")
     return proc
 

@@ -475,8 +475,7 @@ def test_sweep_continues_past_failing_points_and_builds_under_a_sweep_image(
 
 
 def test_sweep_in_place_serves_each_point_one_at_a_time_and_leaves_the_root_as_before(
-        tmp_path: Path, write_manifest: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, write_manifest: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """`sweep --in-place` over two serving values, through the command in process: the steps applied once, each
     point served as a process (the fake vLLM of test_equiv_record answering the bench itself), measured and
     stopped before the next starts; the root's listing after the sweep equals the one before, no journal left.
@@ -485,8 +484,8 @@ def test_sweep_in_place_serves_each_point_one_at_a_time_and_leaves_the_root_as_b
     from imageforge.bench import runner
     from imageforge.serve.container import free_port
     from imageforge.serve.process import InPlace, running_records
+    from tests.cli import imageforge
 
-    from .test_commands import run as cli
     from .test_equiv_record import FAKE_VLLM
     from .test_inplace import make_root
 
@@ -518,11 +517,11 @@ def test_sweep_in_place_serves_each_point_one_at_a_time_and_leaves_the_root_as_b
         return real(url, workload, **kw)
 
     monkeypatch.setattr(runner, "run_bench", bench)
-    code, out, err = cli(capsys, "sweep", "--manifest", str(manifest), "--target", "t", "--in-place", "--root",
-                         str(root), "--python", sys.executable, "--param", "max-num-seqs=1,2", "--requests", "2",
-                         "--repeat", "1")
-    text = out + err
-    assert code == 0, text
+    proc = imageforge("sweep", "--manifest", str(manifest), "--target", "t", "--in-place", "--root", str(root),
+                      "--python", sys.executable, "--param", "max-num-seqs=1,2", "--requests", "2", "--repeat", "1",
+                      cwd=Path.cwd())
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text
     assert f"in place on {root}: 2 server start(s), one at a time; the steps applied 1 time(s)" in text, text
     run_id = re.search(r"  run (\S+)  ", text)
     assert run_id, text

@@ -469,13 +469,11 @@ def test_a_bad_replay_file_is_exit_2_before_any_server(tmp_path: Path) -> None:
 
 def test_invoke_bench_replay_flags(tmp_path: Path) -> None:
     import subprocess
-    import sys
 
-    repo = Path(__file__).resolve().parents[2]
+    from tests.cli import imageforge
 
     def invoke(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "invoke", "bench", *args], cwd=repo, capture_output=True,
-                              text=True, timeout=120)
+        return imageforge("bench", *args)
 
     missing = invoke("--url", "http://127.0.0.1:9", "--replay", str(tmp_path / "none.jsonl"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr

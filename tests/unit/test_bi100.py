@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from imageforge.patches.from_text import apply_steps
 from imageforge.plan import make_plan
 from imageforge.serve.command import render_serving_config, serving_argv
 from imageforge.steps import OverlaySpec, PatchSpec
+from tests.cli import imageforge
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -161,9 +161,8 @@ def test_build_without_the_scripts_folder_fails_fast() -> None:
 
 
 def test_invoke_build_bi100_exit_code_and_no_traceback() -> None:
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/root"}
-    proc = subprocess.run([sys.executable, "-m", "invoke", "build", "--target", "bi100"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=60)
+    bare: dict[str, str | None] = {**{k: None for k in os.environ}, "PATH": "/usr/bin:/bin", "HOME": "/root"}
+    proc = imageforge("build", "--target", "bi100", env=bare)
     assert proc.returncode == 5
     assert "Traceback" not in proc.stderr
     assert "IMAGEFORGE_BI100_BASE" in proc.stderr

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
+
+from tests.cli import imageforge, without_imageforge_settings
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def invoke(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("IMAGEFORGE_")}
-    environ.update(env or {})
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, env=environ, capture_output=True,
-                          text=True, timeout=60)
+    """``imageforge ARGS`` with the tool's defaults: no ``IMAGEFORGE_*`` of this process, ``env`` over them."""
+    return imageforge(*args, env=without_imageforge_settings(env))
 
 
 def test_validate_ok_and_json() -> None:

@@ -15,25 +15,21 @@ import pytest
 from imageforge.cli import commands
 from imageforge.cli import options as command_options
 from imageforge.cli.output import EXIT_CLOSED_PIPE
+from tests.cli import imageforge
 
 REPO = Path(__file__).resolve().parents[2]
 OPTION = re.compile(r"^  (-\S.*?)(?:\s{2,}|$)")  # an option line of a task's help: its flags
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+def run(*argv: str) -> tuple[int, str, str]:
     """``imageforge ARGV`` in this process: (exit code, stdout, stderr)."""
-    code = 0
-    try:
-        commands.program().run(["imageforge", *argv], exit=True)
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    proc = imageforge(*argv, cwd=Path.cwd())  # where the test stands (a test may chdir)
+    return proc.returncode, proc.stdout, proc.stderr
 
 
-def task_help(capsys: pytest.CaptureFixture[str], name: str) -> tuple[dict[str, set[str]], str]:
+def task_help(name: str) -> tuple[dict[str, set[str]], str]:
     """A task's ``--help``: {long name: its other flags}, and its text less the usage line."""
-    code, out, err = run(capsys, name, "--help")
+    code, out, err = run(name, "--help")
     assert code == 0, err
     flags: dict[str, set[str]] = {}
     for line in out.partition("\nOptions:\n")[2].splitlines():
@@ -48,12 +44,12 @@ def all_task_names() -> list[str]:
     return sorted(commands.ns.task_names)
 
 
-def test_one_meaning_per_short_flag_and_h_is_always_help(capsys: pytest.CaptureFixture[str]) -> None:
+def test_one_meaning_per_short_flag_and_h_is_always_help() -> None:
     meaning: dict[str, str] = {}
     table = {f"-{short}": "--" + name.rstrip("_").replace("_", "-")
              for name, short in command_options.SHORT_FLAGS.items()}
     for name in all_task_names():
-        flags, text = task_help(capsys, name)
+        flags, text = task_help(name)
         assert flags, name
         for long_name, others in flags.items():
             for flag in others:
@@ -66,50 +62,50 @@ def test_one_meaning_per_short_flag_and_h_is_always_help(capsys: pytest.CaptureF
     assert set(meaning) == set(table)  # every short flag of the table is used somewhere
 
 
-def test_help_names_only_options_that_exist(capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_names_only_options_that_exist() -> None:
     for name in all_task_names():
-        flags, text = task_help(capsys, name)
+        flags, text = task_help(name)
         known = {n for long_name, others in flags.items() for n in (long_name, *others)}
         known |= {n.replace("--[no-]", "--no-") for n in known} | {n.replace("--[no-]", "--") for n in known}
         for mentioned in set(re.findall(r"(?<![\w-])--[a-z][a-z-]*[a-z]", text)):
             assert mentioned in known, (name, mentioned)
 
 
-def test_every_task_answers_h_and_float_options_show_a_placeholder(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "bench", "-h")
+def test_every_task_answers_h_and_float_options_show_a_placeholder() -> None:
+    code, out, _ = run("bench", "-h")
     assert code == 0 and "Usage: imageforge [--core-opts] bench" in out
     for option in ("--duration=FLOAT", "--shared-prefix=FLOAT", "--max-error-rate=FLOAT", "--timeout=FLOAT"):
         assert option in out
     assert "--requests=INT, --num-prompts=INT" in out and "--concurrency=INT, --max-concurrency=INT" in out
     assert "min_tokens" not in out  # the bench sends max_tokens + ignore_eos
-    _, clean_help, _ = run(capsys, "clean", "-h")
+    _, clean_help, _ = run("clean", "-h")
     assert "--min-age=FLOAT" in clean_help and "-m STRING, --manifest=STRING" in clean_help
 
 
 def test_validate_json_is_one_document_on_stdout(capsys: pytest.CaptureFixture[str],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)  # the manifest default: ./build.yaml
-    code, out, err = run(capsys, "validate", "-j")
+    code, out, err = run("validate", "-j")
     assert code == 0, err
     data = json.loads(out)
     assert data["ok"] is True and set(data["targets"]) == {"cpu", "bi100"}
-    code, out, _ = run(capsys, "plan", "-t", "cpu", "-p", "aggressive", "-s", "max-num-seqs=3", "--no-daemon", "-j")
+    code, out, _ = run("plan", "-t", "cpu", "-p", "aggressive", "-s", "max-num-seqs=3", "--no-daemon", "-j")
     assert code == 0 and json.loads(out)["serving"]["max-num-seqs"] == 3
 
 
-def test_errors_go_to_stderr_with_their_exit_code(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_errors_go_to_stderr_with_their_exit_code(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 1\nversion: 2\n")
-    code, out, err = run(capsys, "validate", "-m", str(bad), "--json")
+    code, out, err = run("validate", "-m", str(bad), "--json")
     assert (code, out) == (2, "") and "duplicate key 'version'" in err and "Traceback" not in err
-    code, out, err = run(capsys, "validate", "--no-such-option")  # invoke's own usage error: exit 1
+    code, out, err = run("validate", "--no-such-option")  # invoke's own usage error: exit 1
     assert code == 1 and out == "" and "No idea what '--no-such-option' is!" in err
 
 
-def test_init_writes_a_starter_project_that_validates(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+def test_init_writes_a_starter_project_that_validates(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     project = tmp_path / "proj"
-    code, out, err = run(capsys, "init", "--dir", str(project))
+    code, out, err = run("init", "--dir", str(project))
     assert code == 0, err
     for rel in ("build.yaml", "images/cpu/base.yaml", "images/cpu/install.sh", "images/cpu/requirements.lock",
                 "smoke/dummy.yaml"):
@@ -123,14 +119,14 @@ def test_init_writes_a_starter_project_that_validates(capsys: pytest.CaptureFixt
         assert named != first and (project / rel).parent.joinpath(named).resolve() == \
             (project / "schema" / f"{schema}.schema.json").resolve(), first
     monkeypatch.chdir(project)
-    code, out, err = run(capsys, "validate", "--json")
+    code, out, err = run("validate", "--json")
     assert code == 0, err
     assert set(json.loads(out)["targets"]) == {"cpu"}
-    code, out, err = run(capsys, "plan", "--no-daemon", "--json")
+    code, out, err = run("plan", "--no-daemon", "--json")
     assert code == 0, err
     assert json.loads(out)["target"] == "cpu"
     (project / "build.yaml").write_text("# mine\n")
-    code, out, _ = run(capsys, "init", "--dir", str(project))
+    code, out, _ = run("init", "--dir", str(project))
     assert code == 0 and f"kept    {project / 'build.yaml'}" in out
     assert (project / "build.yaml").read_text() == "# mine\n"
 

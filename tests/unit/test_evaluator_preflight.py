@@ -1,4 +1,4 @@
-"""Serving values against the evaluator's functional checks, before any build (imageforge.evaluator_preflight).
+"""Serving values against the evaluator's functional checks, before any build (imageforge.flags.evaluator).
 
 The rules and numbers expected here are the evaluator's (its harness: t3 sends max_context_tokens + 1 and
 max_context_tokens - min(2048, ctx / 4); the organisers' serving_chat.py refuses n > max_num_seqs), worked
@@ -8,9 +8,7 @@ out by hand, not read from the module.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,9 +16,10 @@ from typing import Any
 import pytest
 
 from imageforge.errors import ConfigError
-from imageforge.evaluator_preflight import n_guard_in_tree, report_risks, serving_risks
+from imageforge.flags.evaluator import n_guard_in_tree, report_risks, serving_risks
 from imageforge.manifest.load import load_manifest
 from imageforge.manifest.resolve import Resolved, Value, resolve
+from tests.cli import imageforge, without_imageforge_settings
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "fixtures" / "bi100-baseline" / "qwen3_6_scripts"
@@ -118,9 +117,8 @@ def test_strict_refuses_a_risk_nobody_took() -> None:
 
 
 def invoke(*args: str) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("IMAGEFORGE_")}
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, env=environ, capture_output=True,
-                          text=True, timeout=60)
+    """``imageforge ARGS`` with the tool's defaults (no ``IMAGEFORGE_*`` of this process)."""
+    return imageforge(*args, env=without_imageforge_settings())
 
 
 def test_validate_and_plan_call_it() -> None:

@@ -9,18 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from imageforge.clean import ContainerInfo, ImageInfo, plan_clean
 from imageforge.errors import ConfigError
 from imageforge.export import _write_tarball, describe, docker_run_example, file_stem, sha256_line
-from imageforge.housekeeping import (
-    ContainerInfo,
-    ImageInfo,
-    lock_drift,
-    lock_entry,
-    plan_clean,
-    read_lock,
-    target_inputs,
-)
 from imageforge.labels import L_FINAL, L_KIND, L_PROFILE, L_RUN, L_TARGET, L_TOOL
+from imageforge.lock import lock_drift, lock_entry, read_lock, target_inputs
 from imageforge.manifest.load import load_manifest
 from imageforge.manifest.resolve import resolve
 from imageforge.plan import make_plan

@@ -39,8 +39,8 @@ STAGES: tuple[tuple[str, ...], ...] = (
     # one class per step kind: fields, defaults, load, inputs, apply -> Changes, verify facts, Dockerfile emit;
     # manifest.load: build.yaml loaded and checked into the manifest (each step's keys by its kind's class)
     ("steps", "manifest.load"),
-    # the verify layer's checks; the step a traceback blames; build.lock, clean; serving values vs the evaluator
-    ("verify", "blame", "housekeeping", "evaluator_preflight"),
+    ("verify", "blame", "lock", "clean"),  # the verify layer's checks; the step a traceback blames; build.lock; clean
+    ("flags.evaluator",),  # serving values against the evaluator's functional checks (validate, plan, preflight)
     # the layers; dry runs of the steps, patch-from against an image; flags learnt from an image
     ("build", "patches.check", "patches.from_image", "flags.images"),
     ("inplace",),  # the steps applied to the machine itself through a journal; revert, status
@@ -161,13 +161,13 @@ def test_a_planted_upward_import_inside_a_function_fails(tmp_path: Path) -> None
 
 def test_a_planted_cycle_under_type_checking_fails(tmp_path: Path) -> None:
     root = _copy(tmp_path)
-    # housekeeping and verify share a stage: no upward import, but now a cycle
+    # lock and verify share a stage: no upward import, but now a cycle
     guarded = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .{} import {}\n"
-    _append(root, "verify", guarded.format("housekeeping", "Removal"))
-    _append(root, "housekeeping", guarded.format("verify", "VerifySpec"))
+    _append(root, "verify", guarded.format("lock", "read_lock"))
+    _append(root, "lock", guarded.format("verify", "VerifySpec"))
     found = problems(import_graph(root))
     assert len(found) == 1 and found[0].startswith("cycle: "), found
-    assert f"{PACKAGE}.verify" in found[0] and f"{PACKAGE}.housekeeping" in found[0]
+    assert f"{PACKAGE}.verify" in found[0] and f"{PACKAGE}.lock" in found[0]
 
 
 def test_a_new_module_needs_a_stage(tmp_path: Path) -> None:

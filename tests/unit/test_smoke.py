@@ -806,11 +806,9 @@ def test_new_keys_are_checked_at_load(suite_file: Callable[..., Path]) -> None:
 
 
 def test_smoke_refuses_an_unknown_param_before_sending(tmp_path: Path) -> None:
-    import subprocess
-    import sys
+    from tests.cli import imageforge
 
-    proc = subprocess.run([sys.executable, "-m", "invoke", "smoke", "--url", URL, "--suite",
-                           str(REPO / "smoke" / "evaluator.yaml"), "--param", "max_context=5"],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = imageforge("smoke", "--url", URL, "--suite", str(REPO / "smoke" / "evaluator.yaml"), "--param",
+                      "max_context=5")
     assert proc.returncode == 2, proc.stderr
     assert "no parameter 'max_context'" in proc.stderr and "max_context_tokens" in proc.stderr

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from invoke.program import Program
 
 from imageforge import app
 from imageforge.bench import Workload
@@ -25,6 +24,7 @@ from imageforge.manifest.load import load_manifest
 from imageforge.manifest.resolve import resolve
 from imageforge.settings import Settings
 from imageforge.submission import BaseFacts, write_submission
+from tests.cli import imageforge, without_imageforge_settings
 
 REPO = Path(__file__).resolve().parents[2]
 CPU_FACTS = BaseFacts("/opt/venv/lib/python3.11/site-packages", "/opt/venv/bin/python3")
@@ -56,8 +56,9 @@ def tasks_ns() -> Iterator[Any]:
     yield tasks.ns
 
 
-def run_task(ns: Any, *argv: str) -> None:
-    Program(namespace=ns).run(["invoke", *argv], exit=False)
+def run_task(ns: Any, *argv: str) -> subprocess.CompletedProcess[str]:
+    """The task through the repository's ``tasks.py`` collection (in this process: a recorder's exception escapes)."""
+    return imageforge(*argv, namespace=ns)
 
 
 @pytest.fixture
@@ -87,7 +88,7 @@ def test_equiv_options_reach_app_equiv(tasks_ns: Any, monkeypatch: pytest.Monkey
 
 
 def test_equiv_record_url_reaches_app_equiv_and_its_refusal_is_exit_2(
-        tasks_ns: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        tasks_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: Calls = []
     real = app.equiv
     monkeypatch.setattr(app, "equiv", recorder(calls))
@@ -98,11 +99,10 @@ def test_equiv_record_url_reaches_app_equiv_and_its_refusal_is_exit_2(
     assert args[1:] == ("cpu", None, []) and kwargs["in_place"] is None
     assert (kwargs["record"], kwargs["url"], kwargs["dtype"]) == ("ref.json", "http://127.0.0.1:8000", "bfloat16")
     monkeypatch.setattr(app, "equiv", real)  # the real refusal, through the one error root
-    with pytest.raises(SystemExit) as exited:
-        Program(namespace=tasks_ns).run(["invoke", "equiv", "--target", "cpu", "--record", "ref.json", "--url",
-                                         "http://127.0.0.1:8000", "--in-place", "--manifest", str(REPO / "build.yaml")])
-    assert exited.value.code == 2
-    err = capsys.readouterr().err
+    refused = run_task(tasks_ns, "equiv", "--target", "cpu", "--record", "ref.json", "--url", "http://127.0.0.1:8000",
+                       "--in-place", "--manifest", str(REPO / "build.yaml"))
+    assert refused.returncode == 2
+    err = refused.stderr
     assert "--in-place would apply and start one" in err and "drop --in-place" in err
 
 
@@ -131,7 +131,7 @@ def test_in_place_options_reach_equiv_run_smoke_bench(tasks_ns: Any, monkeypatch
 
 
 def test_reuse_servers_reaches_every_command_that_starts_a_docker_server(
-        tasks_ns: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        tasks_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """``--reuse-servers`` is a shared option of every command that starts a server; it travels in Settings and in
     the Settings' environment (what serve.container reads), and --in-place refuses it (exit 2)."""
     from imageforge.settings import ENV_REUSE_SERVERS
@@ -147,10 +147,9 @@ def test_reuse_servers_reaches_every_command_that_starts_a_docker_server(
         s = args[0]
         assert s.reuse_servers and s.sources["reuse_servers"] == "cli" and s.environ[ENV_REUSE_SERVERS] == "1", name
     assert ENV_REUSE_SERVERS not in os.environ  # this process's own environment is left alone
-    with pytest.raises(SystemExit) as info:
-        Program(namespace=tasks_ns).run(["invoke", "smoke", "--target", "cpu", "--in-place", "--reuse-servers"])
-    assert info.value.code == 2
-    assert "--reuse-servers is for servers in Docker containers, not --in-place" in capsys.readouterr().err
+    refused = run_task(tasks_ns, "smoke", "--target", "cpu", "--in-place", "--reuse-servers")
+    assert refused.returncode == 2
+    assert "--reuse-servers is for servers in Docker containers, not --in-place" in refused.stderr
 
 
 def test_bisect_options_reach_app_bisect(tasks_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -302,9 +301,8 @@ def test_bisect_and_bench_refuse_before_loading_anything(tmp_path: Path) -> None
 
 
 def invoke(*args: str) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("IMAGEFORGE_")}
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, env=environ, capture_output=True,
-                          text=True, timeout=60)
+    """``imageforge ARGS`` with the tool's defaults (no ``IMAGEFORGE_*`` of this process)."""
+    return imageforge(*args, env=without_imageforge_settings())
 
 
 def test_submission_check_task_on_a_written_tree(tmp_path: Path) -> None:
@@ -328,7 +326,7 @@ def test_submission_check_task_on_a_written_tree(tmp_path: Path) -> None:
 
 
 def test_smoke_json_and_junit_come_from_the_report_before_the_verdict(
-        tasks_ns: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tasks_ns: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     junit = tmp_path / "run" / "smoke-junit.xml"
     junit.parent.mkdir()
     junit.write_text("<testsuites/>\n")
@@ -348,20 +346,17 @@ def test_smoke_json_and_junit_come_from_the_report_before_the_verdict(
         raise ConfigError("stands in for the verdict")
 
     monkeypatch.setattr(app, "smoke", failing_smoke)
-    Program(namespace=tasks_ns).run(["invoke", "smoke", "--url", "http://127.0.0.1:9", "--json", "--junit",
-                                     str(tmp_path / "out.xml")], exit=False)
-    captured = capsys.readouterr()
-    assert json.loads(captured.out) == {"passed": 1, "failed": 1}  # stdout: the one JSON document only
-    assert "a progress line" in captured.err and "stands in for the verdict" in captured.err
+    captured = run_task(tasks_ns, "smoke", "--url", "http://127.0.0.1:9", "--json", "--junit",
+                        str(tmp_path / "out.xml"))
+    assert json.loads(captured.stdout) == {"passed": 1, "failed": 1}  # stdout: the one JSON document only
+    assert "a progress line" in captured.stderr and "stands in for the verdict" in captured.stderr
     assert (tmp_path / "out.xml").read_text() == "<testsuites/>\n"
-    Program(namespace=tasks_ns).run(["invoke", "smoke", "--url", "http://127.0.0.1:9", "-q"], exit=False)
-    captured = capsys.readouterr()
-    assert captured.out == "smoke: 1 passed, 1 failed\n"
-    assert "a progress line" not in captured.err and "stands in for the verdict" in captured.err  # errors stay
+    captured = run_task(tasks_ns, "smoke", "--url", "http://127.0.0.1:9", "-q")
+    assert captured.stdout == "smoke: 1 passed, 1 failed\n"
+    assert "a progress line" not in captured.stderr and "stands in for the verdict" in captured.stderr  # errors stay
 
 
-def test_bench_replay_json_is_shown_before_the_verdict(tasks_ns: Any, monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_replay_json_is_shown_before_the_verdict(tasks_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     class Replayed:
         def lines(self) -> list[str]:
             return ["Output TPS p10 12.0  FAIL"]
@@ -375,11 +370,8 @@ def test_bench_replay_json_is_shown_before_the_verdict(tasks_ns: Any, monkeypatc
         raise ConfigError("stands in for the replay verdict")
 
     monkeypatch.setattr(app, "bench", failing_bench)
-    Program(namespace=tasks_ns).run(["invoke", "bench", "--url", "http://127.0.0.1:9", "--replay", "--requests", "5",
-                                     "-j"], exit=False)
-    captured = capsys.readouterr()
-    assert json.loads(captured.out) == {"targets": {"output_tps_p10": "FAIL"}}
-    assert "stands in for the replay verdict" in captured.err
-    Program(namespace=tasks_ns).run(["invoke", "bench", "--url", "http://127.0.0.1:9", "--replay", "--requests", "5"],
-                                    exit=False)
-    assert capsys.readouterr().out == "Output TPS p10 12.0  FAIL\n"  # stdout is no terminal here: the text result
+    captured = run_task(tasks_ns, "bench", "--url", "http://127.0.0.1:9", "--replay", "--requests", "5", "-j")
+    assert json.loads(captured.stdout) == {"targets": {"output_tps_p10": "FAIL"}}
+    assert "stands in for the replay verdict" in captured.stderr
+    text = run_task(tasks_ns, "bench", "--url", "http://127.0.0.1:9", "--replay", "--requests", "5")
+    assert text.stdout == "Output TPS p10 12.0  FAIL\n"  # stdout is no terminal here: the text result

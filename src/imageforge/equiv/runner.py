@@ -48,6 +48,7 @@ from .record import Record, load_record, make_record, write_record
 if TYPE_CHECKING:
     from ..manifest.resolve import Resolved
     from ..serve.container import Server
+    from ..serve.process import InPlace
 
 Log = Callable[[str], None]
 EQUIV_SOURCE = "cli:equiv"  # provenance of the dtype both servers get (a variant: never the profile's tags)
@@ -453,3 +454,21 @@ __all__ = [
     "sides",
     "with_serving_value",
 ]
+
+
+def refuse_url_options(record: str, against: str, profile: str | None, sets: Sequence[str],
+                      in_place: InPlace | None) -> None:
+    """`equiv --url`: only with --record FILE, and nothing that would pick, apply or start what is served."""
+    if not record:
+        raise ConfigError("equiv --url reads a running server: only --record FILE takes it",
+                          hint="equiv --record FILE --url URL, then equiv --against FILE (serves the candidate)")
+    if in_place is not None:
+        raise ConfigError("equiv --record --url records the server already running: --in-place would apply and "
+                          "start one", hint="drop --in-place (nothing is applied, started or stopped with --url), "
+                          "or drop --url to serve the reference in place")
+    if against not in ("", "base"):
+        raise ConfigError(f"equiv --record --url: the reference is the server at --url, not --against {against!r}",
+                          hint="drop --against")
+    if profile or sets:
+        raise ConfigError("equiv --record --url records the server as it runs: --profile and --set pick what is "
+                          "served", hint="drop them; --target names the prompts, top-k and dtype recorded")

@@ -236,7 +236,7 @@ class ValidationSummary:
     manifest: Manifest
     resolved: tuple[Resolved, ...]
     notes: tuple[str, ...] = ()  # what the serving-flag check said per target (imageforge.flags.images)
-    warnings: tuple[str, ...] = ()  # evaluator checks the serving values make fail (imageforge.evaluator_preflight)
+    warnings: tuple[str, ...] = ()  # evaluator checks the serving values make fail (imageforge.flags.evaluator)
 
     def to_json(self) -> dict[str, Any]:
         targets: dict[str, Any] = {}

@@ -27,10 +27,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError
-from .manifest.model import Step
-from .manifest.resolve import Resolved
-from .steps import OverlaySpec, PatchSpec, ScriptSpec, one_file
+from ..errors import ConfigError
+from ..manifest.model import Step
+from ..manifest.resolve import Resolved
+from ..steps import OverlaySpec, PatchSpec, ScriptSpec, one_file
 
 #: the evaluator's default context limit (its max_context_tokens parameter; the platform's logs fit it)
 EVALUATOR_MAX_CONTEXT_TOKENS = 131072
