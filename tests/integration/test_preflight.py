@@ -247,9 +247,9 @@ def test_an_adopted_team_repository_runs_preflight_from_its_own_folder(vendor: s
     made = invoke("init", "--from", str(repo), "--base", vendor)
     assert made.returncode == 0, made.stdout + made.stderr
     assert "not translated: Dockerfile:6: EXPOSE" in made.stdout
-    from tests.integration import helpers
+    from tests.cli import imageforge
 
-    proc = helpers.invoke("preflight", "--json", cwd=repo, expect=None, env={"IMAGEFORGE_TRACEBACK": None})
+    proc = imageforge("preflight", "--json", cwd=repo, expect=None, env={"IMAGEFORGE_TRACEBACK": None})
     assert proc.returncode == 3, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     errors = sorted((f["check"], Path(f["path"]).name) for f in report["findings"] if f["severity"] == "error")
