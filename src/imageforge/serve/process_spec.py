@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, InfraError
+from ..inplace.package import find_python
 from ..resolve import Resolved, Value
 from ..serving import render_serving_config, serving_command
 from .spec import volume_binds
@@ -113,7 +114,10 @@ def program(command: Sequence[str], python: str, environ: Mapping[str, str]) -> 
     if not command:
         raise ConfigError("serving.command is empty")
     first, rest = command[0], list(command[1:])
-    interpreter = python if os.sep in python else (shutil.which(python, path=environ.get("PATH")) or python)
+    try:
+        interpreter = find_python(python, environ).path  # never imageforge's own venv
+    except InfraError:
+        interpreter = python
     if first in ("python", "python3") or re.fullmatch(r"python3(\.\d+)?", first):
         return [interpreter, *rest]
     beside = Path(interpreter).parent / first

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..deadfiles import live_in_image
 from ..docker_engine import client
 from ..docker_engine.containers import file_entry, tar_of
 from ..errors import BuildError, ConfigError, InfraError
@@ -211,6 +212,15 @@ class Script(StepKind):
 
     def context_folder(self, step: Step, environ: Mapping[str, str]) -> Path | None:
         return step.directory(environ) if ScriptSpec.of(step).directory is not None else None
+
+    def live_files(self, step: Step, environ: Mapping[str, str]) -> Mapping[str, str]:
+        """A directory step's folder files its command runs or imports, at ``dest`` (the dead-file rule)."""
+        spec = ScriptSpec.of(step)
+        folder = self.context_folder(step, environ)
+        if folder is None or not folder.is_dir():
+            return {}
+        _, dest, command = spec.folder()
+        return live_in_image(folder, dest, command, spec.workdir)
 
     def apply(self, step: Step, fs: ImageFS, ctx: ApplyContext) -> Changes:
         """Run the step in ``ctx.container`` (started) or through ``ctx.runner``; what it changed stays there."""
