@@ -673,3 +673,23 @@ def test_apply_reports_the_interpreter_and_why(box: dict[str, Any], tmp_path: Pa
         assert data["python"] == str(venv_bin / "python3") and data["python_why"] == "the first python3 on PATH"
     assert f"python {data['python']}: {data['python_why']}" in report.text()
     inplace.revert(box["root"])
+
+
+def test_a_script_in_place_runs_without_imageforges_venv_on_its_path(box: dict[str, Any]) -> None:
+    """With imageforge's venv activated, a script's `python3 -m pip install` must reach the target's interpreter:
+    the scripts get the caller's environment less that venv (PATH entries, VIRTUAL_ENV)."""
+    from imageforge.inplace.package import own_venv_bin
+
+    own = own_venv_bin()
+    if own is None:
+        pytest.skip("imageforge does not run in a venv here")
+    folder = box["repo"] / "baseline"
+    folder.mkdir()
+    (folder / "patch_ops.sh").write_text('command -v python3 > found.txt\necho "${VIRTUAL_ENV:-none}" >> found.txt\n')
+    (box["repo"] / "dir.yaml").write_text(DIRECTORY_STEP)
+    environ = {**box["environ"], "PATH": f"{own}:/usr/bin:/bin", "VIRTUAL_ENV": sys.prefix}
+    inplace.apply(resolved(box, manifest="dir.yaml"), root=box["root"], python=sys.executable, environ=environ,
+                  log=lambda _l: None, imports=False)
+    python3, virtual_env = (box["root"] / "workspace/scripts/found.txt").read_text().split()
+    assert python3 == "/usr/bin/python3" and virtual_env == "none"
+    inplace.revert(box["root"])

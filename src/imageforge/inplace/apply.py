@@ -38,7 +38,7 @@ from .changescan import ChangeScan
 from .interrupts import deferred, interruptible
 from .journal import ABSENT, Journal, State, journal_dir, same_content, state_of, walk, write_file
 from .localfs import LocalFS
-from .package import LocalPackage, discover_local
+from .package import LocalPackage, discover_local, without_own
 from .runner import LocalRunner
 from .safety import expand, guard_path, root_lock, scan_tops, under
 from .undo import recover, same_state, settle_drift, undo_step
@@ -330,7 +330,8 @@ def apply(resolved: Resolved, *, root: Path = Path("/"), python: str = "python3"
     t0 = time.monotonic()
     environ = dict(os.environ if environ is None else environ)
     root = root.resolve()
-    pkg = discover_local(resolved.target, root, python, environ)
+    pkg = discover_local(resolved.target, root, python, environ)  # says why it skipped imageforge's own venv
+    environ = without_own(environ)  # the scripts' `python3` and `pip` are the target's, not imageforge's
     chosen = select_steps(resolved, steps, skip)
     files = python_files(chosen, pkg.site, environ)
     keys = [(s.id, step_key(s, environ)) for s in chosen]

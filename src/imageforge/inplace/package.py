@@ -14,7 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,6 +111,40 @@ def find_python(python: str, environ: Mapping[str, str], *, own_bin: str | None 
     if skipped:
         why += f", imageforge's own venv ({skipped[0]}) skipped"
     return Interpreter(found, why)
+
+
+def own_prefixes() -> list[str]:
+    """Where imageforge itself is installed: its venv (when it runs in one) and its package's import root."""
+    out: list[str] = []
+    if sys.prefix != sys.base_prefix:
+        out.append(os.path.realpath(sys.prefix))
+    package_root = os.path.realpath(str(Path(__file__).resolve().parents[2]))  # the folder holding imageforge/
+    out.append(package_root)
+    return out
+
+
+def is_own(entry: str, prefixes: Sequence[str]) -> bool:
+    real = os.path.realpath(entry) if entry else ""
+    return bool(real) and any(real == p or real.startswith(p.rstrip("/") + "/") for p in prefixes)
+
+
+def without_own(environ: Mapping[str, str], prefixes: Sequence[str] | None = None) -> dict[str, str]:
+    """The caller's environment less imageforge's own venv: what the target's processes get (the script steps in
+    place, the server). ``PYTHONPATH`` and ``PATH`` entries inside imageforge's venv or source tree are dropped (the
+    box's own ``PYTHONPATH``, e.g. corex's, stays); ``VIRTUAL_ENV`` naming imageforge's venv is dropped too: with
+    that venv activated, a script's ``python3 -m pip install`` must reach the target's interpreter, not ours."""
+    prefixes = own_prefixes() if prefixes is None else list(prefixes)
+    env = dict(environ)
+    for name in ("PYTHONPATH", "PATH"):
+        if name in env:
+            kept = [e for e in env[name].split(os.pathsep) if not is_own(e, prefixes)]
+            if kept:
+                env[name] = os.pathsep.join(kept)
+            else:
+                del env[name]
+    if env.get("VIRTUAL_ENV") and is_own(env["VIRTUAL_ENV"], prefixes):
+        del env["VIRTUAL_ENV"]
+    return env
 
 
 def _same_dir(a: str, b: str) -> bool:

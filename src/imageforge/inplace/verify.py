@@ -78,7 +78,12 @@ class InPlaceVerify:
         c = v["checked"]
         return {"ok": v["ok"], "python": c.get("python", 0), "run": v["run"], "dead": v["dead"],
                 "overlays": c.get("overlays", 0), "symlinks": c.get("symlinks", 0), "imports": c.get("imports", 0),
-                "problems": v["problems"], "verdict": v}
+                "problems": v["problems"], "verdict": v,
+                "python_files": sorted(_image(p, self.root) for p in self.result.get("python_files", []))}
+
+
+def _image(path: str, root: str) -> str:
+    return path if root == "/" else path[len(root.rstrip("/")):]
 
 
 def check(pkg: LocalPackage, environ: Mapping[str, str], spec: VerifySpec) -> InPlaceVerify:
