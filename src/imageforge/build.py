@@ -82,9 +82,20 @@ from .manifest.resolve import Resolved
 from .plan import Plan, PlannedStep, canonical, make_plan
 from .rundirs import RunLog, image_lock
 from .rundirs import new_run_id as new_run_id  # smoke and bench still import it from here
-from .scripts import IDLE_LOOP
+from .scripts.run import IDLE_LOOP
 from .steps import SERVING_CONFIG, ApplyContext, Changes, ContainerFS, Entry, StepProblem, kind
-from .verify import VerifySpec, verified_contents, verified_label_content, verify_context, verify_image, verify_spec
+from .verify import (
+    VerifySpec,
+    changed_label,
+    changed_of_labels,
+    changed_py,
+    encode_changed,
+    verified_contents,
+    verified_label_content,
+    verify_context,
+    verify_image,
+    verify_spec,
+)
 
 Log = Callable[[str], None]
 
@@ -228,11 +239,14 @@ class Builder:
                     raise problem.error from None
                 if not changes.empty and not container.put_archive("/", changes_tar(changes)):
                     raise InfraError(f"Docker refused to write the files of step {step.id}")
+                extra: dict[str, str] = {}
                 if definition.runs_process:
                     # kill, not stop: the idle loop only sees TERM after its `sleep 1` (stop took ~1 s)
                     with contextlib.suppress(docker.errors.APIError):
                         container.kill()
-                return self.commit(container, planned, parent_config), changes.summary
+                    # what the script added or changed, for verify (the layer's diff; a HIT layer keeps it)
+                    extra[changed_label(step.id)] = encode_changed(changed_py(container.diff() or []))
+                return self.commit(container, planned, parent_config, extra_labels=extra), changes.summary
             finally:
                 self.scope.remove(container)
 
@@ -274,17 +288,19 @@ class Builder:
 
     # -- verify / config ----------------------------------------------------
 
-    def verify_spec(self) -> VerifySpec:
-        """What verify checks on this plan, with the content's context (the imports only if ``verify_imports``)."""
+    def verify_spec(self, image: str) -> VerifySpec:
+        """What verify checks on this plan, with the content's context (the imports only if ``verify_imports``);
+        ``image``: the last step's layer (or the verify layer), whose labels name what script steps changed."""
         assert self.info is not None
-        spec = verify_spec(self.plan, self.info.site)
+        changed = changed_of_labels(client().images.get(image).labels)
+        spec = verify_spec(self.plan, self.info.site, changed, self.environ)
         return replace(spec, context=verify_context(self.plan, self.base_id, self.info.python, spec, self.environ),
                        verified=verified_contents(), check_imports=self.verify_imports)
 
     def run_verify(self, planned: PlannedStep, parent: str) -> tuple[str, str]:
         assert self.info is not None
         parent_config = client().images.get(parent).attrs["Config"] or {}
-        spec = self.verify_spec()
+        spec = self.verify_spec(parent)
         with daemon_errors("verifying"):
             report = verify_image(self.scope, parent, parent_config, self.target, self.info, spec, log=self.log,
                                   verbose=self.verbose, steps=self.plan_steps)
@@ -305,8 +321,8 @@ class Builder:
                 self.info = discover_package(self.base_id, self.target, self.scope, self.log)
         parent_config = client().images.get(image_id).attrs["Config"] or {}
         with daemon_errors("verifying"):
-            report = verify_image(self.scope, image_id, parent_config, self.target, self.info, self.verify_spec(),
-                                  log=self.log, verbose=self.verbose, steps=self.plan_steps)
+            report = verify_image(self.scope, image_id, parent_config, self.target, self.info,
+                                  self.verify_spec(image_id), log=self.log, verbose=self.verbose, steps=self.plan_steps)
         self.scope.remove(report.container)
         return report.text() + " (on the cached layer)"
 

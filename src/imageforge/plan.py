@@ -24,8 +24,9 @@ from .manifest.model import Step
 from .manifest.resolve import Resolved
 from .serve.command import render_serving_config, serving_argv
 
-# Bump when the engine makes different layers from the same inputs (v3: verify cleans /tmp/torchinductor_*).
-KEY_VERSION = "imageforge-cache-v3"
+# Bump when the engine makes different layers from the same inputs (v3: verify cleans /tmp/torchinductor_*;
+# v4: a script layer labels the .py files it changed, which verify then compiles or lists as dead).
+KEY_VERSION = "imageforge-cache-v4"
 Stage = Literal["step", "profile-step", "verify", "config"]
 CacheState = Literal["HIT", "MISS", "UNKNOWN"]
 

@@ -21,9 +21,12 @@ imported again ("imports REUSED").
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +35,7 @@ from .blame import Blame, diagnose, trace_tail
 from .docker_engine.containers import process_overrides
 from .errors import BuildError
 from .inimage import program
-from .labels import L_KIND, L_VERIFIED
+from .labels import L_KIND, L_STEP, L_VERIFIED
 from .manifest.model import Step, Target
 from .plan import Plan
 from .settings import cache_dir
@@ -60,12 +63,27 @@ class VerifySpec:
     context: str = ""  # verify_context: what the imports depend on besides the changed files' bytes
     verified: tuple[str, ...] = ()  # contents whose imports passed before (verified_contents)
     check_imports: bool = True  # False: the imports are left to the first server start (build's default)
+    changed: tuple[str, ...] = ()  # .py files a script step added or changed (the layer's diff; the journal)
+    live: Mapping[str, str] = field(default_factory=dict)  # of those outside the import roots: run or imported, why
 
-    def to_json(self) -> dict[str, Any]:
-        return {"python_files": list(self.python_files), "overlays": dict(self.overlays),
-                "links": list(self.links), "link_globs": [dict(g) for g in self.link_globs],
+    def to_json(self, root: str = "/", *, write: bool = True) -> dict[str, Any]:
+        """The program's spec; ``root``: the image's ``/`` on this machine (in place), every path under it;
+        ``write``: recompile into ``.pyc`` (else compile in memory: a check of a tree already verified)."""
+        at = _under(root)
+        return {"python_files": [at(p) for p in self.python_files],
+                "overlays": {at(p): h for p, h in self.overlays.items()},
+                "links": [at(p) for p in self.links],
+                "link_globs": [{"glob": at(g["glob"]), "into": at(g["into"])} for g in self.link_globs],
                 "imports": list(self.imports) if self.check_imports else [], "import_env": dict(self.import_env),
+                "changed": [at(p) for p in self.changed], "live": {at(p): why for p, why in self.live.items()},
+                "root": root, "write": write, "image": root == "/" and write,
                 **({"context": self.context, "verified": list(self.verified)} if self.context else {})}
+
+
+def _under(root: str) -> Callable[[str], str]:
+    if root == "/":
+        return lambda p: p
+    return lambda p: root.rstrip("/") + "/" + p.lstrip("/")
 
 
 # --------------------------------------------------------------------------- verification facts by content
@@ -133,24 +151,64 @@ def record_started(labels: Mapping[str, str] | None) -> str | None:
     return content
 
 
-def verify_spec(plan: Plan, site: str) -> VerifySpec:
-    """What to verify, derived from the plan alone (cached steps included): each step kind's facts."""
+def verify_facts(steps: Sequence[tuple[Step, Mapping[str, str]]], target: Target, site: str,
+                 changed: Iterable[str] = (), environ: Mapping[str, str] | None = None) -> VerifySpec:
+    """What to verify, one definition for the image and in place: each step kind's facts (``steps``: each step
+    with its input digests), the ``.py`` files script steps added or changed (``changed``, image paths: the
+    layers' diffs or the journal), and which of the directory script steps' files their commands run or import
+    (the kind's ``live_files``, by :mod:`imageforge.scripts.deadfiles`: the dead-file rule; the in-image program
+    compiles a changed file outside the import roots only when it is live, and lists the others as dead)."""
     python_files: set[str] = set()
     overlays: dict[str, str] = {}
     links: list[str] = []
     link_globs: list[dict[str, str]] = []
-    for planned in plan.steps:
-        step = planned.step
-        if step is None:
-            continue
-        facts = kind(step.kind).facts(step, planned.inputs, site)
+    live: dict[str, str] = {}
+    for step, inputs in steps:
+        facts = kind(step.kind).facts(step, inputs, site)
         python_files.update(facts.python_files)
         overlays.update(facts.overlays)
         links.extend(facts.links)
         link_globs.extend(dict(g) for g in facts.link_globs)
-    target = plan.resolved.target
+        live.update(kind(step.kind).live_files(step, environ or {}))
+    extra = sorted(set(changed) - python_files)
     return VerifySpec(tuple(sorted(python_files)), overlays, tuple(links), tuple(link_globs),
-                      target.verify.imports, target.verify.import_env)
+                      target.verify.imports, target.verify.import_env, changed=tuple(extra),
+                      live={p: w for p, w in sorted(live.items())})
+
+
+def verify_spec(plan: Plan, site: str, changed: Iterable[str] = (),
+                environ: Mapping[str, str] | None = None) -> VerifySpec:
+    """:func:`verify_facts` of a plan's steps (cached steps included)."""
+    steps = [(p.step, p.inputs) for p in plan.steps if p.step is not None]
+    return verify_facts(steps, plan.resolved.target, site, changed, environ)
+
+
+# --------------------------------------------------------------------------- what script steps changed (labels)
+
+
+def changed_label(step_id: str) -> str:
+    """The label a script step's layer carries: the ``.py`` files it added or changed (its diff)."""
+    return f"{L_STEP}.{step_id}.changed-py"
+
+
+def encode_changed(paths: Iterable[str]) -> str:
+    """The label's value: the sorted paths, JSON, zlib, base64 (a pip install adds thousands of paths)."""
+    return base64.b64encode(zlib.compress(json.dumps(sorted(set(paths))).encode(), 9)).decode()
+
+
+def changed_of_labels(labels: Mapping[str, str] | None) -> tuple[str, ...]:
+    """Every ``.py`` file the script steps of an image's chain added or changed (the labels it inherited)."""
+    out: set[str] = set()
+    for key, value in (labels or {}).items():
+        if key.startswith(L_STEP + ".") and key.endswith(".changed-py"):
+            out.update(json.loads(zlib.decompress(base64.b64decode(value))))
+    return tuple(sorted(out))
+
+
+def changed_py(diff: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The ``.py`` files of a container's diff (``docker diff``: Kind 0 changed, 1 added, 2 deleted)."""
+    return sorted(str(d["Path"]) for d in diff
+                  if d.get("Kind") in (0, 1) and str(d["Path"]).endswith(".py") and "/__pycache__/" not in d["Path"])
 
 
 @dataclass
@@ -173,7 +231,9 @@ class VerifyReport:
         return "reused" if self.reused else "checked" if self.checked_imports else AT_FIRST_START
 
     def summary(self) -> dict[str, Any]:
-        return {"ok": not self.failures, "checked": self.result.get("checked", {}),
+        v = verdict(self.result)
+        return {"ok": not self.failures, "checked": self.result.get("checked", {}), "dead": v["dead"],
+                "run": v["run"], "python_digest": v["python_digest"],
                 "recompiled": len(self.result.get("compiled", [])), "seconds": round(self.seconds, 1),
                 "content": self.result.get("content"), "imports_reused": bool(self.reused), "imports": self.imports}
 
@@ -182,8 +242,13 @@ class VerifyReport:
         imports = (f"imports REUSED (content {self.reused[:12]} verified before)" if self.reused
                    else f"{c.get('imports', 0)} imports ok" if self.checked_imports
                    else "imports: at first start (not checked at build; --verify-imports checks them)")
-        return (f"{c.get('python', 0)} .py recompiled/checked, {c.get('overlays', 0)} overlay hashes, "
-                f"{c.get('symlinks', 0)} links, {imports} ({self.seconds:.1f}s)")
+        dead = self.result.get("dead", [])
+        return (f"{c.get('python', 0)} .py recompiled/checked, "
+                + (f"{c.get('run', 0)} run by a script compiled, " if c.get("run") else "")
+                + (f"{len(dead)} dead (listed, not compiled: {', '.join(dead[:3])}{' ...' if len(dead) > 3 else ''}), "
+                   if dead else "")
+                + f"{c.get('overlays', 0)} overlay hashes, {c.get('symlinks', 0)} links, {imports} "
+                f"({self.seconds:.1f}s)")
 
 
 def failures_of(result: Mapping[str, Any], steps: Sequence[Step] = ()) -> list[str]:
@@ -203,6 +268,23 @@ def failures_of(result: Mapping[str, Any], steps: Sequence[Step] = ()) -> list[s
         blame = diagnose(trace_tail(item.get("trace", [])), steps)
         out.append(f"import {item['module']} failed: {item['error']}" + (f" ({blame.where()})" if blame else ""))
     return out
+
+
+def verdict(result: Mapping[str, Any], root: str = "/", steps: Sequence[Step] = ()) -> dict[str, Any]:
+    """The program's result as a verdict in image paths, the same shape in both modes (image and in place): ok,
+    the counts checked, the digest of the ``.py`` files checked, the live files compiled, the dead ones listed,
+    and one line per problem."""
+    strip = len(root.rstrip("/")) if root != "/" else 0
+    def image(path: str) -> str:
+        return path[strip:] if strip else path
+
+    checked = sorted(image(p) for p in result.get("python_files", []))
+    problems = failures_of(result, steps)
+    return {"ok": not problems, "checked": dict(result.get("checked", {})),
+            "python_digest": hashlib.sha256("\n".join(checked).encode()).hexdigest(),
+            "run": sorted(image(p) for p in result.get("run", [])),
+            "dead": sorted(image(p) for p in result.get("dead", [])),
+            "problems": [line.replace(root.rstrip("/") + "/", "/") if strip else line for line in problems]}
 
 
 def _import_blame(result: Mapping[str, Any], steps: Sequence[Step]) -> Blame | None:

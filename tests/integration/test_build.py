@@ -422,6 +422,25 @@ def test_a_syntax_error_fails_its_step_and_no_tag_moves(project: Path) -> None:
     assert not [x for x in leaked if x.labels.get("org.imageforge.kind") == "verify"]
 
 
+def test_a_script_copying_a_broken_module_fails_verify_and_a_dead_file_is_listed(project: Path) -> None:
+    """Issue 36: verify compiles every .py a script added or changed under the import roots (the layer's diff,
+    kept in its label); one outside them that nothing runs is listed as dead, not compiled."""
+    script = project / "overlays" / "step.sh"
+    head = '#!/bin/sh\nset -eu\n[ -n "$API_TOKEN" ]\nmkdir -p /opt/probe\n'
+    script.write_text(head + "printf 'def forward(:\\n' > /opt/probe/patch_dead.py\n")
+    result = do_build(project)
+    row = verify_row(result)
+    assert "1 dead (listed, not compiled: /opt/probe/patch_dead.py)" in row.detail
+    labels = docker_client().images.get(result.image_id).labels
+    assert json.loads(labels[L_VERIFIED])["dead"] == ["/opt/probe/patch_dead.py"]
+    script.write_text(head + "printf 'def forward(:\\n' > /usr/lib/python3/dist-packages/probepkg/copied.py\n")
+    with pytest.raises(BuildError) as info:
+        do_build(project)
+    assert info.value.exit_code == 3
+    assert "/usr/lib/python3/dist-packages/probepkg/copied.py does not compile" in "\n".join(info.value.log_tail)
+    assert docker_client().images.get(result.tags[0]).id == result.image_id, "no tag moved"
+
+
 def test_missing_anchor_names_step_and_near_match(project: Path) -> None:
     text = (project / "build.yaml").read_text().replace('old: "VALUE = 1"', 'old: "VALUE  = 1"')
     (project / "build.yaml").write_text(text)

@@ -203,10 +203,29 @@ def folder_tar(folder: Path, arcname: str) -> bytes:
     return buf.getvalue()
 
 
+def image_verdict(vendor: str, folder: Path) -> dict[str, Any]:
+    """The verify verdict of a Docker build of the bi100 target on ``vendor`` with ``folder`` (the verify label)."""
+    from imageforge.labels import L_VERIFIED
+    from tests.integration.forge_fixtures import invoke
+
+    env = {"IMAGEFORGE_BI100_BASE": vendor, "IMAGEFORGE_BI100_SCRIPTS": str(folder)}
+    proc = invoke("build", "--target", "bi100", "--json", env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    built = json.loads(proc.stdout)
+    labels = docker.from_env().images.get(built["image_id"]).labels
+    verdict: dict[str, Any] = json.loads(labels[L_VERIFIED])
+    return verdict
+
+
 def test_bi100_vendor_layout_applies_in_place_and_reverts(wheelhouse: Path, tmp_path: Path) -> None:
     """The vendor-layout fixture (its Python with pip and a stand-in transformers 4.46.3) with the fixture
     baseline, whose patch_ops.sh (run as a local process in its folder) also pip-installs the stand-in
-    transformers 4.55.3 from its wheels/: the dist's files are journaled and revert brings 4.46.3 back."""
+    transformers 4.55.3 from its wheels/: the dist's files are journaled and revert brings 4.46.3 back.
+
+    As a user on the card does it: imageforge's own venv ACTIVATED (PATH starts with its bin/, whose python3
+    links to the system one): the target interpreter is still the system's /usr/bin/python3, and the report
+    says why. The baseline folder holds the organisers' dead patcher (a syntax error, never run): verify lists
+    it as dead, and the image build's verify gives the same verdict on the same steps (issue 36)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from tests.integration.bi100_fixture import (
         BASELINE_TRANSFORMERS,
@@ -218,21 +237,37 @@ def test_bi100_vendor_layout_applies_in_place_and_reverts(wheelhouse: Path, tmp_
     )
 
     folder = baseline_folder(tmp_path / "qwen3_6_scripts")
+    assert (folder / "patch_paged_attention_v2.py").is_file()
+    vendor = vendor_image(site_packages=True)
+    in_image = image_verdict(vendor, folder)
+    dead = "/workspace/qwen3_6_scripts/patch_paged_attention_v2.py"
+    assert in_image["ok"] and dead in in_image["dead"]
     trees = [f"{BI100_SITE}/vllm", "/workspace", "/usr/local/corex", PURELIB, SCRIPTS]
     version = "python3 -c 'import transformers; print(transformers.__version__)'"
-    with make_box(vendor_image(site_packages=True), wheelhouse, trees=trees,
-                  environ={"IMAGEFORGE_BI100_SCRIPTS": BOX_BASELINE}) as b:
+    with make_box(vendor, wheelhouse, trees=trees) as b:
+        path = b.sh("echo $PATH")[1].strip()
+        b.environ = {"IMAGEFORGE_BI100_SCRIPTS": BOX_BASELINE, "VIRTUAL_ENV": "/opt/imageforge",
+                     "PATH": f"/opt/imageforge/bin:{path}"}  # `. /opt/imageforge/bin/activate`
         b.container.put_archive("/", folder_tar(folder, BOX_BASELINE.lstrip("/")))
-        assert b.sh(version)[1].strip() == VENDOR_TRANSFORMERS
+        assert b.sh("command -v python3")[1].strip() == "/opt/imageforge/bin/python3"
+        assert b.sh("/usr/bin/python3 -c 'import transformers; print(transformers.__version__)'")[1].strip() \
+            == VENDOR_TRANSFORMERS
         before = b.listing()
         old_dist = f"{PURELIB}/transformers-{VENDOR_TRANSFORMERS}.dist-info"
         assert f"{old_dist}/RECORD" in {row[0] for row in before}  # the listing covers the dist
         _, out, _ = b.invoke("apply --target bi100 --in-place --no-imports --json")
         report = json.loads(out[out.index("{"):])
+        assert report["python"] == "/usr/bin/python3"
+        assert report["python_why"] == "the first python3 on PATH, imageforge's own venv (/opt/imageforge/bin) skipped"
         ids = [s["id"] for s in report["steps"]]
         assert ids[0] == "organisers-baseline" and ids[-1] == "verify"
         assert report["steps"][0]["status"] == "ran" and report["steps"][0]["paths"] > 0
-        assert b.sh(version)[1].strip() == BASELINE_TRANSFORMERS
+        assert dead in report["verify"]["dead"] and dead in report["steps"][-1]["detail"]
+        in_place = report["verify"]["verdict"]
+        for key in ("ok", "dead", "run", "checked", "python_digest"):
+            assert in_place[key] == in_image[key], (key, in_place[key], in_image[key], report["verify"])
+        assert in_place["checked"]["python"] > 5, "the team's files, the baseline's copies, transformers' modules"
+        assert b.sh("/usr/bin/" + version)[1].strip() == BASELINE_TRANSFORMERS
         _, text = b.sh("grep -c . /workspace/qwen3_6_scripts/patch_ops.sh")
         assert int(text.strip()) > 0
         journal = json.loads(b.sh("cat /var/lib/imageforge/journal.json")[1])
@@ -246,4 +281,4 @@ def test_bi100_vendor_layout_applies_in_place_and_reverts(wheelhouse: Path, tmp_
         after = b.listing()
         assert ([r for r in after if r not in before], [r for r in before if r not in after]) == ([], [])
         assert after == before
-        assert b.sh(version)[1].strip() == VENDOR_TRANSFORMERS
+        assert b.sh("/usr/bin/" + version)[1].strip() == VENDOR_TRANSFORMERS

@@ -28,7 +28,8 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("patches", "rundirs", "cli.output", "cli.progress", "serve.openai_wire", "serve.waits", "workload",
      "wheelhouse",  # wheelhouse.join: the stdlib joiner beside the parts
      "inimage",  # the programs run inside an image (verify, the flag listing, the tree's step runtime), as text
-     "vendor_api"),  # the vendor API record: its format, the arity check, ELF facts, the probe
+     "vendor_api",  # the vendor API record: its format, the arity check, ELF facts, the probe
+     "scripts.deadfiles"),  # which .py files of a script's folder its command runs or imports (verify, preflight)
     ("docker_engine",),  # the daemon: engine setup, SDK client, the one error translator, container files
     # the frozen model of build.yaml and YAML (problem words, loader, schemas); equiv tolerances; the one
     # precedence chain

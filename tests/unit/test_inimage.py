@@ -13,6 +13,7 @@ import subprocess
 import sys
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 import pytest
 from setuptools import find_packages
@@ -74,12 +75,53 @@ def test_verification_reports_a_missing_file_a_changed_overlay_and_a_failed_impo
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.splitlines()[-1].removeprefix(verify.MARK))
-    assert out["checked"] == {"python": 2, "overlays": 1, "symlinks": 1, "imports": 2}
+    assert out["checked"] == {"python": 2, "run": 0, "overlays": 1, "symlinks": 1, "imports": 2}
     assert out["missing"] == [str(tmp_path / "gone.py")] and out["syntax"] == [] and out["stale"] == []
     assert out["compiled"] == [str(tmp_path / "__pycache__" / f"good.{sys.implementation.cache_tag}.pyc")]
     assert out["hash"][0]["found"] != "0" * 64 and out["symlinks"][0]["target"] is None
     assert [i["module"] for i in out["imports"]] == ["no_such_module_x"] and "content" not in out
     assert verify.failures_of(out)[0] == f"changed file missing in the image: {tmp_path / 'gone.py'}"
+
+
+def _run_verify(spec: dict[str, object], *args: str, pythonpath: Path | None = None) -> dict[str, Any]:
+    env = {"PATH": "/usr/bin:/bin", **({"PYTHONPATH": str(pythonpath)} if pythonpath else {})}
+    proc = subprocess.run([sys.executable, "-S", "-c", verify.IN_IMAGE, *args, json.dumps(spec)],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    out: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1].removeprefix(verify.MARK))
+    return out
+
+
+def test_changed_files_under_an_import_root_are_checked_live_ones_compiled_and_dead_ones_listed(
+        tmp_path: Path) -> None:
+    """The dead-file case of the vendor tree: a script's folder outside the import roots holds a patcher it runs
+    and a dead patcher with a syntax error; a broken file the script copies into the package fails."""
+    site, folder = tmp_path / "site", tmp_path / "workspace" / "scripts"
+    (site / "pkg").mkdir(parents=True)
+    folder.mkdir(parents=True)
+    (site / "pkg" / "__init__.py").write_text("")
+    (site / "pkg" / "copied.py").write_text("x = 1\n")
+    (folder / "patch_run.py").write_text("print('patched')\n")
+    (folder / "patch_dead.py").write_text("def broken(:\n")
+    changed = [str(site / "pkg" / "copied.py"), str(folder / "patch_run.py"), str(folder / "patch_dead.py")]
+    spec = {"python_files": [], "overlays": {}, "links": [], "link_globs": [], "imports": [], "import_env": {},
+            "changed": changed, "live": {str(folder / "patch_run.py"): "run by patch_ops.sh"}, "image": False}
+    out = _run_verify(spec, pythonpath=site)
+    assert out["python_files"] == [str(site / "pkg" / "copied.py")] and out["run"] == [str(folder / "patch_run.py")]
+    assert out["dead"] == [str(folder / "patch_dead.py")] and out["syntax"] == []
+    assert out["checked"]["python"] == 1 and out["checked"]["run"] == 1
+    assert verify.verdict(out, str(tmp_path))["dead"] == ["/workspace/scripts/patch_dead.py"]
+    assert not (folder / "__pycache__").exists(), "a live file outside the roots is compiled in memory"
+    planned = _run_verify(spec, "--plan", pythonpath=site)
+    assert planned["pycs"] == [[str(site / "pkg" / "copied.py"), out["compiled"][0]]]
+
+    (folder / "patch_run.py").write_text("print('patched'\n")  # a live file that does not compile
+    (site / "pkg" / "copied.py").write_text("def f(:\n")  # a broken file copied into the package
+    out = _run_verify({**spec, "write": False}, pythonpath=site)
+    assert sorted(item["path"] for item in out["syntax"]) == sorted(changed[:2])
+    assert out["dead"] == [str(folder / "patch_dead.py")]
+    without_root = _run_verify(spec)  # the package not on sys.path: the copied file is dead too
+    assert str(site / "pkg" / "copied.py") in without_root["dead"]
 
 
 FAKE_PARSER = '''

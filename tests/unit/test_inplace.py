@@ -494,6 +494,44 @@ def test_a_directory_script_is_copied_to_dest_and_run_there(box: dict[str, Any])
     assert not (root / "workspace").exists()
 
 
+def _dead_patcher_folder(box: dict[str, Any], copied: str) -> None:
+    """The organisers' folder as the facts describe it: a patcher the script runs, one it never runs nor imports
+    with a real syntax error (their patch_paged_attention_v2.py), and a file copied into the package."""
+    folder = box["repo"] / "baseline"
+    folder.mkdir()
+    (folder / "y.py").write_text(copied)
+    (folder / "patch_run.py").write_text("import patch_helpers\nprint(patch_helpers.NAME)\n")
+    (folder / "patch_helpers.py").write_text("NAME = 'patched'\n")
+    (folder / "patch_paged_attention_v2.py").write_text("def forward(:\n    pass\n")
+    (folder / "patch_ops.sh").write_text('set -e\ncp y.py "$IMAGEFORGE_ROOT/site/vllm/y.py"\n'
+                                         f"{sys.executable} patch_run.py\n")
+    (box["repo"] / "dir.yaml").write_text(DIRECTORY_STEP)
+
+
+def test_a_dead_patcher_in_the_scripts_folder_is_listed_not_compiled(box: dict[str, Any]) -> None:
+    _dead_patcher_folder(box, "A = 5\n")
+    report = inplace.apply(resolved(box, manifest="dir.yaml"), root=box["root"], python=sys.executable,
+                           environ=box["environ"], log=lambda _l: None, imports=False)
+    verify = report.to_json()["verify"]
+    # the folder's copy of y.py is dead too: copied into the package, never run from the folder
+    assert verify["ok"] and verify["dead"] == ["/workspace/scripts/patch_paged_attention_v2.py",
+                                               "/workspace/scripts/y.py"]
+    assert verify["run"] == ["/workspace/scripts/patch_helpers.py", "/workspace/scripts/patch_run.py"]
+    assert verify["python"] == 1, "the copied vllm/y.py: under the interpreter's import root"
+    assert "2 dead (listed, not compiled): /workspace/scripts/patch_paged_attention_v2.py" in report.text()
+    assert not (box["root"] / "workspace/scripts/__pycache__").exists()
+    inplace.revert(box["root"])
+
+
+def test_a_broken_file_a_script_copies_into_the_package_fails_verify(box: dict[str, Any]) -> None:
+    _dead_patcher_folder(box, "A = (5\n")
+    with pytest.raises(BuildError, match="do not compile") as caught:
+        inplace.apply(resolved(box, manifest="dir.yaml"), root=box["root"], python=sys.executable,
+                      environ=box["environ"], log=lambda _l: None, imports=False)
+    assert any("site/vllm/y.py does not compile" in line for line in caught.value.log_tail or [])
+    inplace.revert(box["root"])
+
+
 PIP_STEP = directory_step('[vllm, /workspace/scripts, "{purelib}/extra", "{purelib}/extra-*.dist-info", '
                           '"{scripts}/extra*"]')
 
@@ -576,3 +614,82 @@ def test_a_touches_entry_naming_no_install_path_is_refused(box: dict[str, Any]) 
         inplace.apply(resolved(box, manifest="pip.yaml"), root=box["root"], python=str(python),
                       environ=box["environ"], log=lambda _l: None, imports=False)
     assert "{bindir}" in str(caught.value)
+
+
+def _fake_path(tmp_path: Path) -> tuple[Path, Path]:
+    """A venv-like bin directory whose python3 links to the system one's, and the target's bin directory."""
+    venv_bin, target_bin = tmp_path / "venv" / "bin", tmp_path / "target" / "bin"
+    venv_bin.mkdir(parents=True)
+    target_bin.mkdir(parents=True)
+    (target_bin / "python3").write_text("#!/bin/sh\nexec " + sys.executable + ' "$@"\n')
+    (target_bin / "python3").chmod(0o755)
+    (venv_bin / "python3").symlink_to(target_bin / "python3")  # as a venv's links to the system python3
+    return venv_bin, target_bin
+
+
+def test_discovery_skips_imageforges_own_venv_on_path(tmp_path: Path) -> None:
+    from imageforge.inplace.package import find_python
+
+    venv_bin, target_bin = _fake_path(tmp_path)
+    environ = {"PATH": f"{venv_bin}:{target_bin}"}
+    chosen = find_python("python3", environ, own_bin=str(venv_bin))
+    assert chosen.path == str(target_bin / "python3"), "the directory is compared, not the resolved executable"
+    assert chosen.why == f"the first python3 on PATH, imageforge's own venv ({venv_bin}) skipped"
+    # the venv's bin named another way (a trailing slash, a link to it) is the same directory
+    (tmp_path / "alias").symlink_to(venv_bin)
+    assert find_python("python3", {"PATH": f"{tmp_path / 'alias'}:{target_bin}"},
+                       own_bin=str(venv_bin) + "/").path == str(target_bin / "python3")
+    # installed into the target's own interpreter (no venv): nothing skipped
+    assert find_python("python3", environ, own_bin="").path == str(venv_bin / "python3")
+    # --python with a path overrides, even the venv's own
+    given = find_python(str(venv_bin / "python3"), environ, own_bin=str(venv_bin))
+    assert given.path == str(venv_bin / "python3") and given.why == "given with --python"
+    with pytest.raises(Exception, match="outside imageforge's own venv"):
+        find_python("python3", {"PATH": str(venv_bin)}, own_bin=str(venv_bin))
+
+
+def test_own_venv_is_read_from_the_prefixes() -> None:
+    from imageforge.inplace.package import own_venv_bin
+
+    assert own_venv_bin("/opt/if", "/usr") == "/opt/if/bin"
+    assert own_venv_bin("/usr", "/usr") is None
+
+
+def test_apply_reports_the_interpreter_and_why(box: dict[str, Any], tmp_path: Path) -> None:
+    """An activated venv first on PATH (this test's own venv, when it runs in one) is not the target."""
+    from imageforge.inplace.package import own_venv_bin
+
+    venv_bin, target_bin = _fake_path(tmp_path)
+    own = own_venv_bin()
+    first = own or str(venv_bin)
+    environ = {**box["environ"], "PATH": f"{first}:{target_bin}:{os.environ.get('PATH', '')}"}
+    report = inplace.apply(resolved(box), root=box["root"], python="python3", environ=environ,
+                           log=lambda _l: None, imports=False)
+    data = report.to_json()
+    if own:  # pytest from a venv: imageforge's own venv bin was skipped
+        assert data["python"] == str(target_bin / "python3")
+        assert data["python_why"] == f"the first python3 on PATH, imageforge's own venv ({own}) skipped"
+    else:
+        assert data["python"] == str(venv_bin / "python3") and data["python_why"] == "the first python3 on PATH"
+    assert f"python {data['python']}: {data['python_why']}" in report.text()
+    inplace.revert(box["root"])
+
+
+def test_a_script_in_place_runs_without_imageforges_venv_on_its_path(box: dict[str, Any]) -> None:
+    """With imageforge's venv activated, a script's `python3 -m pip install` must reach the target's interpreter:
+    the scripts get the caller's environment less that venv (PATH entries, VIRTUAL_ENV)."""
+    from imageforge.inplace.package import own_venv_bin
+
+    own = own_venv_bin()
+    if own is None:
+        pytest.skip("imageforge does not run in a venv here")
+    folder = box["repo"] / "baseline"
+    folder.mkdir()
+    (folder / "patch_ops.sh").write_text('command -v python3 > found.txt\necho "${VIRTUAL_ENV:-none}" >> found.txt\n')
+    (box["repo"] / "dir.yaml").write_text(DIRECTORY_STEP)
+    environ = {**box["environ"], "PATH": f"{own}:/usr/bin:/bin", "VIRTUAL_ENV": sys.prefix}
+    inplace.apply(resolved(box, manifest="dir.yaml"), root=box["root"], python=sys.executable, environ=environ,
+                  log=lambda _l: None, imports=False)
+    python3, virtual_env = (box["root"] / "workspace/scripts/found.txt").read_text().split()
+    assert python3 == "/usr/bin/python3" and virtual_env == "none"
+    inplace.revert(box["root"])

@@ -106,11 +106,12 @@ def test_host_address_and_a_missing_volume_source(cpu: Resolved, tmp_path: Path)
 
 def test_own_prefixes_hold_the_folder_imageforge_is_imported_from() -> None:
     import imageforge
+    from imageforge.inplace.package import own_prefixes
 
     root = os.path.realpath(str(Path(imageforge.__file__).resolve().parent.parent))  # src/ in a checkout
-    assert root in ps.own_prefixes()
+    assert root in own_prefixes()
     # a PYTHONPATH entry naming that folder is imageforge's own: the server's environment leaves it out
-    env = ps.child_environ({"PYTHONPATH": f"{root}:/opt/box"}, {}, ps.own_prefixes())
+    env = ps.child_environ({"PYTHONPATH": f"{root}:/opt/box"}, {}, own_prefixes())
     assert env["PYTHONPATH"] == "/opt/box"
 
 

@@ -171,31 +171,32 @@ EVERY_FIELD = manifest_text("""\
 """)
 
 #: (definition as JSON, key chained from "sha256:base") per step, computed by main's code (0416a68, Step.spec a
-#: Mapping) on EVERY_FIELD: typed specs change no key.
+#: Mapping) on EVERY_FIELD: typed specs change no key. Recomputed for KEY_VERSION imageforge-cache-v4 (script
+#: layers label the .py files they changed): only the version in the payload changed, the definitions did not.
 MAINS = [
     ('{"id": "over", "kind": "overlay", "dest": "vllm/x.py", "source": "overlays/x.py"}',
-     "373f49d6f38868bb698b38c637b75df9c2a61bd2ad6b595ec24e34a86bb18cbc"),
+     "ca72f3fe36978f813867478f11e2b443461491794bd633bbcb313ac37a71c83d"),
     ('{"id": "over-mode", "kind": "overlay", "dest": "/opt/x.py", "mode": 384, "owner": "1000:1000", '
-     '"source": "overlays/x.py"}', "4d82c672b7873656f4d142370765b415d7e7a25614a726422010559b27aa89c2"),
+     '"source": "overlays/x.py"}', "346ae70d0345e6edde09f1c1cdfc80928f3fcaae023981f8579bfd2a9d742448"),
     ('{"id": "fix", "kind": "patch", "count": 1, "file": "vllm/y.py", "new": "A = 2", "old": "A = 1", '
-     '"verified": true}', "c39a2e66c74139724a925543a14e45446c6937ea8ba6ed34ac68e8886f4069d9"),
+     '"verified": true}', "f4ee4223bd5787f8006ca9e7c76b10607fc6c82e1adaa353bb0112a412333953"),
     ('{"id": "fix2", "kind": "patch", "count": 2, "file": "vllm/y.py", "new": "B = 2", "old": "B = 1", '
-     '"verified": false}', "3f57fa07ce492a5c91640fbefd832f68b11b5a0d9a18b0bc815f1c6dc55550c4"),
+     '"verified": false}', "3af810f7438309b4a09f5445629df71e410269fde2017d2d494d3e0dba184610"),
     ('{"id": "run", "kind": "script", "args": ["a", "1"], "env": {"X": "0644", "Y": "true", "Z": "s"}, '
      '"source": "overlays/s.sh", "user": "1000", "workdir": "/tmp/w"}',
-     "77ea420795bc2a25f8363c4f6b242d9578a8eae97cfb0e9dc7fcc928954e3c58"),
+     "e6b29207c2bba8d6177be78b435ec455cc6e98abcd84cbad1a9ab0cdb0a89181"),
     ('{"id": "run2", "kind": "script", "args": [], "env": {}, "source": "overlays/s.sh"}',
-     "dbdc517343101b777998ef5f8fc5240e835fd0c9319b02aa0b0f73dcf9e42bfd"),
+     "7cd0f0dfc63a069d9f6048ede71dc7c167354f7de116b41d2a5309e17581f2f1"),
     ('{"id": "dir", "kind": "script", "args": [], "command": ["sh", "run.sh"], "dest": "/opt/tree", '
      '"directory": "tree", "env": {}, "workdir": "/opt/tree"}',
-     "fa788c7fc5f800e0d4510a7f289d363f0f6721effac8d14258740511b292733e"),
+     "ef32c0fd52de3a4436eb4e6bc13b6c39cfbd0c95ffea6e87fd3b5695c1273281"),
     ('{"id": "dirvar", "kind": "script", "args": [], "command": ["sh", "run.sh"], "dest": "/opt/t2", '
      '"directory": "${W26_DIR}", "env": {}, "workdir": "/opt"}',
-     "f321a91b7730f6a732d675cc04c6c4b1fceaf32ba75868b5b78966c1c4553062"),
+     "1b0e704784bed545c78ce23a974c1fbdc1f33cc97a4b966b0868e1f365f921cc"),
     ('{"id": "ln", "kind": "symlink", "link": "/usr/lib//a.so", "replace": false, "replace_directory": false, '
-     '"target": "b.so"}', "a995ecc2b172e900cf1e43b8a5f2700ab0ff7bcd6ee854ce0e763b7674e58c3c"),
+     '"target": "b.so"}', "d6c2abafade6391e47fb54bfc016eb18245dc73c2a4190be90f6ce965b4a9de7"),
     ('{"id": "lnglob", "kind": "symlink", "glob": "/usr/lib/x/*.so", "into": "/usr/lib/y/", "replace": true, '
-     '"replace_directory": true}', "d92afa4af0e82bb24627241c1da474fd10ba4c4d461f8a1bcd004277b2a1fbd3"),
+     '"replace_directory": true}', "2d57e57f13c6e4fdfb511dce5230f6ef95d647257a72c3a1148e5cec34e52c29"),
 ]
 
 

@@ -9,21 +9,20 @@ directory, the interpreter's install paths and its bin directory that finds an u
 
 The journal's ``applied`` list is compared with the plan's step keys: the same plan again is "nothing to
 do"; another profile or step subset undoes the applied steps after the common prefix (last first: each
-path back to its state before the step) and applies the rest in order. The last step, ``verify``, writes
-hash-checked ``.pyc`` files for every changed ``.py`` (journaled too), checks overlay hashes and links,
-and imports the manifest's modules with the target interpreter (``imports=False`` skips that).
+path back to its state before the step) and applies the rest in order. The last step, ``verify``, is the
+image's verify program run with the target interpreter on what the journal says the steps changed
+(:mod:`.verify`): hash-checked ``.pyc`` for every checked ``.py`` (journaled too), dead files listed, overlay
+hashes, links, and the manifest's imports (``imports=False`` skips them).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fnmatch
 import hashlib
 import json
 import os
 import posixpath
-import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,14 +38,14 @@ from .changescan import ChangeScan
 from .interrupts import deferred, interruptible
 from .journal import ABSENT, Journal, State, journal_dir, same_content, state_of, walk, write_file
 from .localfs import LocalFS
-from .package import LocalPackage, discover_local
+from .package import LocalPackage, discover_local, without_own
 from .runner import LocalRunner
 from .safety import expand, guard_path, root_lock, scan_tops, under
 from .undo import recover, same_state, settle_drift, undo_step
+from .verify import VERIFY_STEP, InPlaceVerify, changed_in_journal, check, spec_in_place, verify_step
 
 Log = Callable[[str], None]
 
-VERIFY_STEP = "verify"
 #: The caller's environment goes to the target interpreter and the scripts as it is; these are recorded in the
 #: journal (what the steps were applied with).
 RECORDED_ENV = ("PYTHONPATH", "LD_LIBRARY_PATH")
@@ -85,16 +84,18 @@ class ApplyReport:
     seconds: float
     verify: Mapping[str, Any] = field(default_factory=dict)
     drift_kept: tuple[str, ...] = ()
+    python_why: str = ""  # why this interpreter was chosen
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "profile": self.profile, "root": self.root, "site": self.site,
-                "version": self.version, "python": self.python, "nothing_to_do": self.nothing_to_do,
+                "version": self.version, "python": self.python, "python_why": self.python_why,
+                "nothing_to_do": self.nothing_to_do,
                 "undone": list(self.undone), "steps": [s.to_json() for s in self.steps], "journal": self.journal,
                 "seconds": round(self.seconds, 3), "verify": dict(self.verify), "drift_kept": list(self.drift_kept)}
 
     def text(self) -> str:
         head = (f"apply --in-place {self.target}:{self.profile} on {self.root} ({self.version} in {self.site}, "
-                f"python {self.python})")
+                f"python {self.python}: {self.python_why or 'as given'})")
         out = [head]
         for path in self.drift_kept:
             out.append(f"  ! drifted copy kept at {path}")
@@ -133,6 +134,7 @@ def select_steps(resolved: Resolved, only: Sequence[str] = (), skip: Sequence[st
 
 
 def python_files(steps: Sequence[Step], site: str, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The steps' own ``.py`` files (their kinds' facts): the verify step's key."""
     files: set[str] = set()
     for step in steps:
         files.update(kind(step.kind).facts(step, kind(step.kind).inputs(step, environ), site).python_files)
@@ -317,131 +319,6 @@ class _Applier:
         scan.before()
         return scan
 
-    def verify_step(self, files: Sequence[str], key: str) -> StepResult:
-        """Hash-checked ``.pyc`` for every changed ``.py`` (each optimisation level present), journaled."""
-        t0 = time.monotonic()
-        journal = self.journal
-        journal.begin(VERIFY_STEP, key)
-        jobs: list[list[Any]] = []
-        tag = self.pkg.cache_tag
-        # the steps' .py files, and every .py a script step changed (patch_ops.sh's `cp` keeps the size: a stale
-        # timestamp .pyc would win over it just as over a same-size patch)
-        sources = dict.fromkeys([self.pkg.host(image) for image in files] + [
-            Path(k) for k in sorted(journal.paths) if k.endswith(".py") and journal.expected(k)["type"] == "file"
-            and "__pycache__" not in k])
-        for src in sources:
-            if not src.is_file():
-                raise BuildError(f"changed file {src} is missing after the steps")
-            cache = src.parent / "__pycache__"
-            journal.note_pycache(cache)
-            stem = f"{src.stem}.{tag}"
-            levels = {0}
-            if cache.is_dir():
-                for name in os.listdir(cache):
-                    if name.startswith(stem + ".") and name.endswith(".pyc"):
-                        levels.add(2 if ".opt-2." in name else 1 if ".opt-1." in name else 0)
-            for level in sorted(levels):
-                cfile = cache / (f"{stem}.pyc" if level == 0 else f"{stem}.opt-{level}.pyc")
-                if not cache.exists() and cache not in [Path(j[1]).parent for j in jobs]:
-                    journal.push(cache, VERIFY_STEP, {"type": "dir", "mode": 0o755, "mtime_ns": None})
-                journal.push(cfile, VERIFY_STEP, {"type": "file", "sha256": None})
-                jobs.append([str(src), str(cfile), level])
-        journal.save()
-        if jobs:
-            done = subprocess.run([self.pkg.python, "-c", COMPILE, json.dumps(jobs)], env=dict(self.environ),
-                                  capture_output=True, text=True, timeout=600, check=False)
-            if done.returncode != 0:
-                raise BuildError("the changed .py files do not compile with the target interpreter",
-                                 log_tail=(done.stdout + done.stderr).strip().splitlines()[-12:],
-                                 hint="fix the step that changed the file (check-patches shows each patch)")
-        for key_ in journal.touched_by(VERIFY_STEP):
-            journal.paths[key_]["stack"][-1]["state"] = state_of(Path(key_))
-        journal.complete(VERIFY_STEP, key, f"{len(jobs)} hash-checked .pyc")
-        return StepResult(VERIFY_STEP, "verify", "applied", f"{len(sources)} .py -> {len(jobs)} hash-checked .pyc",
-                          len(jobs), time.monotonic() - t0)
-
-
-COMPILE = r"""
-import json, py_compile, sys
-for src, cfile, level in json.loads(sys.argv[1]):
-    py_compile.compile(src, cfile=cfile, doraise=True, optimize=level,
-                       invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
-"""
-
-CHECK = r"""
-import importlib, importlib.util, json, os, sys, traceback
-spec = json.loads(sys.argv[1])
-out = {"stale": [], "imports": []}
-tag = sys.implementation.cache_tag
-for path in spec["python_files"]:
-    d = os.path.join(os.path.dirname(path), "__pycache__")
-    stem = os.path.splitext(os.path.basename(path))[0] + "." + tag
-    digest = importlib.util.source_hash(open(path, "rb").read())
-    for n in (sorted(os.listdir(d)) if os.path.isdir(d) else []):
-        if n.startswith(stem + ".") and n.endswith(".pyc"):
-            head = open(os.path.join(d, n), "rb").read(16)
-            if not int.from_bytes(head[4:8], "little") & 1 or head[8:16] != digest:
-                out["stale"].append(os.path.join(d, n))
-for name in spec["imports"]:
-    try:
-        importlib.import_module(name)
-    except BaseException as exc:
-        out["imports"].append({"module": name, "error": "%s: %s" % (type(exc).__name__, exc),
-                               "trace": traceback.format_exc().strip().splitlines()[-6:]})
-print("IMAGEFORGE-VERIFY " + json.dumps(out), flush=True)
-"""
-
-
-def check_in_place(resolved: Resolved, steps: Sequence[Step], pkg: LocalPackage, environ: Mapping[str, str], *,
-                   imports: bool) -> dict[str, Any]:
-    """The verify layer's checks on the root: fresh hash-checked .pyc, overlay sha256, links, imports."""
-    files = [str(pkg.host(p)) for p in python_files(steps, pkg.site, environ)]
-    problems: list[str] = []
-    overlays = links = 0
-    for step in steps:
-        facts = kind(step.kind).facts(step, kind(step.kind).inputs(step, environ), pkg.site)
-        for dest, want in facts.overlays.items():
-            overlays += 1
-            host = pkg.host(dest)
-            got = state_of(host).get("sha256")
-            if got != want:
-                problems.append(f"{host} sha256 {str(got)[:16]} != source {want[:16]}")
-        pairs = [pkg.host(link) for link in facts.links]
-        for g in facts.link_globs:
-            directory, pattern = posixpath.split(g["glob"])
-            host_dir = pkg.host(directory)
-            names = sorted(n for n in os.listdir(host_dir) if fnmatch.fnmatchcase(n, pattern)) if host_dir.is_dir() \
-                else []
-            pairs += [pkg.host(posixpath.join(g["into"], n)) for n in names]
-        for link in pairs:
-            links += 1
-            if not link.is_symlink() or not _resolves(pkg.root, link):
-                problems.append(f"symlink {link} does not resolve")
-    wanted = list(resolved.target.verify.imports) if imports else []
-    done = subprocess.run([pkg.python, "-c", CHECK, json.dumps({"python_files": files, "imports": wanted})],
-                          env={**environ, **resolved.target.verify.import_env, "PYTHONDONTWRITEBYTECODE": "1"},
-                          capture_output=True, text=True, timeout=900, check=False)
-    marks = [ln for ln in done.stdout.splitlines() if ln.startswith("IMAGEFORGE-VERIFY ")]
-    if not marks:
-        raise BuildError("verification did not finish", found=f"exit code {done.returncode}",
-                         log_tail=(done.stdout + done.stderr).splitlines()[-20:])
-    result = json.loads(marks[-1].split(" ", 1)[1])
-    problems += [f"stale bytecode {p}" for p in result["stale"]]
-    problems += [f"import {i['module']} failed: {i['error']}" for i in result["imports"]]
-    return {"ok": not problems, "python": len(files), "overlays": overlays, "symlinks": links,
-            "imports": len(wanted), "problems": problems}
-
-
-def _resolves(root: Path, link: Path) -> bool:
-    """The link's target exists with ``root`` as ``/`` (absolute targets are under the root)."""
-    current = link
-    for _ in range(40):
-        if not current.is_symlink():
-            return os.path.exists(current)
-        target = os.readlink(current)
-        current = root / target.lstrip("/") if target.startswith("/") else current.parent / target
-    return False
-
 
 # --------------------------------------------------------------------------- the command
 
@@ -453,7 +330,8 @@ def apply(resolved: Resolved, *, root: Path = Path("/"), python: str = "python3"
     t0 = time.monotonic()
     environ = dict(os.environ if environ is None else environ)
     root = root.resolve()
-    pkg = discover_local(resolved.target, root, python, environ)
+    pkg = discover_local(resolved.target, root, python, environ)  # says why it skipped imageforge's own venv
+    environ = without_own(environ)  # the scripts' `python3` and `pip` are the target's, not imageforge's
     chosen = select_steps(resolved, steps, skip)
     files = python_files(chosen, pkg.site, environ)
     keys = [(s.id, step_key(s, environ)) for s in chosen]
@@ -466,6 +344,7 @@ def apply(resolved: Resolved, *, root: Path = Path("/"), python: str = "python3"
     results: list[StepResult] = []
     undone: list[str] = []
     kept: tuple[str, ...] = ()
+    verified: InPlaceVerify | None = None
     with root_lock(root), interruptible():
         journal = Journal.load(root)
         if journal is not None:
@@ -490,7 +369,18 @@ def apply(resolved: Resolved, *, root: Path = Path("/"), python: str = "python3"
             for step_id, key in keys[prefix:]:
                 try:
                     if step_id == VERIFY_STEP and step_id not in by_id:
-                        results.append(applier.verify_step(files, key))
+                        spec = spec_in_place(chosen, resolved.target, pkg, environ,
+                                             changed_in_journal(journal, pkg), imports=imports)
+                        verified = verify_step(journal, pkg, environ, spec, key)
+                        v = verified.verdict()
+                        results.append(StepResult(
+                            VERIFY_STEP, "verify", "applied", f"{v['checked'].get('python', 0)} .py -> "
+                            f"{len(verified.result['compiled'])} hash-checked .pyc"
+                            + (f", {len(v['run'])} run by a script compiled" if v["run"] else "")
+                            + (f", {len(v['dead'])} dead (listed, not compiled): " + ", ".join(v["dead"][:8])
+                               + (f" and {len(v['dead']) - 8} more (--json lists them)" if len(v["dead"]) > 8
+                                  else "") if v["dead"] else ""),
+                            len(journal.touched_by(VERIFY_STEP)), verified.seconds))
                     elif kind(by_id[step_id].kind).runs_process:
                         results.append(applier.script_step(by_id[step_id], key))
                     else:
@@ -501,12 +391,15 @@ def apply(resolved: Resolved, *, root: Path = Path("/"), python: str = "python3"
                             undo_step(journal, step_id)
                     raise
                 log(f"  {results[-1].status:<8} {step_id}: {results[-1].detail}")
-    verified = check_in_place(resolved, chosen, pkg, environ, imports=imports)
+    if verified is None:  # verify applied before: check the tree as it is (nothing written)
+        changed = changed_in_journal(journal, pkg) if journal is not None else []
+        verified = check(pkg, environ, spec_in_place(chosen, resolved.target, pkg, environ, changed, imports=imports))
+    outcome = verified.to_json()
     report = ApplyReport(resolved.target.name, resolved.profile_name, str(root), pkg.site, pkg.version, pkg.python,
                          tuple(results), tuple(undone), nothing, str(journal_dir(root)), time.monotonic() - t0,
-                         verified, kept)
-    if not verified["ok"]:
+                         outcome, kept, pkg.python_why)
+    if not outcome["ok"]:
         raise BuildError(f"in-place verification of {resolved.target.name} failed "
-                         f"({len(verified['problems'])} problem(s)); the steps stay applied (`revert` undoes them)",
-                         log_tail=verified["problems"])
+                         f"({len(outcome['problems'])} problem(s)); the steps stay applied (`revert` undoes them)",
+                         log_tail=outcome["problems"])
     return report

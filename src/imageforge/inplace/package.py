@@ -13,7 +13,8 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,7 @@ class LocalPackage:
     package_dir: str  # image path
     dist_info: str  # host path ("" when unknown)
     scheme: tuple[tuple[str, str], ...] = ()  # (sysconfig name, host path) of SCHEME_NAMES
+    python_why: str = ""  # why this interpreter (find_python)
 
     def host(self, image_path: str) -> Path:
         return self.root / image_path.lstrip("/")
@@ -72,14 +74,84 @@ class LocalPackage:
         return base.rstrip("/") + rest if rest else base
 
 
-def find_python(python: str, environ: Mapping[str, str]) -> str:
-    """``python`` as a path: a name is looked up on the caller's PATH."""
+@dataclass(frozen=True)
+class Interpreter:
+    """The target interpreter chosen and why (the apply report says both)."""
+
+    path: str
+    why: str
+
+
+def own_venv_bin(prefix: str | None = None, base_prefix: str | None = None) -> str | None:
+    """imageforge's own venv's bin directory, when imageforge runs in a venv (``sys.prefix != sys.base_prefix``);
+    None when it is installed into an interpreter of its own (the target's, say): then nothing is skipped."""
+    prefix = sys.prefix if prefix is None else prefix
+    base_prefix = sys.base_prefix if base_prefix is None else base_prefix
+    if os.path.realpath(prefix) == os.path.realpath(base_prefix):
+        return None
+    return os.path.join(prefix, "bin")
+
+
+def find_python(python: str, environ: Mapping[str, str], *, own_bin: str | None = None) -> Interpreter:
+    """``python`` as a path: a path is used as given (``--python`` overrides); a name is looked up on the caller's
+    PATH, skipping imageforge's own venv (``own_bin``, default :func:`own_venv_bin`): an activated venv puts its
+    ``python3`` first, which is not the target's. Directories are compared, not resolved executables: a venv's
+    ``python3`` is a link to the system one, which may well be the target."""
     if "/" in python:
-        return python
-    found = shutil.which(python, path=environ.get("PATH", os.defpath))
+        return Interpreter(python, "given with --python")
+    own = own_venv_bin() if own_bin is None else own_bin
+    entries = [d for d in environ.get("PATH", os.defpath).split(os.pathsep) if d]
+    skipped = [d for d in entries if own and _same_dir(d, own)]
+    kept = [d for d in entries if d not in skipped]
+    found = shutil.which(python, path=os.pathsep.join(kept)) if kept else None
     if found is None:
-        raise InfraError(f"no {python} on PATH", hint="give the target's interpreter with --python PATH")
-    return found
+        raise InfraError(f"no {python} on PATH" + (f" outside imageforge's own venv ({own})" if skipped else ""),
+                         hint="give the target's interpreter with --python PATH")
+    why = f"the first {python} on PATH"
+    if skipped:
+        why += f", imageforge's own venv ({skipped[0]}) skipped"
+    return Interpreter(found, why)
+
+
+def own_prefixes() -> list[str]:
+    """Where imageforge itself is installed: its venv (when it runs in one) and its package's import root."""
+    out: list[str] = []
+    if sys.prefix != sys.base_prefix:
+        out.append(os.path.realpath(sys.prefix))
+    package_root = os.path.realpath(str(Path(__file__).resolve().parents[2]))  # the folder holding imageforge/
+    out.append(package_root)
+    return out
+
+
+def is_own(entry: str, prefixes: Sequence[str]) -> bool:
+    real = os.path.realpath(entry) if entry else ""
+    return bool(real) and any(real == p or real.startswith(p.rstrip("/") + "/") for p in prefixes)
+
+
+def without_own(environ: Mapping[str, str], prefixes: Sequence[str] | None = None) -> dict[str, str]:
+    """The caller's environment less imageforge's own venv: what the target's processes get (the script steps in
+    place, the server). ``PYTHONPATH`` and ``PATH`` entries inside imageforge's venv or source tree are dropped (the
+    box's own ``PYTHONPATH``, e.g. corex's, stays); ``VIRTUAL_ENV`` naming imageforge's venv is dropped too: with
+    that venv activated, a script's ``python3 -m pip install`` must reach the target's interpreter, not ours."""
+    prefixes = own_prefixes() if prefixes is None else list(prefixes)
+    env = dict(environ)
+    for name in ("PYTHONPATH", "PATH"):
+        if name in env:
+            kept = [e for e in env[name].split(os.pathsep) if not is_own(e, prefixes)]
+            if kept:
+                env[name] = os.pathsep.join(kept)
+            else:
+                del env[name]
+    if env.get("VIRTUAL_ENV") and is_own(env["VIRTUAL_ENV"], prefixes):
+        del env["VIRTUAL_ENV"]
+    return env
+
+
+def _same_dir(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def image_path(root: Path, host: str) -> str:
@@ -96,7 +168,8 @@ def image_path(root: Path, host: str) -> str:
 def discover_local(target: Target, root: Path, python: str, environ: Mapping[str, str], *,
                    check_version: bool = True) -> LocalPackage:
     pkg = target.package
-    exe = find_python(python, environ)
+    chosen = find_python(python, environ)
+    exe = chosen.path
     try:
         done = subprocess.run([exe, "-c", DISCOVER + SCHEME, pkg.distribution, pkg.import_name], env=dict(environ),
                               capture_output=True, text=True, timeout=120, check=False)
@@ -123,4 +196,4 @@ def discover_local(target: Target, root: Path, python: str, environ: Mapping[str
     scheme = tuple((n, os.path.realpath(paths[n])) for n in SCHEME_NAMES if paths.get(n))
     return LocalPackage(root, exe, data["python_version"], data.get("cache_tag", ""), data["version"],
                         image_path(root, data["site"]), image_path(root, data["package_dir"]),
-                        str(data.get("dist_info", "")), scheme)
+                        str(data.get("dist_info", "")), scheme, chosen.why)

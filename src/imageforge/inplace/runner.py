@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..manifest.model import Step
-from ..scripts import script_directory
+from ..scripts.run import script_directory
 from ..steps.script import ScriptSpec
 
 Log = Callable[[str], None]

@@ -30,7 +30,7 @@ from ..docker_engine import containers as dc
 from ..errors import BuildError, Location
 from ..manifest.model import Manifest, Step, Target
 from ..manifest.resolve import resolve
-from ..scripts import IDLE_LOOP
+from ..scripts.run import IDLE_LOOP
 from ..steps import ApplyContext, Changes, ContainerFS, DictFS, Entry, FileMeta, ImageFS, StepProblem, kind
 from ..steps.core import RowStatus, text_of
 from .anchored import NearMatch

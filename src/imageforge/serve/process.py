@@ -34,7 +34,7 @@ from typing import Any
 from .. import inplace, settings
 from ..errors import ConfigError, InfraError, SmokeError
 from ..inplace import Journal
-from ..inplace.apply import VERIFY_STEP
+from ..inplace.verify import VERIFY_STEP
 from ..manifest.resolve import Resolved, resolve
 from ..rundirs import new_run_id, run_dir, runs_dir
 from .container import Progress, exit_hint, free_port, port_in_use, sigterm_as_interrupt

@@ -20,13 +20,13 @@ import dataclasses
 import os
 import re
 import shutil
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, InfraError
+from ..inplace.package import find_python, without_own
 from ..manifest.resolve import Resolved, Value
 from .command import render_serving_config, serving_command
 from .spec import volume_binds
@@ -67,21 +67,6 @@ def mounts(resolved: Resolved, environ: Mapping[str, str]) -> dict[str, str]:
     return {spec["bind"]: source for source, spec in volume_binds(resolved, environ).items() if source not in named}
 
 
-def own_prefixes() -> list[str]:
-    """Where imageforge itself is installed: its venv (when it runs in one) and its package's import root."""
-    out: list[str] = []
-    if sys.prefix != sys.base_prefix:
-        out.append(os.path.realpath(sys.prefix))
-    package_root = os.path.realpath(str(Path(__file__).resolve().parents[2]))  # the folder holding imageforge/
-    out.append(package_root)
-    return out
-
-
-def _is_own(entry: str, prefixes: Sequence[str]) -> bool:
-    real = os.path.realpath(entry) if entry else ""
-    return bool(real) and any(real == p or real.startswith(p.rstrip("/") + "/") for p in prefixes)
-
-
 def child_environ(environ: Mapping[str, str], extra: Mapping[str, str],
                   prefixes: Sequence[str] | None = None) -> dict[str, str]:
     """The server's environment: the caller's, less imageforge's own venv, plus ``extra`` (the target's env).
@@ -89,17 +74,7 @@ def child_environ(environ: Mapping[str, str], extra: Mapping[str, str],
     ``PYTHONPATH`` and ``PATH`` entries inside imageforge's venv or source tree are dropped (the box's own
     ``PYTHONPATH``, e.g. corex's, stays); ``VIRTUAL_ENV`` naming imageforge's venv is dropped too.
     """
-    prefixes = own_prefixes() if prefixes is None else list(prefixes)
-    env = dict(environ)
-    for name in ("PYTHONPATH", "PATH"):
-        if name in env:
-            kept = [e for e in env[name].split(os.pathsep) if not _is_own(e, prefixes)]
-            if kept:
-                env[name] = os.pathsep.join(kept)
-            else:
-                del env[name]
-    if env.get("VIRTUAL_ENV") and _is_own(env["VIRTUAL_ENV"], prefixes):
-        del env["VIRTUAL_ENV"]
+    env = without_own(environ, prefixes)
     env.update(extra)
     return env
 
@@ -113,7 +88,10 @@ def program(command: Sequence[str], python: str, environ: Mapping[str, str]) -> 
     if not command:
         raise ConfigError("serving.command is empty")
     first, rest = command[0], list(command[1:])
-    interpreter = python if os.sep in python else (shutil.which(python, path=environ.get("PATH")) or python)
+    try:
+        interpreter = find_python(python, environ).path  # never imageforge's own venv
+    except InfraError:
+        interpreter = python
     if first in ("python", "python3") or re.fullmatch(r"python3(\.\d+)?", first):
         return [interpreter, *rest]
     beside = Path(interpreter).parent / first

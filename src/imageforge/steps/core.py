@@ -203,6 +203,11 @@ class StepKind:
         """A host folder the step copies whole (a root folder of the submission tree), if any."""
         return None
 
+    def live_files(self, step: Step, environ: Mapping[str, str]) -> Mapping[str, str]:
+        """The ``.py`` files (image paths -> why) the step puts outside the import roots and runs or imports: the
+        dead-file rule (:mod:`imageforge.scripts.deadfiles`); verify compiles these and lists the other changed ones."""
+        return {}
+
     def apply(self, step: Step, fs: ImageFS, ctx: ApplyContext) -> Changes:
         raise NotImplementedError
 

@@ -28,8 +28,9 @@ from ..docker_engine import client
 from ..docker_engine.containers import file_entry, tar_of
 from ..errors import BuildError, ConfigError, InfraError
 from ..manifest.model import Step, StepSpec, frozen_map, normalise_image_path, resolve_image_path
-from ..scripts import SCRIPT_SCRATCH, Log, exec_argv, script_directory
-from ..scripts import directory_entries as directory_tar
+from ..scripts.deadfiles import live_in_image
+from ..scripts.run import SCRIPT_SCRATCH, Log, exec_argv, script_directory
+from ..scripts.run import directory_entries as directory_tar
 from .core import ApplyContext, Changes, LoadedSpec, SpecChecks, StepKind, StepProblem, register
 from .dockerfile import ContextFile, EmitContext, Emitted, applier_group, copy, header, host_file, run
 from .fs import ImageFS
@@ -216,6 +217,15 @@ class Script(StepKind):
 
     def context_folder(self, step: Step, environ: Mapping[str, str]) -> Path | None:
         return step.directory(environ) if ScriptSpec.of(step).directory is not None else None
+
+    def live_files(self, step: Step, environ: Mapping[str, str]) -> Mapping[str, str]:
+        """A directory step's folder files its command runs or imports, at ``dest`` (the dead-file rule)."""
+        spec = ScriptSpec.of(step)
+        folder = self.context_folder(step, environ)
+        if folder is None or not folder.is_dir():
+            return {}
+        _, dest, command = spec.folder()
+        return live_in_image(folder, dest, command, spec.workdir)
 
     def apply(self, step: Step, fs: ImageFS, ctx: ApplyContext) -> Changes:
         """Run the step in ``ctx.container`` (started) or through ``ctx.runner``; what it changed stays there."""

@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .docker_engine import client
-from .docker_engine.containers import FIXED_MTIME, file_entry, symlink_entry
-from .errors import InfraError
-from .manifest.model import Step
+from ..docker_engine import client
+from ..docker_engine.containers import FIXED_MTIME, file_entry, symlink_entry
+from ..errors import InfraError
+from ..manifest.model import Step
 
 Log = Callable[[str], None]
 
