@@ -24,7 +24,8 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("yaml_messages", "yamldoc", "yaml_schema",  # YAML: the problems' words, the loader, the schemas and their check
      "patching", "pycheck", "patchfrom", "rundirs", "cli", "serving_client", "waits", "tolerances", "starter",
      "progress", "workload", "wheelhouse_join", "wheelhouse",  # wheelhouse_join: the stdlib joiner beside the parts
-     "inimage"),  # the programs run inside an image (verify, the flag listing, the tree's step runtime), as text
+     "inimage",  # the programs run inside an image (verify, the flag listing, the tree's step runtime), as text
+     "elfcheck"),  # the native checks without the device (pyelftools)
     ("docker_engine",),  # the daemon: engine setup, SDK client, the one error translator, container files
     ("manifest",),  # the frozen model of build.yaml
     ("resolve", "serving"),  # the one precedence chain; the serving command made of it (argv, config file, CMD)
