@@ -41,7 +41,7 @@ from .settings import cache_dir
 #: What a finding is about (the checks' names, as check-patches, build and preflight show them).
 FindingCode = Literal[
     "not-elf", "not-64-bit", "wrong-arch", "not-shared-object", "no-pyinit", "needed-missing", "undefined-symbol",
-    "version-missing", "pin-mismatch", "unpinned", "file-missing",
+    "version-missing", "pin-mismatch", "unpinned", "file-missing", "import-failed",
 ]
 
 #: The default directories of x86-64 Debian/Ubuntu's loader, after ld.so.cache.

@@ -7,6 +7,7 @@ the wheel ships them as the package's modules), to be sent with ``python -c`` or
 * :mod:`.verify_image` -- the verify layer's checks (:mod:`imageforge.verify`; the tree's ``verify.py``);
 * :mod:`.list_flags` -- the vLLM serving flags the image's parser knows (:mod:`imageforge.flags_read`);
 * :mod:`.apply_step` -- the submission tree's runtime that applies one step op (the tail of ``apply.py``).
+* :mod:`.import_native` -- `native build`'s import of each built extension, listing its functions.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from importlib.resources import files
 
 #: The programs, by module name.
-PROGRAMS = ("verify_image", "list_flags", "apply_step")
+PROGRAMS = ("verify_image", "list_flags", "apply_step", "import_native")
 
 
 def program(name: str) -> str:
