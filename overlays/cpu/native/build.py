@@ -24,6 +24,7 @@ def main() -> int:
     includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
     libdirs = cpp_extension.library_paths()
     cmd = [os.environ.get("CXX", "g++"), "-O2", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden",
+           f"-ffile-prefix-map={HERE}=.",  # __FILE__ in TORCH_CHECK: the same bytes from any checkout
            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_EXTENSION_NAME=" + NAME, "-DTORCH_API_INCLUDE_EXTENSION_H",
            *(f"-I{d}" for d in includes), str(HERE / "moe_group.cpp"), "-o", str(out),
            *(f"-L{d}" for d in libdirs), "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python",

@@ -66,6 +66,11 @@ class NativeSpec(StepSpec):
     def host_directory(self) -> str | None:
         return self.directory
 
+    def definition(self) -> dict[str, Any]:
+        out = super().definition()
+        out["extensions"] = [dict(e) for e in self.extensions]  # JSON values: the cache key, plan's output
+        return out
+
 
 @dataclass(frozen=True)
 class Extension:
