@@ -1,8 +1,9 @@
 """Run inside an image of the cpu target: the native step's extension against torch's stable sort.
 
 Imports vLLM's copy of ``imageforge_moe_group`` (the pinned file the image build installed) after torch, and
-``sorted_moe.sort_pairs`` (patched to call it); checks both against ``torch.sort(stable=True)`` +
-``searchsorted`` on seeded routings, dropped pairs (sentinel id) included. Prints one JSON line.
+``sorted_moe.sort_pairs`` with ``GROUP_BY_EXPERT`` set to it (as the cpu target's cpu_moe.py patch sets it);
+checks both against ``torch.sort(stable=True)`` + ``searchsorted`` on seeded routings, dropped pairs (sentinel
+id) included. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def reference(ids: torch.Tensor, buckets: int) -> tuple[torch.Tensor, torch.Tens
 
 def main() -> None:
     gen = torch.Generator().manual_seed(7)
+    sorted_moe.GROUP_BY_EXPERT = imageforge_moe_group.group_by_expert
     cases = 0
     for tokens, top_k, experts in ((1, 2, 4), (37, 2, 8), (256, 8, 64), (3, 4, 128)):
         ids = torch.randint(0, experts + 1, (tokens, top_k), generator=gen, dtype=torch.int32)  # experts: dropped

@@ -43,7 +43,7 @@ def cpu_resolved_here(docker_ready: None) -> Any:
 
 @pytest.fixture(scope="module")
 def base_fs(docker_ready: None) -> Iterator[ContainerFS]:
-    container = client().containers.create(helpers.cpu_base_refs()[0], command=["true"], network_disabled=True,
+    container = client().containers.create(helpers.cpu_base_refs()[1], command=["true"], network_disabled=True,
                                            labels={"org.imageforge.tool": "imageforge", "org.imageforge.kind": "test"})
     try:
         yield ContainerFS(container)
