@@ -180,11 +180,3 @@ def test_runpath_origin_library_path_and_the_ld_so_cache(built: dict[str, bytes]
     if host_cache.is_file():
         entries = parse_ld_so_cache(host_cache.read_bytes())
         assert entries["libc.so.6"].endswith("/libc.so.6") and Path(entries["libc.so.6"]).exists()
-
-
-def test_a_library_summary_is_kept_by_its_sha256(built: dict[str, bytes], tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("IMAGEFORGE_CACHE", str(tmp_path))
-    first = elfcheck.cached_summary(built["stdcxx-old"])
-    assert len(list((tmp_path / "elf").glob("*.json"))) == 1
-    assert elfcheck.cached_summary(built["stdcxx-old"]) == first == summarise(built["stdcxx-old"])
