@@ -78,7 +78,7 @@ def test_build_checks_imports_and_rewrites_the_pin_then_check_compares(tmp_path:
     path = manifest(tmp_path)
     done = native_build(path, "--json")
     assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    report = json.loads(done.stdout)  # the build's own output (cc's) is on stderr
     built = tmp_path / "native" / EXT
     digest = hashlib.sha256(built.read_bytes()).hexdigest()
     assert report["pins"] == [{"file": EXT, "old": "0" * 64, "new": digest, "changed": True}]
@@ -98,8 +98,9 @@ def test_build_checks_imports_and_rewrites_the_pin_then_check_compares(tmp_path:
 
 
 def test_a_build_that_makes_a_broken_extension_keeps_the_pins(tmp_path: Path) -> None:
-    path = manifest(tmp_path, build=f"{CC} -shared -fPIC -O1 -I{sysconfig.get_paths()['include']} demo.c -o {EXT} "
-                                    "-DPyInit_demo=PyInit_other && cp " + EXT + " stray.so")
+    include = sysconfig.get_paths()["include"]
+    path = manifest(tmp_path, build=f"echo building on stdout && {CC} -shared -fPIC -O1 -I{include} demo.c "
+                                    f"-o {EXT} -DPyInit_demo=PyInit_other && cp {EXT} stray.so")
     done = native_build(path, "--json")
     assert done.returncode == 3
     report = json.loads(done.stdout)

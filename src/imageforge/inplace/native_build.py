@@ -15,6 +15,7 @@ import hashlib
 import json
 import re
 import subprocess
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,7 +137,8 @@ def native_build(resolved: Resolved, step_id: str, *, root: Path, python: str, e
     pkg = discover_local(resolved.target, root, python, environ, check_version=False)
     log(f"+ (cd {where} && {spec.build})")
     env = {**environ, "PYTHON": pkg.python}
-    done = subprocess.run(["/bin/sh", "-c", spec.build], cwd=where, env=env, check=False)
+    # its output is a log: stderr (stdout holds the command's result, the JSON document with --json)
+    done = subprocess.run(["/bin/sh", "-c", spec.build], cwd=where, env=env, check=False, stdout=sys.stderr)
     if done.returncode != 0:
         raise BuildError(f"the build of native step {step.id!r} exited with code {done.returncode}",
                          location=step.where("build"), key_path=f"{step.key_path}.build", found=spec.build)
