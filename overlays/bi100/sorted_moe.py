@@ -53,6 +53,12 @@ __all__ = [
 
 _GROUPED_MM_CACHE: dict[tuple[str, int | None, torch.dtype], bool] = {}
 
+#: The grouping kernel a target ships as a native step, or None: ``GROUP_BY_EXPERT(ids, buckets) -> [order,
+#: offsets]`` sorts the flat expert ids stably by a counting sort (``order``) and gives each bucket's start
+#: (``offsets``, ``buckets + 1`` long); the cpu target sets it to its ``imageforge_moe_group.group_by_expert``.
+#: None: ``torch.sort`` + ``searchsorted``. A choice per target, not a fallback: nothing catches its failure.
+GROUP_BY_EXPERT: Callable[[torch.Tensor, int], list[torch.Tensor]] | None = None
+
 
 def _probe_grouped_mm(device: torch.device, dtype: torch.dtype) -> bool:
     """Run a tiny ``torch._grouped_mm`` on ``device``/``dtype`` and check it against ``torch.mm``."""
@@ -135,6 +141,14 @@ def sort_pairs(
         ids = expert_map.to(device=ids.device, dtype=torch.int64)[ids]
     # Dropped (non-local) pairs get the sentinel id num_experts and sort behind every real expert.
     ids = torch.where(ids < 0, torch.full_like(ids, num_experts), ids)
+    if GROUP_BY_EXPERT is not None:  # bucket num_experts: the dropped pairs, behind every expert
+        order, offsets = GROUP_BY_EXPERT(ids, num_experts + 1)
+        return SortedPairs(
+            token_idx=order // top_k,
+            weights=topk_weights.reshape(-1)[order],
+            expert_ends=offsets[1:num_experts + 1],
+            valid=torch.arange(order.numel(), device=order.device) < offsets[num_experts],
+        )
     sorted_ids, order = torch.sort(ids, stable=True)
     bounds = torch.arange(num_experts, device=ids.device, dtype=torch.int64)
     expert_ends = torch.searchsorted(sorted_ids, bounds, right=True)

@@ -616,6 +616,16 @@ def apply_in_place(s: Settings, target: str | None, profile: str | None, *, root
                          imports=imports, force=force, log=log)
 
 
+def native_build(s: Settings, target: str | None, step: str, *, root: str = "/", python: str = "python3",
+                 check: bool = False, log: Log = print) -> Any:
+    """`native build --in-place`: the native step's `build:` run here, its output checked and imported, the pins
+    rewritten in the manifest (``check``: compared only). Returns the NativeBuildReport."""
+    from .inplace.native_build import native_build as build_native
+
+    resolved = _resolve(s, load(s), target, None)
+    return build_native(resolved, step, root=Path(root), python=python, environ=s.environ, check=check, log=log)
+
+
 def revert(s: Settings, *, root: str = "/", force: bool = False, log: Log = print) -> Any:
     """`revert`: every path an in-place apply changed under ``root`` put back; the journal removed."""
     from . import inplace

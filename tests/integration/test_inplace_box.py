@@ -165,9 +165,10 @@ def test_apply_status_revert_and_apply_again(box: Box) -> None:
     _, out, apply_s = box.invoke("apply --target cpu --in-place --json")  # with the import check
     report = json.loads(out[out.index("{"):])
     assert [s["id"] for s in report["steps"]] == ["prefill-base-block", "prefill-num-warps", "sorted-moe-module",
-                                                  "cpu-moe-skip-prepack", "cpu-moe-apply-sorted",
+                                                  "moe-group-kernel", "cpu-moe-skip-prepack",
+                                                  "cpu-moe-native-grouping", "cpu-moe-apply-sorted",
                                                   "torch-libs-into-usr-local", "ldconfig", "verify"]
-    assert report["verify"]["ok"] and report["verify"]["imports"] == 3 and report["verify"]["symlinks"] > 0
+    assert report["verify"]["ok"] and report["verify"]["imports"] == 4 and report["verify"]["symlinks"] > 0
     _, ldconfig = box.sh("ldconfig -p | grep -c '=> /usr/local/lib/' || true")
     assert int(ldconfig.strip()) > 0
     _, text = box.sh("grep -c 'imageforge: SMEM-bound tile' "

@@ -192,7 +192,7 @@ def test_mmdebstrap_command() -> None:
     recipe = base.load_recipe(RECIPE)
     cmd = base.mmdebstrap_command(recipe.os, Path("/t/rootfs.tar"), ["/t/host.sources"])
     assert cmd[0] == "mmdebstrap" and "--variant=minbase" in cmd
-    assert "--include=python3,python3-venv,ca-certificates,libnuma1" in cmd
+    assert "--include=python3,python3-venv,ca-certificates,libnuma1,g++,python3-dev" in cmd  # + the toolchain
     assert "--dpkgopt=path-exclude=/usr/share/doc/*" in cmd
     assert "--dpkgopt=path-include=/usr/share/doc/*/copyright" in cmd
     assert any("etc/apt/sources.list" in c for c in cmd if c.startswith("--customize-hook="))

@@ -166,6 +166,7 @@ def test_repo_manifest_loads_with_default_equiv_settings() -> None:
     # the cpu MoE patches need the overlay they call (bisect/ablate drop them together); nothing else declares any
     requires = {s.id: s.requires for t in m.targets.values() for s in t.steps if s.requires}
     assert requires == {"cpu-moe-skip-prepack": ("sorted-moe-module",),
+                        "cpu-moe-native-grouping": ("cpu-moe-skip-prepack", "moe-group-kernel"),
                         "cpu-moe-apply-sorted": ("cpu-moe-skip-prepack",)}
 
 

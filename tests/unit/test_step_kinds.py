@@ -39,7 +39,8 @@ def test_the_shipped_schema_is_the_registrys() -> None:
     assert schema_text(with_kinds(json.loads(text), KINDS)) == text, "run `invoke schema` (it rewrites the file)"
     assert json.loads(text) == manifest_schema(), "the loader validates against what is shipped"
     defs = json.loads(text)["$defs"]
-    assert defs["step"]["properties"]["kind"]["enum"] == sorted(KINDS) == ["overlay", "patch", "script", "symlink"]
+    assert defs["step"]["properties"]["kind"]["enum"] == sorted(KINDS) == ["native", "overlay", "patch", "script",
+                                                                           "symlink"]
     for name, cls in KINDS.items():
         part = defs[f"{name}_step"]
         assert part["additionalProperties"] is False and set(part["properties"]) - COMMON == set(cls.fields), name

@@ -31,7 +31,7 @@ def test_every_schema_kind_has_one_class_with_the_schema_keys() -> None:
     schema_file = Path(__file__).resolve().parents[2] / "schema/build.schema.json"
     defs = json.loads(schema_file.read_text())["$defs"]
     kinds = defs["step"]["properties"]["kind"]["enum"]
-    assert sorted(KINDS) == sorted(kinds) == ["overlay", "patch", "script", "symlink"]
+    assert sorted(KINDS) == sorted(kinds) == ["native", "overlay", "patch", "script", "symlink"]
     for name in kinds:
         assert set(KINDS[name].fields) == set(defs[f"{name}_step"]["properties"]) - COMMON_KEYS, name
     with pytest.raises(ConfigError, match="has no definition"):

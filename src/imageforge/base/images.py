@@ -111,7 +111,7 @@ def mmdebstrap_command(os_section: Mapping[str, Any], target: Path, mirrors: Seq
     cmd = [
         "mmdebstrap",
         f"--variant={os_section['variant']}",
-        "--include=" + ",".join(os_section["packages"]),
+        "--include=" + ",".join([*os_section["packages"], *os_section.get("toolchain", [])]),
         "--format=tar",
         "--aptopt=Acquire::Retries 3",
     ]
@@ -185,7 +185,8 @@ def build_os_image(recipe: Recipe, key: str, *, log: Log = print) -> Any:
         tar = tmp / "rootfs.tar"
         mirrors = _host_sources_files(str(recipe.os["suite"]), tmp)
         cmd = mmdebstrap_command(recipe.os, tar, mirrors)
-        log(f"  mmdebstrap {recipe.os['variant']} {recipe.os['suite']} + {', '.join(recipe.os['packages'])}")
+        log(f"  mmdebstrap {recipe.os['variant']} {recipe.os['suite']} + "
+            f"{', '.join([*recipe.os['packages'], *recipe.os.get('toolchain', [])])}")
         de.run_logged(
             cmd,
             what="mmdebstrap",

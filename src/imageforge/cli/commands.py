@@ -468,6 +468,27 @@ def apply(c: Context, cmd: Output, target: str = "", profile: str = "", in_place
         raise BuildError(f"{len(report.failed)} step(s) would not apply in place")
 
 
+@command(json=True, in_place=True, help={
+    "action": "build: run the native step's `build:` here, check and import what it made, rewrite its pins",
+    "target": "Target whose native step is built", "step": "The native step's id",
+    "check": "Compare the fresh build's sha256 with the pins only (exit 3 when one differs); rewrite nothing"})
+def native(c: Context, cmd: Output, action: str = "", target: str = "", step: str = "", check: bool = False) -> None:
+    """Native extensions on the card's machine: `native build --target T --step ID --in-place [--check]`."""
+    if action != "build":
+        raise ConfigError(f"unknown native action {action!r}", expected="build", found=action or "nothing")
+    if cmd.in_place is None:
+        raise ConfigError("native build runs on the machine with the compiler and the device: give --in-place",
+                          hint="the image build never compiles: it installs the pinned files")
+    if not step:
+        raise ConfigError("native build needs --step ID (the native step)")
+    report = app.native_build(cmd.settings, target or None, step, root=str(cmd.in_place.root),
+                              python=cmd.in_place.python, check=check, log=cmd.log)
+    cmd.result(report.text(), report.to_json())
+    if not report.ok:
+        raise BuildError(f"native step {step}: " + ("a pin differs from the fresh build" if not report.findings
+                                                    else f"{len(report.findings)} finding(s)"))
+
+
 @command(json=True, manifest=False, help={"root": "The root an in-place apply changed (default /)",
                                           "force": "Go on past drifted files (their copies are kept aside)"})
 def revert(c: Context, cmd: Output, root: str = "/", force: bool = False) -> None:
@@ -487,7 +508,7 @@ def status(c: Context, cmd: Output, root: str = "/") -> None:
 
 TASKS: tuple[Task[Any], ...] = (validate, plan, base, build, init, check_patches, preflight, probe, patch_from, lock,
                                  export, clean, run, stop, smoke, demo, bench, sweep, equiv, bisect, ablate, submission,
-                                 wheels, engine, apply, revert, status)
+                                 wheels, engine, apply, native, revert, status)
 
 
 def collection(*extra: Task[Any]) -> Collection:
@@ -501,9 +522,35 @@ ns = collection()
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
 
+#: Tasks whose first word is an action (``native build``): invoke reads a word that names a task (``build``) as that
+#: task, so the word is given to the task as its ``--action`` before invoke parses.
+ACTIONS: dict[str, tuple[str, ...]] = {"native": ("build",)}
+
+
+def with_actions(argv: list[str]) -> list[str]:
+    """``argv`` with ``TASK ACTION`` (a task of :data:`ACTIONS` and one of its words) as ``TASK --action=ACTION``."""
+    out = list(argv)
+    for i, word in enumerate(out[:-1]):
+        if word in ACTIONS and out[i + 1] in ACTIONS[word]:
+            out[i + 1] = f"--action={out[i + 1]}"
+            break
+    return out
+
+
+class ForgeProgram(Program):
+    """invoke's Program, with the action words of :data:`ACTIONS` read as the task's ``--action``."""
+
+    def run(self, argv: list[str] | str | None = None, exit: bool = True) -> None:
+        if argv is None:
+            argv = sys.argv
+        if isinstance(argv, str):
+            argv = argv.split()
+        super().run(with_actions(list(argv)), exit)
+
+
 def program(namespace: Collection | None = None) -> Program:
     """invoke's Program over the collection, named `imageforge` (what `main` runs)."""
-    return Program(namespace=namespace or ns, version=__version__, name="imageforge", binary="imageforge")
+    return ForgeProgram(namespace=namespace or ns, version=__version__, name="imageforge", binary="imageforge")
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ the wheel ships them as the package's modules), to be sent with ``python -c`` or
 * :mod:`.list_flags` -- the vLLM serving flags the image's parser knows (:mod:`imageforge.flags.learn`);
 * :mod:`.apply_step` -- the submission tree's runtime that applies one step op (the tail of ``apply.py``).
 * :mod:`.probe_api` -- the vendor API record's names, kinds and signatures (:mod:`imageforge.vendor_api.probe`).
+* :mod:`.import_native` -- `native build`'s import of each built extension, listing its functions.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from importlib.resources import files
 
 #: The programs, by module name.
-PROGRAMS = ("verify_image", "list_flags", "apply_step", "probe_api")
+PROGRAMS = ("verify_image", "list_flags", "apply_step", "probe_api", "import_native")
 
 
 def program(name: str) -> str:

@@ -9,6 +9,7 @@ Standard library only; every name is ``_``-prefixed so that it cannot meet one o
 
 from __future__ import annotations
 
+import hashlib as _hashlib
 import json as _json
 import os as _os
 import posixpath as _posixpath
@@ -167,7 +168,29 @@ def _op_tree(spec: dict[str, Any], here: str) -> None:
     print(f"imageforge: step {spec['step']}: {len(spec['entries']):d} entries of {dest} set")
 
 
-_OPS = {"patch": _op_patch, "overlay": _op_overlay, "symlink": _op_symlink, "tree": _op_tree}
+def _op_native(spec: dict[str, Any], here: str) -> None:
+    """A native step's pinned files: each copied only when its sha256 is its pin (never loaded), mode, root, mtime."""
+    step = spec["step"]
+    for entry in spec["files"]:
+        source, path = _os.path.join(here, entry["source"]), entry["path"]
+        with open(source, "rb") as fh:
+            digest = _hashlib.sha256(fh.read()).hexdigest()
+        if digest != entry["sha256"]:
+            _fail(step, f"{entry['source']} has sha256 {digest}, not its pin {entry['sha256']}")
+        _guard(step, spec["site"], path)
+        if _os.path.isdir(path) and not _os.path.islink(path):
+            _fail(step, f"native destination {path} is a directory in the image")
+        if _os.path.lexists(path):
+            _os.unlink(path)
+        _makedirs(_posixpath.dirname(path))
+        _shutil.copyfile(source, path)
+        _os.chown(path, 0, 0)
+        _os.chmod(path, int(entry["mode"]))
+        _os.utime(path, (_FIXED_MTIME, _FIXED_MTIME))
+        print(f"imageforge: step {step}: installed {path} (sha256 {digest[:12]}, its pin)")
+
+
+_OPS = {"patch": _op_patch, "overlay": _op_overlay, "symlink": _op_symlink, "tree": _op_tree, "native": _op_native}
 
 
 def _main(argv: list[str]) -> None:

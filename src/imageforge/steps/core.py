@@ -39,7 +39,7 @@ Log = Callable[[str], None]
 #: The status of a check-patches row (and of a step's apply: the first three are what apply returns).
 RowStatus = Literal[
     "applies", "already applied", "ran", "anchor missing", "ambiguous", "destination missing", "conflict",
-    "not checked", "script failed", "inside line", "crlf", "breaks the file",
+    "not checked", "script failed", "inside line", "crlf", "breaks the file", "fails its checks",
 ]
 
 

@@ -3,7 +3,8 @@
 ``apply.py`` = the source of :mod:`imageforge.patches.anchored` and :mod:`imageforge.patches.pycheck` (read with
 :func:`inspect.getsource`, so an anchor is counted, and a patched or overlaid ``.py`` checked, by the one
 definition the engine and ``check-patches`` use) + the runtime :mod:`imageforge.inimage.apply_step`
-that performs one step op read from a JSON file: ``patch``, ``overlay``, ``symlink``, ``tree``
+that performs one step op read from a JSON file: ``patch``, ``overlay``, ``symlink``, ``native`` (pinned files,
+each copied only when its sha256 is its pin), ``tree``
 (a directory script step's copied folder: modes, owner, mtime as the engine writes them).  A patch
 whose anchor is missing, ambiguous or inside a line, or that breaks a ``.py`` file (it must compile, parse as the
 base's Python and bind every name its lines load), fails the build with exit code 3 and the step id.
