@@ -22,8 +22,9 @@ from imageforge.smoke import load_suite
 from imageforge.steps import kind
 
 REPO = Path(__file__).resolve().parents[2]
-CPU_STEPS = ["prefill-base-block", "prefill-num-warps", "sorted-moe-module", "cpu-moe-skip-prepack",
-             "cpu-moe-apply-sorted", "torch-libs-into-usr-local", "ldconfig"]
+CPU_STEPS = ["prefill-base-block", "prefill-num-warps", "sorted-moe-module", "moe-group-kernel",
+             "cpu-moe-skip-prepack", "cpu-moe-native-grouping", "cpu-moe-apply-sorted", "torch-libs-into-usr-local",
+             "ldconfig"]
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +60,15 @@ def test_the_base_cut_has_no_steps_and_imports_only_what_the_package_has(cpu: An
 
 
 def test_a_variant_without_a_middle_step_keeps_the_later_ones(cpu: Any) -> None:
-    keep = [s for s in CPU_STEPS if s not in ("sorted-moe-module", "cpu-moe-skip-prepack", "cpu-moe-apply-sorted")]
+    moe = ("sorted-moe-module", "moe-group-kernel", "cpu-moe-skip-prepack", "cpu-moe-native-grouping",
+           "cpu-moe-apply-sorted")
+    keep = [s for s in CPU_STEPS if s not in moe]
     variant = subset_resolved(cpu, keep, suffix="ablate")
     assert [s.id for s in variant.steps] == keep == ["prefill-base-block", "prefill-num-warps",
                                                       "torch-libs-into-usr-local", "ldconfig"]
     assert "vllm.model_executor.layers.fused_moe.sorted_moe" not in variant.target.verify.imports
+    # the native step's extension module goes with the step (its kind's provides)
+    assert "vllm.model_executor.layers.fused_moe.imageforge_moe_group" not in variant.target.verify.imports
     assert len(variant.target.verify.imports) == 2
     with pytest.raises(ConfigError, match="unknown step id"):
         subset_resolved(cpu, ["nope"], suffix="x")

@@ -7,6 +7,7 @@ breaks it (captured 2026-12-03 from vLLM 0.32's CPU image; see that folder's REA
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +47,9 @@ def cpu_with(tmp_path: Path, steps: list[dict[str, Any]], files: dict[str, str] 
         if not (tmp_path / rel).exists():
             (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / rel).write_bytes((REPO / rel).read_bytes())
+    for rel in [s["directory"] for s in target["steps"] if "directory" in s and "$" not in s["directory"]]:
+        if not (tmp_path / rel).exists():  # a step's host folder (the native step's pinned extensions)
+            shutil.copytree(REPO / rel, tmp_path / rel)
     (tmp_path / "build.yaml").write_text(yaml.safe_dump({"version": 1, "default_target": "cpu",
                                                          "targets": {"cpu": target}}, sort_keys=False))
     return resolve(load_manifest(tmp_path / "build.yaml"), "cpu", None, environ={})
@@ -104,7 +108,8 @@ def cpu_resolved() -> Resolved:
 def test_writers_by_kind(cpu_resolved: Resolved) -> None:
     by_id = {s.id: s for s in cpu_resolved.steps}
     moe = f"{SITE}vllm/model_executor/layers/fused_moe/experts/cpu_moe.py"
-    assert [s.id for s in writers(cpu_resolved.steps, moe)] == ["cpu-moe-skip-prepack", "cpu-moe-apply-sorted"]
+    assert [s.id for s in writers(cpu_resolved.steps, moe)] == ["cpu-moe-skip-prepack", "cpu-moe-native-grouping",
+                                                                    "cpu-moe-apply-sorted"]
     overlay = next(s for s in cpu_resolved.steps if s.kind == "overlay")
     assert [s.id for s in writers(cpu_resolved.steps, SITE + OverlaySpec.of(overlay).dest)] == [overlay.id]
     # a script's declared touches: a directory it may change; a symlink's link directory
@@ -132,7 +137,8 @@ def test_a_real_engine_start_broken_by_a_patch_names_that_patch(tmp_path: Path) 
     failure = diagnose(log, resolved.steps)
     assert failure is not None and failure.step is not None
     assert failure.step.id == "break-cpu-moe"  # the last of the three steps that write cpu_moe.py
-    assert [s.id for s in failure.steps] == ["cpu-moe-skip-prepack", "cpu-moe-apply-sorted", "break-cpu-moe"]
+    assert [s.id for s in failure.steps] == ["cpu-moe-skip-prepack", "cpu-moe-native-grouping", "cpu-moe-apply-sorted",
+                                                "break-cpu-moe"]
     assert failure.frame.relative == "vllm/model_executor/layers/fused_moe/experts/cpu_moe.py"
     assert failure.frame.line == 8 and failure.frame.function == "<module>"
     assert failure.trace.exception == "AttributeError: module 'math' has no attribute 'imageforge_fault_test'"

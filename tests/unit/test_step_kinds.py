@@ -224,8 +224,8 @@ def test_what_other_stages_ask_of_a_step_its_kind_answers(cpu: Any) -> None:
     new_line = PatchSpec.of(patch).new.splitlines()[0].strip()
     assert kind("patch").wrote_line(patch, new_line) and not kind("patch").wrote_line(patch, "")
     assert not kind("overlay").wrote_line(overlay, new_line)
-    assert kind("overlay").provides(overlay) == "vllm/model_executor/layers/fused_moe/sorted_moe.py"
-    assert kind("patch").provides(patch) is None
+    assert kind("overlay").provides(overlay) == ("vllm/model_executor/layers/fused_moe/sorted_moe.py",)
+    assert kind("patch").provides(patch) == ()
     for step in (s for s in cpu.steps if s.kind in ("patch", "overlay", "symlink", "script")):
         lines = kind(step.kind).describe(step)
         assert lines and "not listed here" not in lines[0], (step.kind, lines)

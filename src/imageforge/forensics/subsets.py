@@ -27,16 +27,21 @@ if TYPE_CHECKING:
 Log = Callable[[str], None]
 
 
-def module_paths(module: str) -> tuple[str, str]:
-    """Package-relative files that provide ``module`` (``a.b.c`` -> ``a/b/c.py``, ``a/b/c/__init__.py``)."""
-    rel = module.replace(".", "/")
-    return f"{rel}.py", f"{rel}/__init__.py"
+def provided_module(path: str) -> str | None:
+    """The module a package-relative file is (``a/b/c.py`` and ``a/b/c/__init__.py`` -> ``a.b.c``; an extension
+    module ``a/b/c.cpython-311-x86_64-linux-gnu.so`` or ``c.abi3.so`` or ``c.so`` -> ``a.b.c``), else None."""
+    folder, _, name = path.rpartition("/")
+    if name == "__init__.py":
+        return folder.replace("/", ".") or None
+    stem = name[:-3] if name.endswith(".py") else name.split(".", 1)[0] if name.endswith(".so") else None
+    return None if not stem else ".".join([*(folder.split("/") if folder else []), stem])
 
 
 def kept_imports(imports: Sequence[str], dropped: Sequence[Step]) -> tuple[str, ...]:
-    """``imports`` without the modules only a dropped step provides (its kind's ``provides``: an overlay's file)."""
-    gone = {p for p in (kind(s.kind).provides(s) for s in dropped) if p}
-    return tuple(m for m in imports if not gone.intersection(module_paths(m)))
+    """``imports`` without the modules only a dropped step provides (its kind's ``provides``: an overlay's file, a
+    native step's extension modules)."""
+    gone = {provided_module(p) for s in dropped for p in kind(s.kind).provides(s)}
+    return tuple(m for m in imports if m not in gone)
 
 
 def subset_resolved(resolved: Resolved, keep: Sequence[str], *, suffix: str) -> Resolved:

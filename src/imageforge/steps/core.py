@@ -230,10 +230,10 @@ class StepKind:
         package-relative paths are under the site directory)."""
         return [f"{step.kind} step: its changes are not listed here"]
 
-    def provides(self, step: Step) -> str | None:
-        """The package-relative file the step puts into the image whole (a module verify may import), else None:
-        a subset image without the step leaves that module out of its verify imports."""
-        return None
+    def provides(self, step: Step) -> tuple[str, ...]:
+        """The package-relative files the step puts into the image whole (modules verify may import: ``.py`` files,
+        extension modules): a subset image without the step leaves those modules out of its verify imports."""
+        return ()
 
     def wrote_line(self, step: Step, code: str) -> bool:
         """Whether the step's own text holds the source line ``code`` (a traceback's line): of several steps

@@ -222,6 +222,9 @@ class Native(StepKind):
     def touches(self, step: Step, site: str) -> tuple[str, ...]:
         return tuple(resolve_image_path(e.dest, site) for e in extensions(step))
 
+    def provides(self, step: Step) -> tuple[str, ...]:
+        return tuple(e.dest.lstrip("./") for e in extensions(step) if e.python and not e.dest.startswith("/"))
+
     def preflight(self, step: Step, environ: Mapping[str, str]) -> None:
         folder(step, environ)
 

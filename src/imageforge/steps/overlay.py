@@ -86,9 +86,9 @@ class Overlay(OneFileKind):
         spec = OverlaySpec.of(step)
         return [f"{spec.dest} (overlaid from {spec.source})"]
 
-    def provides(self, step: Step) -> str | None:
+    def provides(self, step: Step) -> tuple[str, ...]:
         dest = OverlaySpec.of(step).dest
-        return None if dest.startswith("/") else dest.lstrip("./")
+        return () if dest.startswith("/") else (dest.lstrip("./"),)
 
     def load(self, raw: Mapping[str, Any], spec: dict[str, Any], checks: SpecChecks) -> LoadedSpec:
         spec["dest"] = checks.dest("dest", raw["dest"], raw.get("source"))
