@@ -142,7 +142,7 @@ def objects(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     return out
 
 
-def _shipped(tmp: Path, objects: dict[str, bytes], **files: bytes) -> ShippedFolder:
+def _shipped(tmp: Path, **files: bytes) -> ShippedFolder:
     host = tmp / "qwen3_6_scripts"
     host.mkdir()
     (host / "patch_ops.sh").write_text("#!/bin/bash\nset -euo pipefail\n")
@@ -165,7 +165,7 @@ def _record(*exports: str) -> VendorApi:
 
 def test_a_prebuilt_so_with_an_undefined_vendor_symbol_is_found_without_the_device(
         tmp_path: Path, objects: dict[str, bytes]) -> None:
-    folder = _shipped(tmp_path, objects, **{"ix_full_bridge_fused_ar.so": objects["bridge"],
+    folder = _shipped(tmp_path, **{"ix_full_bridge_fused_ar.so": objects["bridge"],
                                             "ix_paged.so": objects["stale-c10"], "README.md": b"not an object\n"})
     assert sorted(shared_objects(folder)) == ["ix_full_bridge_fused_ar.so", "ix_paged.so"]
     base = _base(objects, ixformer=True)
@@ -181,7 +181,7 @@ def test_a_prebuilt_so_with_an_undefined_vendor_symbol_is_found_without_the_devi
 
 def test_the_vendor_api_records_libraries_stand_in_for_ones_the_base_lacks(
         tmp_path: Path, objects: dict[str, bytes]) -> None:
-    folder = _shipped(tmp_path, objects, **{"ix_full_bridge_fused_ar.so": objects["bridge"]})
+    folder = _shipped(tmp_path, **{"ix_full_bridge_fused_ar.so": objects["bridge"]})
     base = _base(objects, ixformer=False)
     missing = shipped_so_findings([folder], base, site=SITE, library_path=[COREX])
     assert [f.message.split(":", 1)[0] for f in missing] == ["needed-missing", "undefined-symbol"]
@@ -197,7 +197,7 @@ def test_an_so_is_checked_where_the_script_installed_it_and_a_non_elf_so_is_a_fi
         tmp_path: Path, objects: dict[str, bytes]) -> None:
     import hashlib
 
-    folder = _shipped(tmp_path, objects, **{"ix_paged.so": objects["stale-c10"], "broken.so": b"#!/bin/sh\n"})
+    folder = _shipped(tmp_path, **{"ix_paged.so": objects["stale-c10"], "broken.so": b"#!/bin/sh\n"})
     installed = f"{SITE}/vllm/ix_paged.so"
     found = shipped_so_findings([folder], _base(objects, ixformer=True), site=SITE,
                                 deployed={hashlib.sha256(objects["stale-c10"]).hexdigest(): installed})
@@ -276,3 +276,66 @@ def test_a_script_that_sources_nothing_needs_no_sandbox_run(tmp_path: Path) -> N
     (script,) = shell_scripts([ShippedFolder("s", host, "/workspace/s", ("bash", "deploy.sh"))])
     assert names_program(script) is None
     assert names_from("HOME\nPATH\nnot-a-name\nX\n") == frozenset({"HOME", "PATH", "X"})
+
+
+# --------------------------------------------------------------------------- run_preflight's parts, daemon faked
+
+
+class _Container:
+    """A container of the final tree whose command runs with this host's bash, in the image's ENV."""
+
+    def __init__(self, command: list[str], environment: dict[str, str], image_env: dict[str, str]) -> None:
+        self.command, self.env = command, {"PATH": "/usr/bin:/bin", **image_env, **environment}
+        self.output = b""
+
+    def start(self) -> None:
+        self.output = subprocess.run(self.command, capture_output=True, env=self.env, check=False).stdout
+
+    def wait(self, timeout: int) -> None:
+        assert timeout > 0
+
+    def logs(self, stdout: bool, stderr: bool) -> bytes:
+        return self.output
+
+
+class _Scope:
+    def __init__(self, image_env: dict[str, str]) -> None:
+        self.image_env = image_env
+        self.created: list[dict[str, object]] = []
+        self.removed: list[_Container] = []
+
+    def create(self, image: str, **kwargs: object) -> _Container:
+        self.created.append({"image": image, **kwargs})
+        return _Container(list(kwargs["command"]), dict(kwargs["environment"]), self.image_env)  # type: ignore[call-overload]
+
+    def remove(self, container: _Container) -> None:
+        self.removed.append(container)
+
+
+def test_the_sandbox_names_run_in_a_throwaway_container_with_the_network_off(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from imageforge.preflight.run import _NamesSet
+
+    script, image_env = _script(tmp_path)
+    env = {"COREX_ENV": str(image_env), "VLLM_ROOT": f"{SITE}/vllm"}  # the image's ENV
+    scope = _Scope(env)
+    names = _NamesSet(SimpleNamespace(image="sha256:final", scope=scope), env, {})  # type: ignore[arg-type]
+    assert _unset(shellcheck(script, names)) == ["SCRIPT_DIR"]
+    (made,) = scope.created
+    assert made["image"] == "sha256:final" and made["network_disabled"] is True and len(scope.removed) == 1
+    assert made["command"][:2] == ["bash", "-c"] and made["command"][3] == script.image_path  # type: ignore[index]
+
+
+def test_an_so_the_script_installed_is_found_by_its_bytes(tmp_path: Path) -> None:
+    import hashlib
+    from types import SimpleNamespace
+
+    from imageforge.preflight.run import _deployed
+
+    folder = _shipped(tmp_path, **{"ix_paged.so": b"\x7fELF paged", "ix_other.so": b"\x7fELF other"})
+    installed = f"{SITE}/vllm/ix_paged.so"
+    files = {installed: b"\x7fELF paged", f"{DEST}/ix_paged.so": b"\x7fELF paged", f"{SITE}/vllm/x.py": b""}
+    sandbox = SimpleNamespace(changed=dict.fromkeys(files))
+    found = _deployed([folder], sandbox, SimpleNamespace(read=files.get))  # type: ignore[arg-type]
+    assert found == {hashlib.sha256(b"\x7fELF paged").hexdigest(): installed}, "not the folder's own copy"
