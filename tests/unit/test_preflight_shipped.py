@@ -1,4 +1,4 @@
-"""preflight over what a team's script step ships and the serving env (issue 34), each defect planted in a fixture
+"""preflight over what a team's script step ships and the serving env, each defect planted in a fixture
 written from the facts note (bi100-vendor-facts.md, "How the teams really build"): diagnostic-only env in the run
 file, prebuilt ``.so`` files with undefined ``ixformer::infer`` and ``c10`` symbols, and shellcheck's unset
 variables against the names the sandbox run shows set (``${SCRIPT_DIR}``, never set, stays a finding)."""
