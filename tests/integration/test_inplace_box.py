@@ -226,7 +226,7 @@ def test_bi100_vendor_layout_applies_in_place_and_reverts(wheelhouse: Path, tmp_
     As a user on the card does it: imageforge's own venv ACTIVATED (PATH starts with its bin/, whose python3
     links to the system one): the target interpreter is still the system's /usr/bin/python3, and the report
     says why. The baseline folder holds the organisers' dead patcher (a syntax error, never run): verify lists
-    it as dead, and the image build's verify gives the same verdict on the same steps (issue 36)."""
+    it as dead, and the image build's verify gives the same verdict on the same steps."""
     sys.path.insert(0, str(Path(__file__).parent))
     from tests.integration.bi100_fixture import (
         BASELINE_TRANSFORMERS,

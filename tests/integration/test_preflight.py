@@ -1,4 +1,4 @@
-"""``imageforge preflight`` against real images (issue 34): clean on the cpu target (the real base) and on bi100
+"""``imageforge preflight`` against real images: clean on the cpu target (the real base) and on bi100
 (the vendor-layout fixture), and a team folder written from the facts note ("How the teams really build") whose
 every defect comes out in one run, the checks going on over the tree as the failed script left it."""
 

@@ -1,4 +1,4 @@
-"""preflight's checks without a daemon (issue 34): each finding kind planted in a fixture written from the facts
+"""preflight's checks without a daemon: each finding kind planted in a fixture written from the facts
 note (bi100-vendor-facts.md, "How the teams really build"), the vendor API record's format and the arity check."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Record the vendor's Python API: run with the target interpreter, standard library only (issue 34 item 3).
+"""Record the vendor's Python API: run with the target interpreter, standard library only.
 
 ``python3 probe_api.py MODULE... [--ops NAMESPACE...] [--walk PACKAGE...]`` prints one JSON object on stdout:
 ``python`` (the interpreter's version), ``versions`` (torch, vllm and the modules' distributions), ``modules``

@@ -1,4 +1,4 @@
-"""``imageforge preflight``: everything that breaks a submission without needing the card, in one run (issue 34).
+"""``imageforge preflight``: everything that breaks a submission without needing the card, in one run.
 
 * :mod:`.findings` -- the checks (data: id, default severity) and the findings, rendered like ruff/mypy or JSON;
 * :mod:`.tree` -- the final tree: the files steps and scripts changed, a listing of the import roots, the host

@@ -1,4 +1,4 @@
-"""The vendor's API, recorded once on the card and checked offline (issue 34 item 3).
+"""The vendor's API, recorded once on the card and checked offline.
 
 * :mod:`.record` -- the fixed JSON format (``{"format": 1, "python", "versions", "modules", "libraries",
   "distributions"}``): :func:`load_record` reads and checks a file, :class:`VendorApi` answers "does module M have
