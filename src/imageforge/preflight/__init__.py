@@ -5,8 +5,10 @@
   folders the submission ships;
 * :mod:`.python` -- ``.py`` files parse and compile for the target's Python, imports resolve in the final tree,
   names and call arities on vendor extension modules (against :mod:`imageforge.vendor_api`), dead files;
-* :mod:`.shell` -- ``bash -n``, shellcheck, CRLF, ``cp`` sources, pins, build-time device imports, Dockerfile RUNs
-  that discard their exit code;
+* :mod:`.shell` -- ``bash -n``, shellcheck (unset names the sandbox shows set dismissed), CRLF, ``cp`` sources,
+  pins, build-time device imports, Dockerfile RUNs that discard their exit code;
+* :mod:`.binaries` -- every shared object a script step ships, checked as the loader would (vendor_api.elfcheck);
+* :mod:`.runfile` -- diagnostic-only variables in the serving env (the target's, a run file's);
 * :mod:`.gitstate` -- what git would ship;
 * :mod:`.run` -- the run against the daemon (check-patches' sandbox, flags, the submission tree).
 """

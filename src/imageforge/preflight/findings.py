@@ -48,8 +48,11 @@ CHECKS: dict[str, Check] = {c.id: c for c in (
     Check("cp-source", "error", "the source of a cp/install line is not in the shipped folder"),
     Check("pin-stale", "error", "a pinned file's sha256 differs from its pin"),
     Check("pin-missing", "error", "a shipped binary (wheel, .so) without a pin"),
+    Check("so-elf", "error", "a shipped .so the loader would refuse: not an x86-64 shared object, an undefined "
+                             "symbol, a DT_NEEDED library or symbol version not found"),
     Check("build-device-import", "error", "a build-time step imports torch or a device library"),
     Check("run-exit-code", "error", "a Dockerfile RUN that throws the exit code of its command away"),
+    Check("run-env-diagnostic", "warning", "a serving env variable that only adds logging, tracing or debugging"),
 )}
 
 

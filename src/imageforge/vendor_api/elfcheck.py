@@ -10,6 +10,8 @@ An extension (``.so``) is read with pyelftools (:func:`summarise`): its class, m
    extension (torch's ``libc10``, ``libtorch_cpu``, ``libtorch_python``: ``import torch`` comes first);
 2. ``DT_RPATH`` (only when there is no ``DT_RUNPATH``), ``LD_LIBRARY_PATH``, ``DT_RUNPATH`` (``$ORIGIN`` is the
    directory of the object that needs the library), ``/etc/ld.so.cache``, the default directories;
+3. when the image lacks it: a library of the vendor API record (:func:`recorded_libraries`: its soname and exports,
+   read on the card by the probe; its own needs and symbol versions are taken as met there);
 
 and reports, as :class:`Finding` rows, every undefined non-weak symbol no object of the closure (or loaded
 before) defines, every symbol version a library does not define, a needed library not found. C++ names are
@@ -33,6 +35,8 @@ from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerDefSection, GNUVerNeedSection
 from elftools.elf.sections import SymbolTableSection
+
+from .record import Library
 
 #: What a finding is about (the checks' names, as check-patches, build and preflight show them).
 FindingCode = Literal[
@@ -251,6 +255,20 @@ def _cstring(data: bytes, offset: int) -> str:
 class _Loaded:
     path: str
     summary: ElfSummary
+    recorded: bool = False  # from the vendor API record (taken on the card), not a file of this image
+
+
+def recorded_libraries(libraries: Mapping[str, Library]) -> dict[str, tuple[str, ElfSummary]]:
+    """The vendor API record's libraries (path -> soname, needed, exports), by soname and file name, as summaries
+    the loader's search falls back to when the image lacks them (the card's libraries, read there by the probe)."""
+    out: dict[str, tuple[str, ElfSummary]] = {}
+    for path, lib in sorted(libraries.items()):
+        summary = ElfSummary(64, "EM_X86_64", "ET_DYN", lib.soname, tuple(lib.needed), (), (),
+                             frozenset(lib.exports), (), {}, frozenset())
+        for name in (lib.soname, posixpath.basename(path)):
+            if name:
+                out.setdefault(name, (path, summary))
+    return out
 
 
 @dataclass
@@ -260,6 +278,7 @@ class Resolver:
     files: Files
     library_path: Sequence[str] = ()
     summarise: Callable[[bytes], ElfSummary] = summarise
+    recorded: Mapping[str, tuple[str, ElfSummary]] = field(default_factory=dict)  # recorded_libraries(...)
     _objects: dict[str, _Loaded | None] = field(default_factory=dict)
     _cache: dict[str, str] | None = None
 
@@ -313,6 +332,9 @@ class Resolver:
             found = self.load(posixpath.join(d, name))
             if found is not None and found.summary.machine == "EM_X86_64":
                 return found
+        if name in self.recorded:
+            path, summary = self.recorded[name]
+            return _Loaded(path, summary, recorded=True)
         return None
 
     def closure(self, roots: Sequence[_Loaded], loaded: dict[str, _Loaded],
@@ -331,7 +353,7 @@ class Resolver:
             for name in obj.summary.needed:
                 found = self.find(name, obj, loaded)
                 if found is None:
-                    if missing is not None:
+                    if missing is not None and not obj.recorded:  # the card loaded it: its needs were met there
                         missing.append((obj.path, name))
                     continue
                 loaded.setdefault(name, found)
@@ -407,8 +429,8 @@ def check_extension(path: str, data: bytes, files: Files, *, python_extension: b
     by_name: dict[str, _Loaded] = dict(loaded)
     for lib, versions in summary.version_needs.items():
         obj = by_name.get(lib)
-        if obj is None:
-            continue  # said as needed-missing
+        if obj is None or obj.recorded:
+            continue  # said as needed-missing; a recorded library's version definitions are not recorded
         for version in versions:
             if version not in obj.summary.version_defs:
                 newest = _newest(obj.summary.version_defs, version)
