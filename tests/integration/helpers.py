@@ -176,10 +176,12 @@ def plain_docker_build(tree: Path) -> tuple[str | None, list[str]]:
 
 
 def _copy_sources(target: dict[str, Any], root: Path) -> None:
-    """Copy every file a step or the smoke section reads into ``root`` (same relative path)."""
-    paths: list[str] = [str(step["source"]) for step in target.get("steps", []) if "source" in step]
-    for profile in target.get("profiles", {}).values():
-        paths += [str(step["source"]) for step in profile.get("steps", []) if "source" in step]
+    """Copy every file or folder a step or the smoke section reads into ``root`` (same relative path)."""
+    steps = [*target.get("steps", []), *(s for p in target.get("profiles", {}).values() for s in p.get("steps", []))]
+    for rel in [str(s["directory"]) for s in steps if "directory" in s and "$" not in str(s["directory"])]:
+        if not (root / rel).exists():  # a step's host folder (a native step's pinned extensions)
+            shutil.copytree(REPO / rel, root / rel)
+    paths: list[str] = [str(step["source"]) for step in steps if "source" in step]
     if "suite" in target.get("smoke", {}):
         paths.append(str(target["smoke"]["suite"]))
     for rel in paths:

@@ -74,8 +74,11 @@ def test_apply_run_in_place_then_smoke_then_stop(box: Box) -> None:
         RESULTS["apply_to_smoke_verdict_s"] = time.monotonic() - t0
         Path("/tmp/imageforge-inplace-serve-results.json").write_text(json.dumps(RESULTS))
         # the same server for the evaluator suite's dummy-ok checks (~55 checks: 4-9 min on 2 shared cores)
+        # with the parameters a 2048-token server needs (the evaluator's defaults assume a 131072-token one)
         code, evaluator = box.invoke("smoke", "--url", url.group(1), "--target", "cpu", "--suite",
-                                     "smoke/evaluator.yaml", "--tags", "dummy-ok", timeout=1500)
+                                     "smoke/evaluator.yaml", "--tags", "dummy-ok", "--param", "max_context_tokens=2048",
+                                     "--param", "cache_min_prompt_tokens=256", "--param", "truncation_tokens=1024",
+                                     timeout=1500)
         assert code == 0 and re.search(r"^\d+ passed, 0 failed$", evaluator, re.M), evaluator
         # the same server for the equiv reference and the evaluator's replay: nothing else started
         servers = _server_records(box)

@@ -238,7 +238,7 @@ def test_dead_files_are_reported_not_failed() -> None:
     tree = _tree(files, {p: "s" for p in (f"{VLLM}/used.py", f"{VLLM}/orphan.py", f"{VLLM}/z.py")},
                  added=(f"{VLLM}/used.py", f"{VLLM}/orphan.py"))
     checks = _check(tree, [f"{VLLM}/z.py", f"{VLLM}/used.py", f"{VLLM}/orphan.py"])
-    dead = dead_files(tree, checks.scan.imported, [])
+    dead = dead_files(tree, checks.scan.imported, [], set())
     assert [(f.path, f.level) for f in dead] == [(f"{VLLM}/orphan.py", "info")]
 
 

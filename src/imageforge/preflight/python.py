@@ -433,8 +433,9 @@ def _close(name: str, names: set[str]) -> str:
         "ship the module that defines it, or import it from where it lives"
 
 
-def dead_files(tree: FinalTree, imported: set[str], run_texts: list[str]) -> list[Finding]:
-    """Added .py files of the tree and shipped .py files that nothing imports and no script names."""
+def dead_files(tree: FinalTree, imported: set[str], run_texts: list[str], live: set[str]) -> list[Finding]:
+    """Added .py files of the tree that nothing imports and no script names, and shipped .py files of a step's folder
+    that its command neither runs nor imports (``live``: the dead-file rule, :mod:`imageforge.scripts.deadfiles`)."""
     out: list[Finding] = []
     candidates: list[tuple[str, str | None, str | None]] = []
     for f in tree.files.values():
@@ -442,8 +443,8 @@ def dead_files(tree: FinalTree, imported: set[str], run_texts: list[str]) -> lis
             candidates.append((f.path, tree.module_of(f.path), f.step))
     for folder in tree.folders:
         for rel in folder.files():
-            if rel.endswith(".py"):
-                path = f"{folder.dest.rstrip('/')}/{rel}"
+            path = f"{folder.dest.rstrip('/')}/{rel}"
+            if rel.endswith(".py") and path not in live:
                 candidates.append((path, tree.module_of(path, (folder.dest,)), folder.step))
     for path, module, step in candidates:
         name = posixpath.basename(path)

@@ -35,6 +35,7 @@ from ..patches.check import (
     image_session,
     script_sandbox,
 )
+from ..scripts.deadfiles import live_files
 from ..steps import ContainerFS, kind, one_file
 from ..vendor_api import VendorApi, load_record
 from .binaries import shared_objects, shipped_so_findings
@@ -243,8 +244,14 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
         for f in tree.files.values():
             checks.check(PyFile(f.path, f.data.decode("utf-8", "replace"), f.step, roots))
         deployed = {hashlib.sha256(f.data).digest() for f in tree.files.values()}
+        # the dead-file rule (as verify's): a folder's .py that its command neither runs nor imports is listed as
+        # dead by dead_files below, never compiled (the organisers' dead patcher with a syntax error builds fine)
+        live = {f"{folder.dest.rstrip('/')}/{rel}" for folder in folders
+                for rel in live_files(folder.host, folder.command)}
         for folder in folders:
             for rel, host in folder.files().items():
+                if f"{folder.dest.rstrip('/')}/{rel}" not in live:
+                    continue
                 if rel.endswith(".py") and hashlib.sha256(host.read_bytes()).digest() not in deployed:
                     # a file the script copied into the package is checked there, where its imports resolve; after
                     # a failed script, the imports of a file it never deployed only when a script runs it
@@ -267,7 +274,7 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
                                         step=producers.get(path), found=context.strip() or None))
         findings += checks.scan.findings
         stats["python files"] = checks.scan.parsed
-        findings += dead_files(tree, checks.scan.imported, run_texts)
+        findings += dead_files(tree, checks.scan.imported, run_texts, live)
         mark("python")
         if api is not None:
             findings += _version_findings(api, s.version, s.python_version, target.package.distribution)
