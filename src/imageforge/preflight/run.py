@@ -5,8 +5,9 @@ the base (check-patches' machinery: file steps on an overlay, script steps for r
 network off; a failed script's container is kept, so the checks go on over the files as it left them: what a
 Dockerfile RUN that discards the exit code builds) -> the final tree (the change scan of the scripts, the file
 steps' results, a listing of the import roots) -> the Python, vendor API, shell, pin, CRLF, Dockerfile checks ->
-the serving flags against the parser as the steps leave it -> the submission tree rendered from the manifest
--> what git would ship.
+a function replaced at run time against every call of it in the package (the files naming it, found by grep
+in the sandbox) -> the serving flags against the parser as the steps leave it -> the submission tree rendered
+from the manifest -> what git would ship.
 """
 
 from __future__ import annotations
@@ -108,6 +109,34 @@ def _roots_and_listing(sandbox: ScriptSandbox, python: str, dests: Sequence[str]
     _, roots_text, rest = ([*output.split("--\n", 2), "", ""])[:3]
     roots = tuple(r for r in roots_text.splitlines() if r and not r.endswith(".zip"))
     return roots, frozenset(line for line in rest.splitlines() if line.startswith("/"))
+
+
+def _replaced_dirs(tree: FinalTree, targets: set[tuple[str, str]]) -> list[str]:
+    """The package's folder and the folder of each replaced module's top-level package."""
+    dirs = {posixpath.join(tree.site, tree.package)}
+    for module, _ in targets:
+        found = tree.find_module(module.split(".")[0])
+        if found is not None and found[0] in ("source", "package"):
+            dirs.add(posixpath.dirname(found[1]) if found[1].endswith("/__init__.py") else found[1])
+    return sorted(dirs)
+
+
+def _files_naming(sandbox: ScriptSandbox, dirs: Sequence[str], names: Sequence[str]) -> list[str]:
+    """The .py files under ``dirs`` that hold one of ``names`` as a word (grep in one throwaway container of
+    the tree as the scripts left it, network off; the file steps' files are read from the overlay anyway)."""
+    if not names or not dirs:
+        return []
+    words = " ".join(f"-e {shlex.quote(n)}" for n in names)
+    script = f"grep -rlwF --include='*.py' {words} -- {' '.join(shlex.quote(d) for d in dirs)} 2>/dev/null; true"
+    container = sandbox.scope.create(sandbox.image, entrypoint=[], command=["sh", "-c", script],
+                                     network_disabled=True)
+    try:
+        container.start()
+        container.wait(timeout=300)
+        output = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+    finally:
+        sandbox.scope.remove(container)
+    return [line for line in output.splitlines() if line.startswith("/") and line.endswith(".py")]
 
 
 def _folder_snapshot(folders: Sequence[ShippedFolder]) -> dict[str, str]:
@@ -249,6 +278,11 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
         for sc in scripts:
             for _, text in python_heredocs(sc):  # a `python3 - <<EOF` body: checked at the script's lines
                 checks.check(PyFile(sc.image_path, text, sc.folder.step, (sc.folder.dest, *roots)))
+        if checks.replacements.found:  # the package's files that name a replaced function: their calls
+            stats["replacement callers"] = checks.replacements.add_callers(
+                _files_naming(sandbox, _replaced_dirs(tree, checks.replacements.targets()),
+                              checks.replacements.names()))
+        findings += checks.replacements.findings()
         if api is not None:
             read = [p for p in list(checks._asts) if p not in tree.files]
             checks.latent_in(read)
