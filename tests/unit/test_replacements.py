@@ -10,6 +10,7 @@ same 8, an attention backend of the base calls ``ops.reshape_and_cache`` with 8,
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -263,3 +264,31 @@ def test_the_module_of_an_extension_and_a_docstring_signature() -> None:
     assert dotted_module("vllm/my-ops/k.so", SITE) is None
     assert signature_from_doc("twice", "twice(x) -> x + x") == "(x) -> x + x"
     assert signature_from_doc("twice", "Twice the input.") is None
+
+
+def test_the_callers_command_lists_the_package_files_naming_a_replaced_function(tmp_path: Path) -> None:
+    """The grep preflight runs in the sandbox, run here on a copy of the tree: words only, .py only, the package's
+    folder and the replaced module's."""
+    site = str(tmp_path)
+    files = {f"{site}/vllm/__init__.py": "", f"{site}/vllm/_custom_ops.py": CUSTOM_OPS,
+             f"{site}/vllm/attention/backends/xformers.py": BACKEND,
+             f"{site}/vllm/attention/backends/flash.py": "ops.reshape_and_cache_flash(k, v)\n",
+             f"{site}/vllm/notes.txt": "reshape_and_cache\n", f"{site}/other/x.py": "reshape_and_cache\n",
+             f"{site}/patches/patch_ops.py": SEVEN}
+    for path, text in files.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+    tree = tree_from_mapping({p: t.encode() for p, t in files.items()},
+                             changed={f"{site}/patches/patch_ops.py": "patch-ops"}, site=site, package="vllm",
+                             roots=(site, f"{site}/patches"))
+    checks = PythonChecks(tree, None)
+    assert checks.replacements.callers_command() == []
+    checks.check(PyFile(f"{site}/patches/patch_ops.py", SEVEN, "patch-ops", tree.roots))
+    argv = checks.replacements.callers_command()
+    assert checks.replacements.search_dirs() == [f"{site}/vllm"]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    listed = sorted(done.stdout.split())
+    assert listed == [f"{site}/vllm/_custom_ops.py", f"{site}/vllm/attention/backends/xformers.py"]
+    assert checks.replacements.add_callers(listed) == 2
+    assert {(f.found or "").split("; ")[1].split(" passes")[0] for f in checks.replacements.findings()} == {
+        f"{site}/vllm/_custom_ops.py:9:5", f"{site}/vllm/attention/backends/xformers.py:6:9"}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import posixpath
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -221,6 +222,24 @@ class Replacements:
     def names(self) -> list[str]:
         """The replaced functions' names (what a caller's text must contain)."""
         return sorted({r.name for r in self.found.values()})
+
+    def search_dirs(self) -> list[str]:
+        """Where the callers are looked for: the package's folder and each replaced module's top-level package."""
+        dirs = {posixpath.join(self.tree.site, self.tree.package)}
+        for module, _ in self.targets():
+            found = self.tree.find_module(module.split(".")[0])
+            if found is not None and found[0] in ("source", "package"):
+                dirs.add(posixpath.dirname(found[1]) if found[1].endswith("/__init__.py") else found[1])
+        return sorted(dirs)
+
+    def callers_command(self) -> list[str]:
+        """The argv (grep) that lists the ``.py`` files under :meth:`search_dirs` holding a replaced function's
+        name as a word; [] when nothing is replaced. Preflight runs it in the sandbox, then :meth:`add_callers`."""
+        names = self.names()
+        if not names:
+            return []
+        return ["grep", "-rlwF", "--include=*.py", *(a for n in names for a in ("-e", n)), "--",
+                *self.search_dirs()]
 
     def add_callers(self, paths: Iterable[str]) -> int:
         """Read ``paths`` of the final tree (the package's files naming a replaced function) for their calls;

@@ -111,25 +111,12 @@ def _roots_and_listing(sandbox: ScriptSandbox, python: str, dests: Sequence[str]
     return roots, frozenset(line for line in rest.splitlines() if line.startswith("/"))
 
 
-def _replaced_dirs(tree: FinalTree, targets: set[tuple[str, str]]) -> list[str]:
-    """The package's folder and the folder of each replaced module's top-level package."""
-    dirs = {posixpath.join(tree.site, tree.package)}
-    for module, _ in targets:
-        found = tree.find_module(module.split(".")[0])
-        if found is not None and found[0] in ("source", "package"):
-            dirs.add(posixpath.dirname(found[1]) if found[1].endswith("/__init__.py") else found[1])
-    return sorted(dirs)
-
-
-def _files_naming(sandbox: ScriptSandbox, dirs: Sequence[str], names: Sequence[str]) -> list[str]:
-    """The .py files under ``dirs`` that hold one of ``names`` as a word (grep in one throwaway container of
-    the tree as the scripts left it, network off; the file steps' files are read from the overlay anyway)."""
-    if not names or not dirs:
+def _files_naming(sandbox: ScriptSandbox, argv: Sequence[str]) -> list[str]:
+    """The .py files a :func:`.replacements.callers_command` lists, run in one throwaway container of the tree as
+    the scripts left it (network off; the file steps' files are read from the overlay anyway)."""
+    if not argv:
         return []
-    words = " ".join(f"-e {shlex.quote(n)}" for n in names)
-    script = f"grep -rlwF --include='*.py' {words} -- {' '.join(shlex.quote(d) for d in dirs)} 2>/dev/null; true"
-    container = sandbox.scope.create(sandbox.image, entrypoint=[], command=["sh", "-c", script],
-                                     network_disabled=True)
+    container = sandbox.scope.create(sandbox.image, entrypoint=[], command=list(argv), network_disabled=True)
     try:
         container.start()
         container.wait(timeout=300)
@@ -280,8 +267,7 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
                 checks.check(PyFile(sc.image_path, text, sc.folder.step, (sc.folder.dest, *roots)))
         if checks.replacements.found:  # the package's files that name a replaced function: their calls
             stats["replacement callers"] = checks.replacements.add_callers(
-                _files_naming(sandbox, _replaced_dirs(tree, checks.replacements.targets()),
-                              checks.replacements.names()))
+                _files_naming(sandbox, checks.replacements.callers_command()))
         findings += checks.replacements.findings()
         if api is not None:
             read = [p for p in list(checks._asts) if p not in tree.files]
