@@ -266,8 +266,11 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
             for _, text in python_heredocs(sc):  # a `python3 - <<EOF` body: checked at the script's lines
                 checks.check(PyFile(sc.image_path, text, sc.folder.step, (sc.folder.dest, *roots)))
         if checks.replacements.found:  # the package's files that name a replaced function: their calls
-            stats["replacement callers"] = checks.replacements.add_callers(
-                _files_naming(sandbox, checks.replacements.callers_command()))
+            callers = _files_naming(sandbox, checks.replacements.callers_command())
+            if not callers:  # the replaced module's own file names the function: none at all means no search ran
+                notes.append("the search for the callers of a replaced function listed no file (no grep in the "
+                             "image?): only the checked files' calls were matched")
+            stats["replacement callers"] = checks.replacements.add_callers(callers)
         findings += checks.replacements.findings()
         if api is not None:
             read = [p for p in list(checks._asts) if p not in tree.files]
