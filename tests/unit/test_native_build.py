@@ -34,13 +34,16 @@ PyMODINIT_FUNC PyInit_demo(void) { return PyModule_Create(&mod); }
 PIN = "sha256:" + "0" * 64
 
 
-def manifest(root: Path, *, pin: str = PIN, build: str | None = None) -> Path:
+def manifest(root: Path, *, pin: str = PIN, build: str | None = None, record: bool = False) -> Path:
     native = root / "native"
     native.mkdir(parents=True, exist_ok=True)
     (native / "demo.c").write_text(MODULE_C)
     include = sysconfig.get_paths()["include"]
     build = build or f"{CC} -shared -fPIC -O1 -I{include} demo.c -o {EXT}"
     path = root / "build.yaml"
+    if record:
+        (root / "vendor-api.json").write_text('{"format": 1, "python": "3.10.12", "modules": {}}\n')
+    vendor_api = "    vendor_api: vendor-api.json\n" if record else ""
     path.write_text(f"""\
 version: 1
 default_target: box
@@ -49,7 +52,7 @@ targets:
     base: {{image: "example/base:1"}}
     package: {{import: elftools, distribution: pyelftools, version: "*", flags: off}}
     image: imageforge-test/box
-    steps:
+{vendor_api}    steps:
       - id: demo-ext
         kind: native
         why: a C extension built where it runs
@@ -106,3 +109,19 @@ def test_a_build_that_makes_a_broken_extension_keeps_the_pins(tmp_path: Path) ->
     report = json.loads(done.stdout)
     assert sorted(f["code"] for f in report["findings"]) == ["import-failed", "no-pyinit", "unpinned"]
     assert PIN in path.read_text()
+
+
+def test_build_writes_the_functions_into_the_vendor_api_record(tmp_path: Path) -> None:
+    path = manifest(tmp_path, record=True)
+    done = native_build(path, "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["recorded"] is True and report["record"] == str((tmp_path / "vendor-api.json").resolve())
+    record = json.loads((tmp_path / "vendor-api.json").read_text())
+    assert record["modules"] == {"elftools.demo": {"complete": False,
+                                                   "twice": {"kind": "function", "signature": "(x) -> x + x"}}}
+    before = (tmp_path / "vendor-api.json").read_text()
+    again = native_build(path)
+    assert again.returncode == 0, again.stderr
+    assert "already lists these functions" in again.stdout
+    assert (tmp_path / "vendor-api.json").read_text() == before

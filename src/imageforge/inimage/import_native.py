@@ -4,13 +4,17 @@ Run by ``imageforge native build`` on the card's machine (the device is there): 
 ``{"before": [module, ...], "modules": [{"name": N, "path": P}, ...]}``. The ``before`` modules are imported first
 (``torch``: the libraries an extension needs are loaded by it), then each extension from its file, by its module
 name. One ``IMAGEFORGE-NATIVE {json}`` line: per module ``ok``, the error when not, and its functions with the
-first line of each one's docstring (pybind11 writes the signature there). Standard library only.
+first line of each one's docstring (pybind11 writes the signature there), or ``name(signature)`` from
+``inspect.signature`` when the docstring does not start with one (a C function's ``__text_signature__``).
+Standard library only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import inspect
 import json
 import sys
 
@@ -32,7 +36,11 @@ def load(name: str, path: str) -> dict[str, object]:
         if attr.startswith("_") or not callable(value):
             continue
         doc = (getattr(value, "__doc__", None) or "").strip().splitlines()
-        functions[attr] = doc[0] if doc else ""
+        first = doc[0] if doc else ""
+        if not first.startswith(attr + "("):
+            with contextlib.suppress(TypeError, ValueError):  # no signature readable: the docstring line as it is
+                first = f"{attr}{inspect.signature(value)}"
+        functions[attr] = first
     return {"name": name, "ok": True, "functions": functions}
 
 

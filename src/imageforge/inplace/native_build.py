@@ -5,14 +5,17 @@ command runs in its folder with the caller's environment (``PYTHON`` set to the 
 it made is checked as every face checks it (:func:`imageforge.steps.native.elf_findings` against this machine's
 files, the folder's unpinned binaries), each Python extension is imported by the target interpreter after the
 modules its ``loaded_before`` libraries belong to (:mod:`imageforge.inimage.import_native`: the functions it
-defines, with pybind11's signature line), and the pins in the manifest are rewritten (``--check``: compared only,
-exit 3 when a pin differs from the fresh build).
+defines, with pybind11's signature line), their functions and signatures are written into the target's vendor API
+record (``vendor_api:``; :func:`imageforge.vendor_api.record.record_functions`, the module named by each
+extension's ``dest``), so preflight checks every call of them, and the pins in the manifest are rewritten
+(``--check``: compared only, exit 3 when a pin differs from the fresh build; neither file is written).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 import re
 import subprocess
 import sys
@@ -23,11 +26,12 @@ from typing import Any
 
 from ..errors import BuildError, ConfigError
 from ..inimage import program
-from ..manifest.model import Step
+from ..manifest.model import Step, resolve_image_path
 from ..manifest.resolve import Resolved
 from ..manifest.yamldoc import load_yaml
-from ..steps.native import NativeSpec, elf_findings, extensions, folder, pin_findings
+from ..steps.native import Extension, NativeSpec, elf_findings, extensions, folder, pin_findings
 from ..vendor_api.elfcheck import Finding, module_name
+from ..vendor_api.record import record_functions, signature_from_doc
 from .localfs import LocalFS
 from .package import discover_local
 
@@ -54,6 +58,8 @@ class NativeBuildReport:
     imports: dict[str, Any] = field(default_factory=dict)
     rewritten: bool = False
     check: bool = False
+    record: str | None = None  # the vendor API record the functions went to
+    recorded: bool = False  # whether that file changed
 
     @property
     def ok(self) -> bool:
@@ -69,6 +75,9 @@ class NativeBuildReport:
                 funcs = m.get("functions", {})
                 lines.append(f"  import {m['name']}: ok, {len(funcs)} function(s)")
                 lines += [f"    {sig or name}" for name, sig in funcs.items()]
+        if self.record is not None:
+            lines.append(f"  vendor API record {self.record}: "
+                         + ("functions written" if self.recorded else "already lists these functions"))
         lines += [f"  {f.line()}" for f in self.findings]
         return "\n".join(lines)
 
@@ -76,7 +85,7 @@ class NativeBuildReport:
         return {"step": self.step, "ok": self.ok, "check": self.check, "rewritten": self.rewritten,
                 "pins": [{"file": p.file, "old": p.old, "new": p.new, "changed": p.changed} for p in self.pins],
                 "findings": [{"code": f.code, "path": f.path, "message": f.message} for f in self.findings],
-                "imports": self.imports}
+                "imports": self.imports, "record": self.record, "recorded": self.recorded}
 
 
 def native_step(resolved: Resolved, step_id: str) -> Step:
@@ -154,16 +163,47 @@ def native_build(resolved: Resolved, step_id: str, *, root: Path, python: str, e
     report.findings += [f for f in pin_findings(step, environ) if f.code == "unpinned"]
     report.findings += elf_findings(step, LocalFS(root), pkg.site, environ)
     before = sorted({p.split("/")[0] for p in spec.loaded_before if not p.startswith("/")})
-    modules = [{"name": module_name(e.file), "path": str(where / e.file)} for e in extensions(step)
-               if e.python and (where / e.file).is_file()]
+    python_exts = [e for e in extensions(step) if e.python and (where / e.file).is_file()]
+    modules = [{"name": module_name(e.file), "path": str(where / e.file)} for e in python_exts]
     if modules:
         report.imports = import_extensions(pkg.python, before, modules, environ)
         for m in [*report.imports.get("before", []), *report.imports.get("modules", [])]:
             if not m.get("ok"):
                 report.findings.append(Finding("import-failed", str(m["name"]), str(m.get("error"))))
     if not check and not report.findings:
+        record = resolved.target.vendor_api
+        if record is not None and report.imports:
+            report.record = str(record)
+            report.recorded = record_functions(record, pkg.python_version,
+                                               recorded_functions(python_exts, report.imports, pkg.site))
         report.rewritten = rewrite_pins(Path(resolved.manifest.path), step, new)
     return report
+
+
+def dotted_module(dest: str, site: str) -> str | None:
+    """The module an extension installed at ``dest`` (site-relative or absolute) is imported as, or None when it
+    lies outside the site directory."""
+    path = posixpath.normpath(resolve_image_path(dest, site))
+    prefix = site.rstrip("/") + "/"
+    if not path.startswith(prefix):
+        return None
+    parts = [*path[len(prefix):].split("/")[:-1], module_name(path)]
+    return ".".join(parts) if all(p.isidentifier() for p in parts) else None
+
+
+def recorded_functions(exts: list[Extension], imports: Mapping[str, Any], site: str
+                       ) -> dict[str, dict[str, str | None]]:
+    """Dotted module -> function -> signature text (None where the docstring gave none), from what the target
+    interpreter listed of each imported extension."""
+    listed = {m["name"]: m.get("functions", {}) for m in imports.get("modules", []) if m.get("ok")}
+    out: dict[str, dict[str, str | None]] = {}
+    for ext in exts:
+        module = dotted_module(ext.dest, site)
+        functions = listed.get(module_name(ext.file))
+        if module is None or functions is None:
+            continue
+        out[module] = {name: signature_from_doc(name, line) for name, line in functions.items()}
+    return out
 
 
 def import_extensions(python: str, before: list[str], modules: list[dict[str, str]],

@@ -40,6 +40,8 @@ CHECKS: dict[str, Check] = {c.id: c for c in (
     Check("py-import-unknown", "info", "an import whose name cannot be told statically (__getattr__, star import)"),
     Check("vendor-name", "error", "a name used on a vendor extension module that the vendor API record lacks"),
     Check("vendor-arity", "error", "a call to a vendor function whose arguments do not fit its recorded signature"),
+    Check("call-replaced", "error", "a function installed at run time over a module's (mod.f = g, setattr) that "
+          "does not accept a call of f in the final tree"),
     Check("vendor-versions", "warning", "the base's versions differ from the vendor API record's"),
     Check("dead-file", "info", "a shipped .py that nothing imports and no step runs"),
     Check("sh-syntax", "error", "bash -n: a shell script that does not parse"),

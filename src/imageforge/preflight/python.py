@@ -1,5 +1,7 @@
 """Python, statically, for the target's version: parse and compile, imports resolved in the final tree, names
-and call arities on the vendor's extension modules against the vendor API record, dead files.
+and call arities on the vendor's extension modules against the vendor API record (a native step's extensions
+too, once ``native build`` recorded them), functions replaced at run time against their calls
+(:mod:`.replacements`), dead files.
 
 Everything is read with the standard library's :mod:`ast` (and ``compile``): no Python runs, no regex reads
 Python. A guarded import (inside ``try``/``except``) is checked like any other; its finding says what is
@@ -18,6 +20,7 @@ from ..patches.pycheck import parse_version
 from ..vendor_api import VendorApi
 from ..vendor_api.calls import call_shape, check_call, describe
 from .findings import Finding
+from .replacements import Replacements
 from .tree import FinalTree
 
 #: Modules of the standard library (this interpreter's list; the target's own is the same for 3.10 imports).
@@ -172,6 +175,8 @@ class PythonChecks:
         self._asts: dict[str, ast.Module | None] = {}
         self._vendor_seen: set[tuple[str, int]] = set()
         self.latent: list[str] = []
+        #: functions installed at run time over a module's (``mod.f = g``), against every call of ``f``
+        self.replacements = Replacements(tree, api, self.module_ast)
 
     # ----------------------------------------------------------------- reading modules of the tree
     def module_ast(self, path: str) -> ast.Module | None:
@@ -197,6 +202,7 @@ class PythonChecks:
             self.scan.findings.append(problem)
             return
         assert tree is not None
+        self.replacements.scan(file.path, file.text, tree, file.roots, file.step)
         module = self.tree.module_of(file.path, file.roots)
         is_package = file.path.endswith("/__init__.py")
         for use in imports(tree, module, is_package) if file.imports else ():

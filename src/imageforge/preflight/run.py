@@ -5,8 +5,9 @@ the base (check-patches' machinery: file steps on an overlay, script steps for r
 network off; a failed script's container is kept, so the checks go on over the files as it left them: what a
 Dockerfile RUN that discards the exit code builds) -> the final tree (the change scan of the scripts, the file
 steps' results, a listing of the import roots) -> the Python, vendor API, shell, pin, CRLF, Dockerfile checks ->
-the serving flags against the parser as the steps leave it -> the submission tree rendered from the manifest
--> what git would ship.
+a function replaced at run time against every call of it in the package (the files naming it, found by grep
+in the sandbox) -> the serving flags against the parser as the steps leave it -> the submission tree rendered
+from the manifest -> what git would ship.
 """
 
 from __future__ import annotations
@@ -115,6 +116,21 @@ def _roots_and_listing(sandbox: ScriptSandbox, python: str, dests: Sequence[str]
     _, roots_text, rest = ([*output.split("--\n", 2), "", ""])[:3]
     roots = tuple(r for r in roots_text.splitlines() if r and not r.endswith(".zip"))
     return roots, frozenset(line for line in rest.splitlines() if line.startswith("/"))
+
+
+def _files_naming(sandbox: ScriptSandbox, argv: Sequence[str]) -> list[str]:
+    """The .py files a :func:`.replacements.callers_command` lists, run in one throwaway container of the tree as
+    the scripts left it (network off; the file steps' files are read from the overlay anyway)."""
+    if not argv:
+        return []
+    container = sandbox.scope.create(sandbox.image, entrypoint=[], command=list(argv), network_disabled=True)
+    try:
+        container.start()
+        container.wait(timeout=300)
+        output = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+    finally:
+        sandbox.scope.remove(container)
+    return [line for line in output.splitlines() if line.startswith("/") and line.endswith(".py")]
 
 
 def _folder_snapshot(folders: Sequence[ShippedFolder]) -> dict[str, str]:
@@ -262,6 +278,13 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
         for sc in scripts:
             for _, text in python_heredocs(sc):  # a `python3 - <<EOF` body: checked at the script's lines
                 checks.check(PyFile(sc.image_path, text, sc.folder.step, (sc.folder.dest, *roots)))
+        if checks.replacements.found:  # the package's files that name a replaced function: their calls
+            callers = _files_naming(sandbox, checks.replacements.callers_command())
+            if not callers:  # the replaced module's own file names the function: none at all means no search ran
+                notes.append("the search for the callers of a replaced function listed no file (no grep in the "
+                             "image?): only the checked files' calls were matched")
+            stats["replacement callers"] = checks.replacements.add_callers(callers)
+        findings += checks.replacements.findings()
         if api is not None:
             read = [p for p in list(checks._asts) if p not in tree.files]
             checks.latent_in(read)

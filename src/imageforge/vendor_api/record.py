@@ -14,6 +14,8 @@ The format (``format: 1``), written by ``imageforge probe`` or by hand::
 
 ``kind`` is one of function, class, module, other; ``signature`` is null where unknown; extra keys are allowed
 everywhere; a module may say ``"complete": false`` and a name missing from it is then "unknown", not "absent".
+``imageforge native build`` writes its extensions' modules into the record (:func:`record_functions`: each
+module's entry replaced, the rest of the file kept as it is).
 """
 
 from __future__ import annotations
@@ -202,3 +204,35 @@ def record_to_json(api: VendorApi) -> dict[str, Any]:
                           for p, lib in sorted(api.libraries.items())},
             "distributions": {n: {"version": d.version, "top_level": list(d.top_level)}
                               for n, d in sorted(api.distributions.items())}}
+
+
+def signature_from_doc(name: str, line: str) -> str | None:
+    """The signature text of a docstring's first line ``name(a, b) -> T`` (pybind11's, a C function's), or None."""
+    line = line.strip()
+    return line[len(name):] if line.startswith(name + "(") else None
+
+
+def record_functions(path: Path, python: str, functions: Mapping[str, Mapping[str, str | None]]) -> bool:
+    """Write ``functions`` (module -> function name -> signature text or None) into the record at ``path``
+    (made when missing, for interpreter version ``python``): each module's entry replaced, marked incomplete
+    (an extension's other attributes are not listed), every other key of the file kept. Checked against the
+    format before it is written; False when the file already says the same."""
+    if path.is_file():
+        load_record(path)  # a record that does not load is not overwritten (ConfigError naming its key)
+        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    else:
+        data = {"format": FORMAT, "python": python, "versions": {}, "modules": {}}
+    modules = data.setdefault("modules", {})
+    changed = False
+    for module, members in sorted(functions.items()):
+        entry: dict[str, Any] = {"complete": False, **{name: {"kind": "function", "signature": sig}
+                                                       for name, sig in sorted(members.items())}}
+        if modules.get(module) != entry:
+            modules[module] = entry
+            changed = True
+    if not changed:
+        return False
+    record_from_json(data, str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return True
