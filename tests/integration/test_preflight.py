@@ -38,7 +38,8 @@ def test_cpu_target_is_clean_on_the_real_base() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert report["ok"] and report["counts"]["error"] == 0, report["findings"]
-    assert report["ran"] == ["validate", "steps", "final-state", "python", "scripts", "flags", "submission", "git"]
+    assert report["ran"] == ["validate", "steps", "final-state", "python", "scripts", "flags", "run-env", "submission",
+                             "git"]
     assert report["stats"]["changed .py"] >= 1, "the cpu target's patched files were checked"
     assert settles(lambda: build_containers() <= before), "no container left behind"
 
