@@ -120,7 +120,8 @@ def _replay(box: Box, url: str) -> None:
     """`bench --url --replay` on the running server (was `bench --in-place --replay`, its own start)."""
     code, out = box.invoke("bench", "--url", url, "--replay", "--requests", "4", "--seed", "5", timeout=800)
     assert code == 0, out
-    for line in ("PASS  success rate >= 99.00%: 100.00%", "TTFT p90", "Output TPS p10", "PLATFORM'S SCORE: weighted_tps"):
+    for line in ("PASS  success rate >= 99.00%: 100.00%", "TTFT p90", "Output TPS p10",
+                 "PLATFORM'S SCORE: weighted_tps"):
         assert line in out, out
     assert "started pid" not in out, out
     report = json.loads(box.read(out.split("report: ")[1].split()[0]))
