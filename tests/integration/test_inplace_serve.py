@@ -165,7 +165,7 @@ def test_ablate_in_place_full_variant_full(box: Box) -> None:
     rows = {r["step"]: r for r in table["variants"]}
     assert set(rows) == {"prefill-num-warps"}
     for row in rows.values():
-        assert row["pairs"] == 1 and row["failed_runs"] == 0 and row["delta_score"] is not None, row
+        assert row["pairs"] == 1 and row["failed_runs"] == 0 and row["delta_weighted_tps"] is not None, row
         assert row["equiv"] == "pass", row  # the prefill tiles are inert on CPU: same logprobs
     assert table["workload"]["schedule"] == "in place: full, variants, full"
     assert _journal(box) == "none"  # the root as before the command: nothing applied
