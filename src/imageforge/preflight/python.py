@@ -20,7 +20,7 @@ from ..patches.pycheck import parse_version
 from ..vendor_api import VendorApi
 from ..vendor_api.calls import call_shape, check_call, describe
 from .findings import Finding
-from .replacements import Replacements
+from .replacements import Replacements, dotted_name
 from .tree import FinalTree
 
 #: Modules of the standard library (this interpreter's list; the target's own is the same for 3.10 imports).
@@ -304,15 +304,7 @@ class PythonChecks:
                         package[a.asname or a.name] = full
         return modules, members, package
 
-    @staticmethod
-    def _dotted(node: ast.AST) -> str | None:
-        parts: list[str] = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if isinstance(node, ast.Name):
-            return ".".join([node.id, *reversed(parts)])
-        return None
+    _dotted = staticmethod(dotted_name)
 
     def _vendor_target(self, dotted: str, modules: dict[str, str]) -> tuple[str, str] | None:
         """(record module, name) that ``a.b.c`` refers to, through the aliases or the full dotted name."""

@@ -70,7 +70,8 @@ def signature_of(args: ast.arguments) -> str:
     return f"({ast.unparse(args)})"
 
 
-def _dotted(node: ast.AST) -> str | None:
+def dotted_name(node: ast.AST) -> str | None:
+    """``a.b.c`` for a chain of attributes on a name, else None."""
     parts: list[str] = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
@@ -134,7 +135,7 @@ class Replacements:
 
     def _target(self, node: ast.AST, scope: _Scope, roots: tuple[str, ...]) -> tuple[str, str] | None:
         """(module, name) that the expression ``alias.x.f`` names, when ``alias.x`` is a module."""
-        dotted = _dotted(node)
+        dotted = dotted_name(node)
         if dotted is None:
             return None
         head, _, rest = dotted.partition(".")
@@ -200,7 +201,7 @@ class Replacements:
             elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
                   and len(node.args) == 3 and isinstance(node.args[1], ast.Constant)
                   and isinstance(node.args[1].value, str) and node.args[1].value.isidentifier()):
-                obj = _dotted(node.args[0])
+                obj = dotted_name(node.args[0])
                 if obj is not None:
                     synthetic = ast.parse(f"{obj}.{node.args[1].value}", mode="eval").body
                     installs.append((synthetic, node.args[2], node.lineno))
