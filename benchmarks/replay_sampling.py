@@ -1,17 +1,16 @@
-"""Does a sampled replay's interval hold the full replay's weighted_tps? (issue 33 item 6; bench/RESULTS.md,
-"Replay metrics against a second client")
+"""Does a sampled replay's interval hold the full replay's weighted_tps? (bench/RESULTS.md, "Replay and A/A")
 
 Usage: .venv/bin/python benchmarks/replay_sampling.py --url http://127.0.0.1:PORT [--requests 120] [--seed 7]
        [--sample 30] [--seeds 10] [--out FILE]
 
-One running server.  The workload is imageforge's generated replay (``--requests`` from ``--seed``).  Runs are
+One running server. The workload is imageforge's generated replay (``--requests`` from ``--seed``). Runs are
 interleaved: the full replay, then the sampled replays of seeds 0..``--seeds``-1 (``--sample`` requests of whole
-sessions each: :func:`imageforge.bench.sampling.choose`), with a full replay again after every half of them, so
-slow drift of the shared machine reaches both sides.  Every run starts from a cold prefix cache of its own: its
-requests' first system message starts with the run's own tag (a few tokens), so no run reads another's cache
-while the sharing inside a run (sessions, shared heads) stays as it is.  The A/A is the full replays against each
-other.  Per seed: the predicted interval and whether it holds the full replays' mean weighted_tps.  Prints one
-JSON object (and writes it to ``--out``).
+sessions each: :func:`imageforge.bench.sampling.choose`), with a full replay again after every ``--every`` of them
+(default 2) and at the end, so slow drift of the shared machine reaches both sides. Every run starts from a cold
+prefix cache of its own: its requests' first system message starts with the run's own tag (a few tokens), so no run
+reads another's cache while the sharing inside a run (sessions, shared heads) stays as it is. The A/A is the full
+replays against each other. Per seed: the predicted interval and whether it holds the full replays' mean
+weighted_tps. Prints one JSON object (and writes it to ``--out``).
 """
 
 from __future__ import annotations
@@ -55,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--sample", type=int, default=30)
     parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--every", type=int, default=2, help="a full replay after every N samples")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     model, server_len = discover_model(args.url)
@@ -87,11 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         p = predict(chosen, population, run.records, run.wall_s)
         samples.append({"seed": seed, "requests": p["requests_sampled"], "sessions": p["sessions_sampled"],
                         "weighted_tps": p["weighted_tps"], "wall_time_s": p["wall_time_s"],
-                        "head_corrections": p["head_corrections"], "load": round(os.getloadavg()[0], 2)})
+                        "head_corrections": p["head_corrections"], "interval_groups": p["interval_groups"],
+                        "load": round(os.getloadavg()[0], 2)})
         print(json.dumps({"sample": samples[-1]}), file=sys.stderr)
-        if seed + 1 == args.seeds // 2:
+        if (seed + 1) % args.every == 0 or seed + 1 == args.seeds:
             full_run()
-    full_run()
     truth = statistics.fmean(f["weighted_tps"] for f in full)
     for s in samples:
         s["holds"] = s["weighted_tps"]["low"] <= truth <= s["weighted_tps"]["high"]
@@ -101,7 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "full": full, "full_mean_weighted_tps": truth,
               "full_spread": [min(f["weighted_tps"] for f in full) / truth,
                               max(f["weighted_tps"] for f in full) / truth],
-              "held": sum(1 for s in samples if s["holds"]), "seeds": args.seeds, "samples": samples}
+              "held": sum(1 for s in samples if s["holds"]), "seeds": args.seeds,
+              "half_width_median": statistics.median(s["half_width"] for s in samples), "samples": samples}
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+import math
+import random
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +37,10 @@ def _key(messages: Sequence[dict[str, Any]], tools: Any) -> str:
     return hashlib.sha256(json.dumps([list(messages), tools], sort_keys=True).encode()).hexdigest()
 
 
-def simulate(requests: Sequence[ReplayRequest], order: Sequence[int]) -> list[RequestRecord]:
-    """One record per sent request: a prefix cache of whole messages, times from a fixed cost model."""
+def simulate(requests: Sequence[ReplayRequest], order: Sequence[int],
+             speed: Callable[[], float] = lambda: 1.0) -> list[RequestRecord]:
+    """One record per sent request: a prefix cache of whole messages, times from a fixed cost model divided by
+    ``speed()`` (the server's speed when the request runs)."""
     seen: set[str] = set()
     out = []
     for k, i in enumerate(order):
@@ -48,8 +52,9 @@ def simulate(requests: Sequence[ReplayRequest], order: Sequence[int]) -> list[Re
                        if _key(messages[:cut], tools) in seen), 0)
         seen.update(_key(messages[:cut], tools) for cut in range(1, len(messages) + 1))
         completion = requests[i].planned_output or 1
-        ttft = 0.02 + (prompt - cached) / 4000
-        out.append(RequestRecord(k, 200, ttft_s=ttft, total_s=ttft + completion / 40, prompt_tokens=prompt,
+        now = speed()
+        ttft = (0.02 + (prompt - cached) / 4000) / now
+        out.append(RequestRecord(k, 200, ttft_s=ttft, total_s=ttft + completion / 40 / now, prompt_tokens=prompt,
                                  completion_tokens=completion, cached_tokens=cached))
     return out
 
@@ -105,6 +110,46 @@ def test_the_prediction_holds_against_the_full_replay(workload: list[ReplayReque
     p = predict(chosen, population, records, sum(r.total_s or 0 for r in records), time_cap=truth_wall / 2)
     assert p["wall_time_s"] == pytest.approx(truth_wall, rel=0.25) and p["cut_by_time_cap"] is True
     assert any("WOULD cut it" in line for line in prediction_lines(p))
+
+
+def drifting(seed: int) -> Callable[[], float]:
+    """A server whose speed wanders: log-speed an AR(1) process (correlation ~20 requests, 8 % spread) times a
+    per-request jitter of 5 %, like a shared machine's."""
+    rng = random.Random(seed)
+    state = [0.0]
+
+    def speed() -> float:
+        state[0] = 0.95 * state[0] + rng.gauss(0.0, 0.08 * math.sqrt(1 - 0.95 ** 2))
+        return math.exp(state[0] + rng.gauss(0.0, 0.05))
+    return speed
+
+
+def test_the_interval_carries_the_servers_drift_during_the_sampled_run(workload: list[ReplayRequest]) -> None:
+    """On a drifting server the truth is the mean of full replays (an A/A among them); the interval still holds
+    (the jackknife's groups ran at different moments of the drift)."""
+    population = sessions(workload)
+    fulls = []
+    for run in range(5):
+        records = simulate(workload, range(len(workload)), drifting(1000 + run))
+        fulls.append(evaluate(records, sum(r.total_s or 0 for r in records)).metrics["weighted_tps"])
+    truth = sum(fulls) / len(fulls)
+    assert max(fulls) / min(fulls) > 1.02  # the A/A: full replays themselves differ
+    hits, widths = 0, []
+    for seed in range(20):
+        chosen = choose(population, 80, seed)
+        records = simulate(workload, [i for s in chosen for i in s.requests], drifting(seed))
+        w = predict(chosen, population, records, sum(r.total_s or 0 for r in records))["weighted_tps"]
+        hits += w["low"] <= truth <= w["high"]
+        widths.append((w["high"] - w["low"]) / 2 / truth)
+    assert hits >= 18, f"{hits} of 20 intervals hold the full replays' mean weighted_tps"
+    assert max(widths) < 0.3
+
+
+def test_a_sample_of_one_session_is_refused(workload: list[ReplayRequest]) -> None:
+    population = sessions(workload)
+    one = [population[0]]
+    with pytest.raises(ConfigError, match="at least 2 whole sessions"):
+        predict(one, population, simulate(workload, one[0].requests), 1.0)
 
 
 def test_the_shared_head_correction_moves_cold_heads_to_the_cached_term(workload: list[ReplayRequest]) -> None:

@@ -8,7 +8,8 @@
   its share of the file's requests, its sessions drawn at random (``seed``); the chosen ones replay in file order.
 * :func:`predict` -- from the sampled run's records, the full replay's weighted_tps (and platform_score), the three
   per-minute rates and the wall time, each with a 95 % interval: a stratified ratio estimator over sessions
-  (clusters), its variance by linearisation (a stratum with one sampled session borrows the pooled variance).
+  (clusters), its interval a delete-a-group jackknife over contiguous groups of sessions in run order with
+  Student's t (:func:`predict`: the sample's composition and the server's drift while it ran).
   **Reuse across sessions**: sessions of one agent kind share a head (system messages and tools); in the full
   replay only the first session of a head prefills it, in a sample the first *sampled* one does.  Such a
   request's head tokens (measured as what later sampled sessions of that head got from the cache) are moved
@@ -30,11 +31,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ConfigError
 from .evaluator import RequestRecord, bucket_of
 from .metrics import CACHED_WEIGHT, OUTPUT_WEIGHT, UNCACHED_INPUT_WEIGHT, platform_score
 from .replay_workload import ReplayRequest
-
-Z95 = 1.96
 
 
 def _digest(value: Any) -> str:
@@ -182,62 +182,108 @@ def _head_correction(chosen: Sequence[Session], population: Sequence[Session],
     return out
 
 
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile: exact for 1 and 2 degrees of freedom, the Cornish-Fisher expansion above (within
+    0.2 % of the tables from 3 on)."""
+    if df == 1:
+        return math.tan(math.pi * (p - 0.5))
+    if df == 2:
+        return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
+    z = statistics.NormalDist().inv_cdf(p)
+    v = float(df)
+    return (z + (z ** 3 + z) / (4 * v) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * v ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * v ** 3)
+            + (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / (92160 * v ** 4))
+
+
+MAX_GROUPS = 10
+
+
+def time_groups(count: int) -> list[range]:
+    """The sampled sessions, in the order they ran, cut into contiguous groups for the jackknife: half as many
+    groups as sessions, at most :data:`MAX_GROUPS`, at least 2."""
+    g = max(2, min(MAX_GROUPS, count // 2))
+    bounds = [round(k * count / g) for k in range(g + 1)]
+    return [range(bounds[k], bounds[k + 1]) for k in range(g) if bounds[k + 1] > bounds[k]]
+
+
+Row = tuple[str, float, float, float, float]  # stratum; output, uncached, cached tokens; seconds
+
+
 def predict(chosen: Sequence[Session], population: Sequence[Session], records: Sequence[RequestRecord],
             sample_wall_s: float, *, time_cap: float | None = None) -> dict[str, Any]:
     """The full replay's figures from a sampled run (``records[i].index`` = the position in the sampled run, the
-    run replaying the chosen sessions' requests in order)."""
+    run replaying the chosen sessions' requests in order).
+
+    Each figure is a stratified ratio (expanded tokens / expanded seconds).  Its interval is a delete-a-group
+    jackknife over contiguous groups of sessions in the order they ran (:func:`time_groups`) with Student's t:
+    the groups differ by what was sampled *and* by when they ran, so the interval carries both the sample's
+    composition and the server's drift during the sampled run (its speed at one moment against another), which a
+    variance over single sessions misses.  Not in it: a change of the machine's state slower than the run."""
+    if len(chosen) < 2:
+        raise ConfigError(f"a sampled replay needs at least 2 whole sessions (got {len(chosen)}): raise --sample")
     order = [i for s in chosen for i in s.requests]
     by_file = {order[r.index]: r for r in records if r.index < len(order)}
     fix = _head_correction(chosen, population, by_file)
-    strata: dict[str, list[tuple[float, float, float, float]]] = {}
+    rows: list[Row] = []
     for s in chosen:
         out, unc, cac, sec = _terms([by_file[i] for i in s.requests if i in by_file])
         moved, saved = fix.get(s.index, (0.0, 0.0))
-        strata.setdefault(s.stratum, []).append((out, unc - moved, cac + moved, max(0.0, sec - saved)))
+        rows.append((s.stratum, out, unc - moved, cac + moved, max(0.0, sec - saved)))
     sizes: dict[str, int] = {}
     for s in population:
         sizes[s.stratum] = sizes.get(s.stratum, 0) + 1
     measured_seconds = sum(r.total_s or 0.0 for r in records)
     gaps = sample_wall_s / measured_seconds if measured_seconds > 0 else 1.0  # wall / the sum of request times
 
-    def expand(values: Mapping[str, list[float]]) -> float:
-        return sum(sizes[h] / len(v) * sum(v) for h, v in values.items())
+    def expanded(part: Sequence[Row]) -> tuple[float, float, float, float]:
+        """Output, uncached, cached tokens and seconds of the full replay, from ``part``'s strata (a stratum
+        missing from ``part`` is left out of both sides of every ratio)."""
+        counts: dict[str, int] = {}
+        for row in part:
+            counts[row[0]] = counts.get(row[0], 0) + 1
+        totals = [0.0, 0.0, 0.0, 0.0]
+        for stratum, *values in part:
+            factor = sizes[stratum] / counts[stratum]
+            for k, value in enumerate(values):
+                totals[k] += factor * value
+        return totals[0], totals[1], totals[2], totals[3]
 
-    def column(k: int) -> dict[str, list[float]]:
-        return {h: [row[k] for row in rows] for h, rows in strata.items()}
+    def rates(part: Sequence[Row]) -> tuple[float, float, float, float]:
+        """Weighted tokens, output, uncached and cached tokens per second of wall time."""
+        out, unc, cac, sec = expanded(part)
+        wall = sec * gaps
+        if wall <= 0:
+            return 0.0, 0.0, 0.0, 0.0
+        return ((OUTPUT_WEIGHT * out + UNCACHED_INPUT_WEIGHT * unc + CACHED_WEIGHT * cac) / wall,
+                out / wall, unc / wall, cac / wall)
 
-    seconds = expand(column(3))
-    wall = seconds * gaps
-    weighted_rows = {h: [OUTPUT_WEIGHT * o + UNCACHED_INPUT_WEIGHT * u + CACHED_WEIGHT * c for o, u, c, _ in rows]
-                     for h, rows in strata.items()}
+    whole = rates(rows)
+    groups = time_groups(len(rows))
+    replicates = [rates([row for j, row in enumerate(rows) if j not in g]) for g in groups]
+    t = t_quantile(0.975, len(groups) - 1)
 
-    def ratio(numerators: Mapping[str, list[float]], scale: float) -> Interval:
-        total = expand(numerators)
-        r0 = total / seconds if seconds else 0.0
-        residuals = {h: [numerators[h][j] - r0 * strata[h][j][3] for j in range(len(strata[h]))] for h in strata}
-        pooled = [e for v in residuals.values() for e in v]
-        pooled_var = statistics.variance(pooled) if len(pooled) > 1 else 0.0
-        var = 0.0
-        for h, e in residuals.items():
-            n_h, big_n = len(e), sizes[h]
-            s2 = statistics.variance(e) if n_h > 1 else pooled_var
-            var += big_n ** 2 * (1 - n_h / big_n) * s2 / n_h
-        sd = math.sqrt(var) / seconds if seconds else 0.0
-        value = r0 / gaps * scale
-        return Interval(value, max(0.0, (r0 - Z95 * sd) / gaps * scale), (r0 + Z95 * sd) / gaps * scale)
+    def interval(k: int, scale: float) -> Interval:
+        values = [r[k] for r in replicates]
+        mean = statistics.fmean(values)
+        sd = math.sqrt((len(values) - 1) / len(values) * sum((v - mean) ** 2 for v in values))
+        return Interval(whole[k] * scale, max(0.0, (whole[k] - t * sd) * scale), (whole[k] + t * sd) * scale)
 
-    weighted = ratio(weighted_rows, 1.0)
+    weighted = interval(0, 1.0)
+    wall = expanded(rows)[3] * gaps
     return {
         "sessions_sampled": len(chosen), "sessions_total": len(population),
         "requests_sampled": len(order), "requests_total": sum(len(s.requests) for s in population),
-        "strata": {h: {"sampled": len(v), "sessions": sizes[h]} for h, v in sorted(strata.items())},
+        "strata": {h: {"sampled": sum(1 for r in rows if r[0] == h), "sessions": sizes[h]}
+                   for h in sorted({r[0] for r in rows})},
         "head_corrections": len(fix),
+        "interval_groups": len(groups),
         "weighted_tps": weighted.to_json(),
         "platform_score": Interval(platform_score(weighted.value), platform_score(weighted.low),
                                    platform_score(weighted.high)).to_json(),
-        "output_tpm": ratio(column(0), 60.0).to_json(),
-        "uncached_input_tpm": ratio(column(1), 60.0).to_json(),
-        "cached_tpm": ratio(column(2), 60.0).to_json(),
+        "output_tpm": interval(1, 60.0).to_json(),
+        "uncached_input_tpm": interval(2, 60.0).to_json(),
+        "cached_tpm": interval(3, 60.0).to_json(),
         "wall_time_s": wall,
         "time_cap_s": time_cap,
         "cut_by_time_cap": None if time_cap is None else wall > time_cap,
