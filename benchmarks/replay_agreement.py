@@ -34,7 +34,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,8 +43,10 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from replay_common import add_server_options, emit, server_workload  # noqa: E402
+
 from imageforge.bench.evaluator import evaluate  # noqa: E402
-from imageforge.bench.replay import ReplayOptions, discover_model, prepare_body, replay_workload, run_replay  # noqa: E402
+from imageforge.bench.replay import prepare_body, run_replay  # noqa: E402
 from imageforge.bench.replay_workload import ReplayRequest  # noqa: E402
 
 KEYS = ("weighted_tps", "output_tps_mean", "input_tps_mean", "ttft_p50_ms")
@@ -140,17 +141,11 @@ def ratios(rows: Sequence[dict[str, Any]], a: str, b: str) -> dict[str, dict[str
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--requests", type=int, default=12)
-    parser.add_argument("--seed", type=int, default=4)
+    add_server_options(parser, requests=12, seed=4)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--warmup-rounds", type=int, default=1)
-    parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    model, server_len = discover_model(args.url)
-    with tempfile.TemporaryDirectory() as tmp:
-        requests, workload = replay_workload(ReplayOptions(requests=args.requests, seed=args.seed), args.url,
-                                             model, server_len, Path(tmp))
+    model, requests, workload = server_workload(args.url, args.requests, args.seed)
     bodies = [prepare_body(r, model, planned_output=True) for r in requests]
     clients = {"imageforge": lambda: imageforge_client(args.url, requests),
                "second": lambda: second_client(args.url, bodies),
@@ -176,10 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   r["imageforge"]["tokens"][::2] == r["second"]["tokens"][::2] == r["imageforge_aa"]["tokens"][::2]
                   for r in rows),
               "per_round": rows}
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(result, args.out)
     return 0
 
 
