@@ -21,9 +21,10 @@ that rotates every round:
 ``--warmup-rounds`` rounds run first and are left out (the first fills the prefix cache: afterwards every run
 sees the same cache).  Per measured round: the paired ratios second / imageforge and imageforge_aa / imageforge
 of ``weighted_tps``, ``output_tps_mean``, ``input_tps_mean`` and ``ttft_p50_ms``; their median, min and max over
-rounds; and whether every client counted the same prompt and cached tokens (``same_prompt_and_cached_tokens``:
-a difference there is a counting bug, not noise; completion tokens may differ, the server samples).  Prints one
-JSON object (and writes it to ``--out``).
+rounds; request by request, the TTFT differences second - imageforge and imageforge_aa - imageforge
+(``paired_ttft_*``: median and how many pairs were slower); and whether every client counted the same prompt and
+cached tokens (``same_prompt_and_cached_tokens``: a difference there is a counting bug, not noise; completion
+tokens may differ, the server samples).  Prints one JSON object (and writes it to ``--out``).
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def _median_of(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def second_client(url: str, bodies: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+def second_client(url: str, bodies: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Replay ``bodies`` one at a time and compute the four figures by this file's own formulas."""
     parts = urlsplit(url)
     first = time.monotonic()
@@ -113,17 +114,19 @@ def second_client(url: str, bodies: Sequence[dict[str, Any]]) -> dict[str, float
     return {"weighted_tps": weighted, "output_tps_mean": statistics.fmean(output_rates) if ok else None,
             "input_tps_mean": statistics.fmean(input_rates) if ok else None, "ttft_p50_ms": _median_of(ttfts),
             "failed": float(len(results) - len(ok)), "wall_s": wall,
-            "tokens": [sum(r["prompt"] for r in ok), out_tokens, cached]}
+            "tokens": [sum(r["prompt"] for r in ok), out_tokens, cached],
+            "ttfts_ms": [r["ttft"] * 1000 if r["ok"] and r["ttft"] is not None else None for r in results]}
 
 
 # --------------------------------------------------------------------------- imageforge
 
 
-def imageforge_client(url: str, requests: Sequence[ReplayRequest]) -> dict[str, float | None]:
+def imageforge_client(url: str, requests: Sequence[ReplayRequest]) -> dict[str, Any]:
     run = run_replay(requests, url, time_cap=86400.0)
     m = evaluate(run.records, run.wall_s).metrics
     return {**{k: m[k] for k in KEYS}, "failed": float(m["error_requests"]), "wall_s": run.wall_s,
-            "tokens": [m["total_input_tokens"], m["total_output_tokens"], m["total_cached_tokens"]]}
+            "tokens": [m["total_input_tokens"], m["total_output_tokens"], m["total_cached_tokens"]],
+            "ttfts_ms": [r.ttft_s * 1000 if r.ok and r.ttft_s is not None else None for r in run.records]}
 
 
 # --------------------------------------------------------------------------- the rounds
@@ -137,6 +140,18 @@ def ratios(rows: Sequence[dict[str, Any]], a: str, b: str) -> dict[str, dict[str
         out[key] = ({"median": round(statistics.median(values), 4), "min": round(min(values), 4),
                      "max": round(max(values), 4)} if values else None)
     return out
+
+
+def paired_ttft(rows: Sequence[dict[str, Any]], a: str, b: str) -> dict[str, float | int] | None:
+    """Request by request (the same body in the same round): ``b``'s TTFT minus ``a``'s in ms, their median and
+    how many pairs ``b`` was the slower of (a client's own cost shows here, where a p50 of a few requests
+    per run is noise)."""
+    diffs = [y - x for r in rows for x, y in zip(r[a]["ttfts_ms"], r[b]["ttfts_ms"], strict=True)
+             if x is not None and y is not None]
+    if not diffs:
+        return None
+    return {"pairs": len(diffs), "median_ms": round(statistics.median(diffs), 2),
+            "slower_pairs": sum(1 for d in diffs if d > 0)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -165,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "rounds": args.rounds, "warmup_rounds": args.warmup_rounds, "cpus": os.cpu_count(),
               "second_vs_imageforge": ratios(rows, "imageforge", "second"),
               "aa": ratios(rows, "imageforge", "imageforge_aa"),
+              "paired_ttft_second_minus_imageforge": paired_ttft(rows, "imageforge", "second"),
+              "paired_ttft_aa_minus_imageforge": paired_ttft(rows, "imageforge", "imageforge_aa"),
               # prompt and cached token totals: the same requests must count the same on every client (completion
               # tokens may differ: the server samples, and random weights can stop before max_tokens)
               "same_prompt_and_cached_tokens": all(
