@@ -21,9 +21,10 @@ that rotates every round:
 ``--warmup-rounds`` rounds run first and are left out (the first fills the prefix cache: afterwards every run
 sees the same cache).  Per measured round: the paired ratios second / imageforge and imageforge_aa / imageforge
 of ``weighted_tps``, ``output_tps_mean``, ``input_tps_mean`` and ``ttft_p50_ms``; their median, min and max over
-rounds; and whether every client counted the same prompt and cached tokens (``same_prompt_and_cached_tokens``:
-a difference there is a counting bug, not noise; completion tokens may differ, the server samples).  Prints one
-JSON object (and writes it to ``--out``).
+rounds; request by request, the TTFT differences second - imageforge and imageforge_aa - imageforge
+(``paired_ttft_*``: median and how many pairs were slower); and whether every client counted the same prompt and
+cached tokens (``same_prompt_and_cached_tokens``: a difference there is a counting bug, not noise; completion
+tokens may differ, the server samples).  Prints one JSON object (and writes it to ``--out``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,8 +44,10 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from replay_common import add_server_options, emit, server_workload  # noqa: E402
+
 from imageforge.bench.evaluator import evaluate  # noqa: E402
-from imageforge.bench.replay import ReplayOptions, discover_model, prepare_body, replay_workload, run_replay  # noqa: E402
+from imageforge.bench.replay import prepare_body, run_replay  # noqa: E402
 from imageforge.bench.replay_workload import ReplayRequest  # noqa: E402
 
 KEYS = ("weighted_tps", "output_tps_mean", "input_tps_mean", "ttft_p50_ms")
@@ -95,7 +97,7 @@ def _median_of(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def second_client(url: str, bodies: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+def second_client(url: str, bodies: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Replay ``bodies`` one at a time and compute the four figures by this file's own formulas."""
     parts = urlsplit(url)
     first = time.monotonic()
@@ -112,17 +114,19 @@ def second_client(url: str, bodies: Sequence[dict[str, Any]]) -> dict[str, float
     return {"weighted_tps": weighted, "output_tps_mean": statistics.fmean(output_rates) if ok else None,
             "input_tps_mean": statistics.fmean(input_rates) if ok else None, "ttft_p50_ms": _median_of(ttfts),
             "failed": float(len(results) - len(ok)), "wall_s": wall,
-            "tokens": [sum(r["prompt"] for r in ok), out_tokens, cached]}
+            "tokens": [sum(r["prompt"] for r in ok), out_tokens, cached],
+            "ttfts_ms": [r["ttft"] * 1000 if r["ok"] and r["ttft"] is not None else None for r in results]}
 
 
 # --------------------------------------------------------------------------- imageforge
 
 
-def imageforge_client(url: str, requests: Sequence[ReplayRequest]) -> dict[str, float | None]:
+def imageforge_client(url: str, requests: Sequence[ReplayRequest]) -> dict[str, Any]:
     run = run_replay(requests, url, time_cap=86400.0)
     m = evaluate(run.records, run.wall_s).metrics
     return {**{k: m[k] for k in KEYS}, "failed": float(m["error_requests"]), "wall_s": run.wall_s,
-            "tokens": [m["total_input_tokens"], m["total_output_tokens"], m["total_cached_tokens"]]}
+            "tokens": [m["total_input_tokens"], m["total_output_tokens"], m["total_cached_tokens"]],
+            "ttfts_ms": [r.ttft_s * 1000 if r.ok and r.ttft_s is not None else None for r in run.records]}
 
 
 # --------------------------------------------------------------------------- the rounds
@@ -138,19 +142,25 @@ def ratios(rows: Sequence[dict[str, Any]], a: str, b: str) -> dict[str, dict[str
     return out
 
 
+def paired_ttft(rows: Sequence[dict[str, Any]], a: str, b: str) -> dict[str, float | int] | None:
+    """Request by request (the same body in the same round): ``b``'s TTFT minus ``a``'s in ms, their median and
+    how many pairs ``b`` was the slower of (a client's own cost shows here, where a p50 of a few requests
+    per run is noise)."""
+    diffs = [y - x for r in rows for x, y in zip(r[a]["ttfts_ms"], r[b]["ttfts_ms"], strict=True)
+             if x is not None and y is not None]
+    if not diffs:
+        return None
+    return {"pairs": len(diffs), "median_ms": round(statistics.median(diffs), 2),
+            "slower_pairs": sum(1 for d in diffs if d > 0)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--requests", type=int, default=12)
-    parser.add_argument("--seed", type=int, default=4)
+    add_server_options(parser, requests=12, seed=4)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--warmup-rounds", type=int, default=1)
-    parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    model, server_len = discover_model(args.url)
-    with tempfile.TemporaryDirectory() as tmp:
-        requests, workload = replay_workload(ReplayOptions(requests=args.requests, seed=args.seed), args.url,
-                                             model, server_len, Path(tmp))
+    model, requests, workload = server_workload(args.url, args.requests, args.seed)
     bodies = [prepare_body(r, model, planned_output=True) for r in requests]
     clients = {"imageforge": lambda: imageforge_client(args.url, requests),
                "second": lambda: second_client(args.url, bodies),
@@ -170,16 +180,15 @@ def main(argv: Sequence[str] | None = None) -> int:
               "rounds": args.rounds, "warmup_rounds": args.warmup_rounds, "cpus": os.cpu_count(),
               "second_vs_imageforge": ratios(rows, "imageforge", "second"),
               "aa": ratios(rows, "imageforge", "imageforge_aa"),
+              "paired_ttft_second_minus_imageforge": paired_ttft(rows, "imageforge", "second"),
+              "paired_ttft_aa_minus_imageforge": paired_ttft(rows, "imageforge", "imageforge_aa"),
               # prompt and cached token totals: the same requests must count the same on every client (completion
               # tokens may differ: the server samples, and random weights can stop before max_tokens)
               "same_prompt_and_cached_tokens": all(
                   r["imageforge"]["tokens"][::2] == r["second"]["tokens"][::2] == r["imageforge_aa"]["tokens"][::2]
                   for r in rows),
               "per_round": rows}
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(result, args.out)
     return 0
 
 

@@ -39,8 +39,8 @@ def test_evaluator_dummy_ok_checks_pass_on_the_cpu_image(cpu_server: Any, cpu_re
     assert report.ok, failures
     assert report.passed == len(suite.select(["dummy-ok"])) >= 50 and report.skipped == 0
     assert f"{report.passed} passed, 0 failed" in lines
-    assert "  parameters: max_context_tokens=2048, cache_min_prompt_tokens=256, multimodal=on, truncation_tokens=1024" \
-        in lines
+    assert ("  parameters: max_context_tokens=2048, cache_min_prompt_tokens=256, multimodal=on, "
+            "truncation_tokens=1024, tool_choice_mode=auto, image_timeout_s=300") in lines
 
     # the JSON lists every check of the suite; those the tags left out are skipped, saying why
     assert report.json_path is not None
@@ -81,3 +81,39 @@ def test_info_and_evaluator_skipped_checks_on_vllm_cpu(cpu_server: Any, cpu_reso
     # a user message without content is served (the platform skips this check)
     assert status["t16b_missing_content"].status == "failed"
     assert httpx.get(f"{cpu_server.url}/health", timeout=10).status_code == 200
+
+
+def test_named_tool_choice_reaches_the_server(cpu_server: Any, cpu_resolved: Any, tmp_path: Path) -> None:
+    """d03 and t5 with --param tool_choice_mode=named (the harness's forced-choice path) and with the default
+    (auto) on the same server: what each sends, and that vLLM honours the named form with a call of that tool.
+
+    The harness's max_tokens 4096 does not fit this 2048-token server (d03 and t5 are real-weights checks: it
+    refuses them with a 400), so here they ask 100 tokens with the suite's whitespace bias, as the
+    ``--named-no-think`` variant does; everything else is the checks' own request.
+    """
+    import dataclasses
+
+    suite = load_suite(SUITE)
+
+    def within_budget(check: Any) -> Any:
+        body = {**check.request.body, "max_tokens": 100, "logit_bias": "${json_ws_bias}"}
+        return dataclasses.replace(check, request=dataclasses.replace(check.request, body=body))
+
+    pair = dataclasses.replace(suite, checks=tuple(within_budget(c) for c in suite.checks
+                                                   if c.id in ("d03_tool_call", "t5_function_calling")))
+    named_choice = {"type": "function", "function": {"name": "get_weather"}}
+    for mode, choice in (("named", named_choice), ("auto", "auto")):
+        report = run_suite(pair, cpu_server.url, tags=("real-weights",), run_dir=tmp_path / mode,
+                           vars=target_vars(cpu_resolved), hooks=hooks_for(cpu_server), echo=lambda _: None,
+                           live=False, params=[*CPU_PARAMS, f"tool_choice_mode={mode}"])
+        assert [r.check.id for r in report.results] == ["d03_tool_call", "t5_function_calling"]
+        for result in report.results:
+            [exchange] = result.exchanges
+            assert exchange.request_body["tool_choice"] == choice
+            assert exchange.status == 200, exchange.text[:300]
+            if mode == "named":  # forced by name: one call of get_weather whatever the weights, so the check passes
+                calls = exchange.body["choices"][0]["message"]["tool_calls"]
+                assert [c["function"]["name"] for c in calls] == ["get_weather"], result.check.id
+                assert result.status == "passed", result.failures
+        assert report.json_path is not None
+        assert json.loads(report.json_path.read_text())["params"]["tool_choice_mode"] == mode

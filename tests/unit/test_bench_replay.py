@@ -242,7 +242,7 @@ class FakeTime:
     def clock(self) -> float:
         return self.now
 
-    async def sleep(self, seconds: float) -> None:
+    def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
         self.now += seconds
 
@@ -292,9 +292,9 @@ def test_retries_end_after_three_and_a_4xx_is_not_retried() -> None:
 def test_requests_not_started_by_the_time_cap_add_nothing() -> None:
     fake, sent = FakeTime(per_request=10.0), list[dict[str, Any]]()
     requests = [ReplayRequest({"messages": [{"role": "user", "content": f"q{i}"}]}) for i in range(6)]
-    run = run_replay(requests, "http://127.0.0.1:9", transport=_answers([200], sent, fake), time_cap=25.0,
+    run = run_replay(requests, "http://127.0.0.1:9", transport=_answers([200], sent, fake), time_cap=30.0,
                      clock=fake.clock, sleep=fake.sleep)
-    # sent at 0, 10, 20 (each takes 10 s); at 30 the cap has passed: 3 never start
+    # sent at 0, 10, 20 (each takes 10 s, the third ends right at the cap); at 30 the cap has passed: 3 never start
     assert len(sent) == 3 and run.stopped_by == "time cap" and run.not_started == 3
     m = run.report.metrics
     assert (m["attempted_requests"], m["not_started_requests"], m["total_requests"]) == (3, 3, 6)
@@ -302,20 +302,40 @@ def test_requests_not_started_by_the_time_cap_add_nothing() -> None:
 
 
 def test_a_request_running_at_the_cap_is_dropped() -> None:
-    import asyncio
+    fake, sent = FakeTime(per_request=10.0), list[dict[str, Any]]()
+    run = run_replay([ReplayRequest({"messages": [{"role": "user", "content": "q"}]})] * 2, "http://127.0.0.1:9",
+                     transport=_answers([200], sent, fake), time_cap=5.0, clock=fake.clock, sleep=fake.sleep)
+    # the first answer ends at 10 s, after the 5 s cap: dropped, and the second never starts
+    assert len(sent) == 1 and run.records == [] and run.not_started == 2 and run.stopped_by == "time cap"
+    assert run.wall_s == 5.0
 
-    async def slow() -> httpx.Response:
-        await asyncio.sleep(5)
-        return httpx.Response(500)
 
-    def handler(request: httpx.Request) -> Any:
+def test_a_back_off_past_the_cap_drops_the_request() -> None:
+    fake, sent = FakeTime(), list[dict[str, Any]]()
+    run = run_replay([ReplayRequest({"messages": [{"role": "user", "content": "q"}]})], "http://127.0.0.1:9",
+                     transport=_answers([503, 200], sent, fake), time_cap=4.0, clock=fake.clock, sleep=fake.sleep)
+    # the 503's retry would wait 5 s, past the 4 s cap: no sleep, the request is dropped
+    assert len(sent) == 1 and fake.slept == [] and run.records == [] and run.not_started == 1
+
+
+def test_a_stream_still_running_at_the_cap_is_cut_in_real_time() -> None:
+    import time
+
+    def slow_chunks() -> Any:
+        yield b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n'
+        time.sleep(0.5)  # the cap (0.2 s) passes between two chunks
+        yield b'data: {"choices": [{"delta": {"content": "b"}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
+
+    def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/models":
             return httpx.Response(200, json={"data": [{"id": "tiny"}]})
-        return slow()
+        return httpx.Response(200, headers=SSE, content=slow_chunks())
 
+    started = time.perf_counter()
     run = run_replay([ReplayRequest({"messages": [{"role": "user", "content": "q"}]})] * 2, "http://127.0.0.1:9",
                      transport=httpx.MockTransport(handler), time_cap=0.2, policy=NO_RETRIES)
     assert run.records == [] and run.not_started == 2 and run.stopped_by == "time cap" and run.wall_s == 0.2
+    assert time.perf_counter() - started < 2.0  # the second request was never sent
 
 
 def test_runner_connection_refused() -> None:

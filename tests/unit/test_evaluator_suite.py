@@ -120,7 +120,8 @@ def test_tags_are_as_documented(suite: Suite) -> None:
 
 def test_parameters_default_to_the_evaluators(suite: Suite) -> None:
     assert suite.resolve_params() == {"max_context_tokens": 131072, "cache_min_prompt_tokens": 2048,
-                                      "multimodal": "on", "truncation_tokens": 8192}
+                                      "multimodal": "on", "truncation_tokens": 8192, "tool_choice_mode": "auto",
+                                      "image_timeout_s": 300}
     assert suite.resolve_params(["max_context_tokens=2048", "multimodal=auto"])["max_context_tokens"] == 2048
     with pytest.raises(ConfigError, match="no parameter 'max_context_token'") as info:
         suite.resolve_params(["max_context_token=4"])
@@ -273,9 +274,13 @@ def test_the_evaluators_request_values(suite: Suite) -> None:
     truncation = sent["case_truncation"]
     assert truncation["max_tokens"] == truncation["min_tokens"] == 8192 and truncation["ignore_eos"] is True
     assert truncation["stream"] is True and truncation["stream_options"] == {"include_usage": True}
-    # t13: the 4096x4096 image, 300 s
+    # t13: the 4096x4096 image, 300 s (image_timeout_s)
     t13 = next(c for c in suite.checks if c.id == "t13_multimodal_base64")
-    assert t13.request.timeout == 300
+    runner = prepared(suite, FakeEvaluatorServer())
+    try:
+        assert runner.timeout_of(t13.request) == 300.0
+    finally:
+        runner.close()
     url = sent["t13_multimodal_base64"]["messages"][0]["content"][1]["image_url"]["url"]
     assert url == "data:image/png;base64," + str(suite.vars["quadrants_png"])
     # d06: streamed, the second request 5 s after the first
@@ -296,6 +301,72 @@ def test_parameters_set_t3_and_d06(suite: Suite, params: list[str], t3: list[int
     prompt = sent["d06_cache_hit"]["messages"][0]["content"]
     sentence = str(suite.vars["cache_sentence"])
     assert prompt == sentence * repeats
+
+
+# tool_choice_mode: the harness's _tool_call_check sends "auto" unless the mode is "named", which forces the one
+# tool by name; it has no third mode
+NAMED_WEATHER = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.mark.parametrize(("params", "sent_choice"), [
+    ([], "auto"),
+    (["tool_choice_mode=auto"], "auto"),
+    (["tool_choice_mode=named"], NAMED_WEATHER),
+])
+def test_tool_choice_mode_sets_what_d03_and_t5_send(suite: Suite, params: list[str], sent_choice: Any) -> None:
+    sent = bodies(suite, FakeEvaluatorServer(), params)
+    for name in ("d03_tool_call", "t5_function_calling"):
+        assert sent[name]["tool_choice"] == sent_choice, name
+        assert [t["function"]["name"] for t in sent[name]["tools"]] == ["get_weather"]
+        assert all("strict" not in t["function"] for t in sent[name]["tools"])
+    # the variants keep their own forms whatever the mode
+    assert sent["d03_tool_call--named-no-think"]["tool_choice"] == NAMED_WEATHER
+    assert sent["t5_function_calling--required-no-think"]["tool_choice"] == "required"
+    with pytest.raises(ConfigError, match="tool_choice_mode=required"):
+        suite.resolve_params(["tool_choice_mode=required"])  # not one of the harness's modes
+
+
+def test_named_tool_choice_runs_d03_and_t5(suite: Suite, tmp_path: Path) -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Beijing"}'}}
+
+    def answer(body: dict[str, Any]) -> dict[str, Any] | None:
+        # a server that calls the tool only when forced by name
+        forced = body.get("tool_choice") == NAMED_WEATHER
+        return chat(None if forced else "It is sunny.", tool_calls=[call] if forced else [],
+                    finish="tool_calls" if forced else "stop") if "tools" in body else None
+
+    for check_id in ("d03_tool_call", "t5_function_calling"):
+        named = run_one(suite, tmp_path / check_id / "named", check_id, answer, params=["tool_choice_mode=named"])
+        auto = run_one(suite, tmp_path / check_id / "auto", check_id, answer)
+        assert [r.status for r in named.results] == ["passed"], named.results[0].failures
+        assert named.results[0].exchanges[0].request_body["tool_choice"] == NAMED_WEATHER
+        assert [r.status for r in auto.results] == ["failed"]  # auto: this server answers in prose
+        assert auto.results[0].exchanges[0].request_body["tool_choice"] == "auto"
+
+
+def test_image_timeout_s_is_t13s_timeout(suite: Suite, tmp_path: Path) -> None:
+    import time
+
+    runner = prepared(suite, FakeEvaluatorServer(), ["image_timeout_s=600"])
+    t13 = next(c for c in suite.checks if c.id == "t13_multimodal_base64")
+    try:
+        assert runner.timeout_of(t13.request) == 600.0
+    finally:
+        runner.close()
+    with pytest.raises(ConfigError, match="image_timeout_s=0"):
+        suite.resolve_params(["image_timeout_s=0"])
+
+    def slow(body: dict[str, Any]) -> dict[str, Any] | None:
+        if isinstance(body.get("messages", [{}])[0].get("content"), list):
+            time.sleep(0.6)  # the image request outlasts a 0.3 s timeout, not a 5 s one
+            return chat("red, green, blue, yellow")
+        return None
+
+    quick = run_one(suite, tmp_path / "quick", "t13_multimodal_base64", slow, params=["image_timeout_s=0.3"])
+    [result] = quick.results
+    assert result.status == "failed" and "the check's timeout is 0.3s" in result.message
+    patient = run_one(suite, tmp_path / "patient", "t13_multimodal_base64", slow, params=["image_timeout_s=5"])
+    assert [r.status for r in patient.results] == ["passed"], patient.results[0].failures
 
 
 # --------------------------------------------------------------------------- the evaluator's skip rules

@@ -603,6 +603,45 @@ def test_check_timeout_is_reported(tmp_path: Path) -> None:
     assert report.server_problem is None  # a timeout alone does not declare the server dead
 
 
+def test_a_timeout_may_be_a_template(tmp_path: Path, suite_file: Callable[..., Path]) -> None:
+    def slow(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/completions":
+            time.sleep(0.4)
+        return FakeServer()(request)
+
+    suite = """\
+    version: 1
+    params:
+      wait_s: {default: 5, description: seconds, schema: {type: number, exclusiveMinimum: 0}}
+    vars:
+      word: soon
+    checks:
+      - id: patient
+        request: {endpoint: /v1/completions, body: {prompt: "a", max_tokens: 2}, timeout: "${wait_s}"}
+        expect: {status: 200}
+      - id: not_a_number
+        request: {endpoint: /v1/completions, body: {prompt: "a", max_tokens: 2}, timeout: "${word}"}
+        expect: {status: 200}
+    """
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    report, _ = run_mock(tmp_path / "a", slow, suite_text=textwrap.dedent(suite))
+    patient, not_a_number = report.results
+    assert patient.status == "passed", patient.failures
+    assert not_a_number.status == "failed" and "timeout ${word} gave 'soon'" in not_a_number.failures[0]
+    report, _ = run_mock(tmp_path / "b", slow, suite_text=textwrap.dedent(suite), params=["wait_s=0.1"])
+    assert "timeout is 0.1s" in report.results[0].failures[0]
+    # a text that is not one template is refused at load, as a timeout <= 0 is
+    err = config_error(suite_file("""\
+        version: 1
+        checks:
+          - id: a
+            request: {endpoint: /health, timeout: "soon"}
+            expect: {status: 200}
+        """))
+    assert "timeout" in str(err)
+
+
 def test_setup_failure_explains_unrendered_requests(tmp_path: Path) -> None:
     def no_models(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/models":

@@ -25,8 +25,9 @@
   a dataset in imageforge's or the harness's format, and the token counters; ``replay``: the runner, with the
   harness's retries and the time cap; ``evaluator``: the harness's metrics and the platform's score;
   ``redlines``: redlines and targets as data, each naming its source; ``sampling``: whole-session stratified
-  samples and the full replay they predict): requests sent **one at a time** through the same request loop
-  (:func:`.client.stream_request`); :func:`replay_bench` / :func:`replay_target` (``invoke bench --replay``).
+  samples and the full replay they predict): requests sent **one at a time** on a blocking client
+  (:func:`.client.stream_request_sync`: the bench's chunk counting, no event loop); :func:`replay_bench` /
+  :func:`replay_target` (``invoke bench --replay``).
 * ``plots``: the PNGs of a replay (``bench.png``) and of a sweep (``sweep.png``), matplotlib's Agg canvas.
 
 One percentile (:func:`metrics.percentile`, numpy's linear) and one set of score weights serve all of it.

@@ -1,6 +1,7 @@
 """The HTTP side of one bench: one httpx.AsyncClient against the URL it is given, nothing else.
 
-The streams are read by :func:`imageforge.serve.openai_wire.open_stream` (httpx-sse), the same reader smoke uses.
+The streams are read by :func:`imageforge.serve.openai_wire.open_stream` (httpx-sse), the same reader smoke uses;
+the one-at-a-time replay reads them on a blocking client (:func:`stream_request_sync`), counted alike.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from httpx_sse import SSEError
 
 from ..errors import SmokeError
-from ..serve.openai_wire import StreamReader, open_stream
+from ..serve.openai_wire import StreamReader, open_stream, open_stream_sync
 from ..workload import Prompt, Workload
 from .metrics import metrics_counters
 from .results import RequestResult
@@ -223,6 +224,7 @@ class Streamed:
     usage: dict[str, Any] | None = None  # the last usage block
     finish_reason: str | None = None  # the last choice's finish_reason (None: the stream never said it ended)
     chunk_times: list[float] = field(default_factory=list)  # when each chunk with choices came
+    cut: bool = False  # a deadline passed before the stream ended (:func:`stream_request_sync`)
 
     @property
     def itl(self) -> list[float]:
@@ -266,13 +268,38 @@ def _carries_token(choice: Any) -> bool:
                                                                     "tool_calls"))
 
 
+def _take(out: Streamed, chunk: Any, now: float) -> bool:
+    """Count one chunk of the stream into ``out`` (``now``: seconds since the POST); False when it is an
+    ``error`` event (the stream is over)."""
+    if not isinstance(chunk, dict):
+        return True
+    if chunk.get("error"):
+        out.error_text = json.dumps(chunk["error"], ensure_ascii=False)
+        return False
+    choices = chunk.get("choices")
+    if choices:
+        out.chunks += 1
+        out.chunk_times.append(now)
+        if out.first_chunk is None:
+            out.first_chunk = now
+        if out.first_token is None and any(_carries_token(c) for c in choices):
+            out.first_token = now
+        for choice in choices:
+            if isinstance(choice, dict) and choice.get("finish_reason"):
+                out.finish_reason = str(choice["finish_reason"])
+    usage = chunk.get("usage")
+    if isinstance(usage, dict):
+        out.usage = usage
+    return True
+
+
 async def stream_request(http: Any, endpoint: str, body: dict[str, Any], *,
                          clock: Callable[[], float] = time.perf_counter) -> Streamed:
     """POST one streamed request through :func:`imageforge.serve.openai_wire.open_stream` and time it.
 
-    The one request loop of the bench: the concurrent bench (:meth:`BenchClient.send`) and the replay
-    (:func:`imageforge.bench.replay.run_replay`) both call it.  Never raises for HTTP or stream trouble:
-    it is recorded in ``exception`` / ``error_text``.
+    The concurrent bench's request loop (:meth:`BenchClient.send`, an ``httpx.AsyncClient``); the one-at-a-time
+    replay uses :func:`stream_request_sync`, which counts the chunks the same way (:func:`_take`).  Never
+    raises for HTTP or stream trouble: it is recorded in ``exception`` / ``error_text``.
     """
     import httpx
 
@@ -286,27 +313,52 @@ async def stream_request(http: Any, endpoint: str, body: dict[str, Any], *,
                 out.error_text = (await response.aread()).decode("utf-8", "replace")
             else:
                 async for chunk in stream:
-                    if not isinstance(chunk, dict):
-                        continue
-                    if chunk.get("error"):
-                        out.error_text = json.dumps(chunk["error"], ensure_ascii=False)
+                    if not _take(out, chunk, clock() - start):
                         break
-                    choices = chunk.get("choices")
-                    if choices:
-                        out.chunks += 1
-                        out.chunk_times.append(clock() - start)
-                        if out.first_chunk is None:
-                            out.first_chunk = out.chunk_times[-1]
-                        if out.first_token is None and any(_carries_token(c) for c in choices):
-                            out.first_token = clock() - start
-                        for choice in choices:
-                            if isinstance(choice, dict) and choice.get("finish_reason"):
-                                out.finish_reason = str(choice["finish_reason"])
-                    usage = chunk.get("usage")
-                    if isinstance(usage, dict):
-                        out.usage = usage
     except (SSEError, httpx.HTTPError) as exc:  # SSEError: a 200 answer that is not text/event-stream
         out.exception = exc
     out.total = clock() - start
     out.done = reader.done
+    return out
+
+
+def stream_request_sync(http: Any, endpoint: str, body: dict[str, Any], *,
+                        clock: Callable[[], float] = time.perf_counter, deadline: float | None = None,
+                        timeout: float | None = None) -> Streamed:
+    """:func:`stream_request` on a blocking ``httpx.Client`` (no event loop: the replay sends one request at a
+    time, and an asyncio client adds ~30 ms to TTFT on a loaded machine; bench/RESULTS.md).
+
+    ``deadline`` (a ``clock`` value): the stream is abandoned once a chunk comes after it (``out.cut``), and no
+    read waits past it (the read timeout is ``timeout`` or the time left, whichever is shorter).  Never
+    raises for HTTP or stream trouble.
+    """
+    import httpx
+
+    out = Streamed()
+    reader = StreamReader()
+    start = clock()
+    per_request = None
+    if deadline is not None:
+        left = max(deadline - start, 0.001)
+        read = left if timeout is None else min(timeout, left)
+        per_request = httpx.Timeout(read, connect=min(10.0, read))
+    try:
+        with open_stream_sync(http, endpoint, body, reader=reader, timeout=per_request) as (response, stream):
+            out.status = response.status_code
+            if response.status_code != 200:
+                out.error_text = response.read().decode("utf-8", "replace")
+            else:
+                for chunk in stream:
+                    now = clock()
+                    if deadline is not None and now > deadline:
+                        out.cut = True
+                        break
+                    if not _take(out, chunk, now - start):
+                        break
+    except (SSEError, httpx.HTTPError) as exc:  # SSEError: a 200 answer that is not text/event-stream
+        out.exception = exc
+    out.total = clock() - start
+    out.done = reader.done
+    if deadline is not None and clock() > deadline:
+        out.cut = True  # it ended (or failed) after the deadline: it does not count
     return out

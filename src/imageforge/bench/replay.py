@@ -3,8 +3,9 @@
 The workload (request model, seeded generator, JSONL writer) is :mod:`.replay_workload`; a dataset in either
 format and the token counters are :mod:`.replay_loading`; the metrics are :mod:`.evaluator`'s.
 
-* :func:`run_replay` -- sends the requests **one at a time** (concurrency 1) through the bench's request loop
-  (:func:`.client.stream_request`, httpx-sse) to an OpenAI-compatible server and records, per request, TTFT,
+* :func:`run_replay` -- sends the requests **one at a time** (concurrency 1) on a blocking ``httpx.Client``
+  (:func:`.client.stream_request_sync`, httpx-sse; no event loop: it costs ~30 ms of TTFT on a loaded machine)
+  to an OpenAI-compatible server and records, per request, TTFT,
   total time, prompt / cached / completion tokens (``stream_options.include_usage``), whether a finish reason
   came, the status and the harness's error class.  As the harness: a 429, 5xx, connection failure or timeout
   is retried up to 3 times after 5, 10, 20 s (:class:`RetryPolicy`), the request's clock running from before
@@ -20,7 +21,6 @@ that carries no ``max_tokens`` / ``max_completion_tokens`` gets ``max_tokens`` =
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import dataclasses
@@ -28,7 +28,7 @@ import datetime as _dt
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ import httpx
 
 from ..cli.progress import progress
 from ..errors import ConfigError, SmokeError
-from .client import Streamed, stream_request
+from .client import Streamed, stream_request_sync
 from .evaluator import EvalReport, RequestRecord, classify_http, classify_transport, evaluate, retryable_status
 from .plots import available as plots_available
 from .plots import plot_replay
@@ -48,7 +48,7 @@ from .sampling import choose, predict, prediction_lines, sessions
 
 Log = Callable[[str], None]
 Clock = Callable[[], float]
-Sleep = Callable[[float], Awaitable[Any]]
+Sleep = Callable[[float], Any]
 
 CHAT_ENDPOINT = "/v1/chat/completions"
 
@@ -127,22 +127,34 @@ def attempt_failure(got: Streamed) -> tuple[str, bool, str] | None:
     return classify_transport(timed_out=timed_out, got_response=got.status is not None), True, text
 
 
-async def send_one(client: Any, index: int, body: dict[str, Any], *, planned_input: int | None = None,
-                   session: str | None = None, policy: RetryPolicy = RetryPolicy(),
-                   clock: Clock = time.perf_counter, sleep: Sleep = asyncio.sleep) -> RequestRecord:
+class CapReached(Exception):
+    """The replay's time cap passed while a request ran (or waited to retry): that request is dropped."""
+
+
+def send_one(client: Any, index: int, body: dict[str, Any], *, planned_input: int | None = None,
+             session: str | None = None, policy: RetryPolicy = RetryPolicy(), clock: Clock = time.perf_counter,
+             sleep: Sleep = time.sleep, deadline: float | None = None, timeout: float | None = None) -> RequestRecord:
     """POST one streamed chat request, retrying transient failures (``policy``), and measure it from before the
-    first attempt (``client``: an ``httpx.AsyncClient`` on the server)."""
+    first attempt (``client``: an ``httpx.Client`` on the server).
+
+    ``deadline`` (a ``clock`` value, the time cap): :class:`CapReached` when an attempt ends after it or a
+    back-off would; ``timeout`` bounds each read (else the client's).
+    """
     start = clock()
     attempt = 0
     waited = 0.0
     while True:
         attempt += 1
         offset = clock() - start
-        got = await stream_request(client, CHAT_ENDPOINT, body, clock=clock)
+        got = stream_request_sync(client, CHAT_ENDPOINT, body, clock=clock, deadline=deadline, timeout=timeout)
+        if got.cut:
+            raise CapReached
         failure = attempt_failure(got)
         if failure is not None and failure[1] and attempt <= policy.retries:
             delay = policy.delay(attempt)
-            await sleep(delay)
+            if deadline is not None and clock() + delay > deadline:
+                raise CapReached
+            sleep(delay)
             waited += delay
             continue
         break
@@ -179,11 +191,12 @@ def run_replay(requests: Sequence[ReplayRequest], url: str, *, model: str | None
                max_requests: int | None = None, time_cap: float = 3600.0, timeout: float = 1000.0,
                planned_output: bool = True, log: Log | None = None, transport: Any = None,
                policy: RetryPolicy = RetryPolicy(), clock: Clock = time.perf_counter,
-               sleep: Sleep = asyncio.sleep) -> ReplayRun:
+               sleep: Sleep = time.sleep) -> ReplayRun:
     """Send ``requests`` one at a time; stop after ``max_requests`` or at the time cap (``time_cap`` seconds from
     the first request sent: a request not started by then is not sent; one still running is dropped).
 
     ``timeout`` bounds each attempt's reads (the competition's redline is a total-time p99 of 999,999 ms).
+    ``transport``: an httpx transport for a blocking client (tests: ``httpx.MockTransport``).
     """
     if time_cap <= 0 or timeout <= 0:
         raise ConfigError("time cap and timeout must be > 0")
@@ -194,43 +207,39 @@ def run_replay(requests: Sequence[ReplayRequest], url: str, *, model: str | None
     started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     load_before = _loadavg()
     records: list[RequestRecord] = []
-    state: dict[str, Any] = {"stopped_by": "all requests" if limit == len(requests) else "request count",
-                             "first": None, "last": None, "not_started": 0, "cut": False}
-
-    async def loop() -> None:
-        async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=httpx.Timeout(timeout, connect=10.0),
-                                     transport=transport) as client:
-            with progress("replay requests", total=limit, unit="requests") as bar:
-                for i, request in enumerate(requests[:limit]):
-                    now = clock()
-                    if state["first"] is None:
-                        state["first"] = now
-                    left = time_cap - (now - state["first"])
-                    if left <= 0:
-                        state["stopped_by"], state["not_started"] = "time cap", limit - i
-                        return
-                    body = prepare_body(request, served, planned_output=planned_output)
-                    session = (request.meta or {}).get("session")
-                    try:
-                        record = await asyncio.wait_for(
-                            send_one(client, i, body, planned_input=request.planned_input,
-                                     session=None if session is None else str(session), policy=policy,
-                                     clock=clock, sleep=sleep), timeout=left)
-                    except asyncio.TimeoutError:
-                        state["stopped_by"], state["not_started"], state["cut"] = "time cap", limit - i, True
-                        return
-                    state["last"] = clock()
-                    records.append(record)
-                    bar.advance()
-                    if log is not None:
-                        log(_request_line(record, i, limit))
-
-    asyncio.run(loop())
-    first, last = state["first"], state["last"]
-    wall = time_cap if state["cut"] else (last - first if first is not None and last is not None else 0.0)
+    stopped_by = "all requests" if limit == len(requests) else "request count"
+    first: float | None = None
+    last: float | None = None
+    not_started = 0
+    cut = False
+    with httpx.Client(base_url=url.rstrip("/"), timeout=httpx.Timeout(timeout, connect=10.0),
+                      transport=transport) as client, \
+            progress("replay requests", total=limit, unit="requests") as bar:
+        for i, request in enumerate(requests[:limit]):
+            now = clock()
+            if first is None:
+                first = now
+            if now - first >= time_cap:
+                stopped_by, not_started = "time cap", limit - i
+                break
+            body = prepare_body(request, served, planned_output=planned_output)
+            session = (request.meta or {}).get("session")
+            try:
+                record = send_one(client, i, body, planned_input=request.planned_input,
+                                  session=None if session is None else str(session), policy=policy, clock=clock,
+                                  sleep=sleep, deadline=first + time_cap, timeout=timeout)
+            except CapReached:
+                stopped_by, not_started, cut = "time cap", limit - i, True
+                break
+            last = clock()
+            records.append(record)
+            bar.advance()
+            if log is not None:
+                log(_request_line(record, i, limit))
+    wall = time_cap if cut else (last - first if first is not None and last is not None else 0.0)
     return ReplayRun(url=url, model=served, started_at=started_at, wall_s=wall, records=records,
-                     stopped_by=state["stopped_by"], planned_output=planned_output, time_cap_s=time_cap,
-                     not_started=state["not_started"],
+                     stopped_by=stopped_by, planned_output=planned_output, time_cap_s=time_cap,
+                     not_started=not_started,
                      host={"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": _loadavg()})
 
 
@@ -347,7 +356,7 @@ def replay_workload(options: ReplayOptions, url: str, model: str, server_len: in
         raise ConfigError("the server does not list its max_model_len: the replay cannot be scaled",
                           hint="pass --max-model-len N")
     spec = ReplaySpec(requests=options.requests or ReplaySpec.requests, seed=options.seed, max_model_len=max_len)
-    requests = generate(spec, server_counter(url, model, transport=_sync(transport)))
+    requests = generate(spec, server_counter(url, model, transport=transport))
     path = write_jsonl(requests, options.out or run_dir / "replay.jsonl")
     return requests, {"source": "generated", "path": str(path), "format": dataset_format(requests),
                       "spec": dataclasses.asdict(spec), "stats": stats(requests)}
@@ -386,11 +395,6 @@ def write_replay(result: ReplayBench) -> None:
     result.png_path = (plot_replay(result.run.records, result.run_dir / "bench.png", title=title,
                                    shares=result.run.report.metrics["score_shares"])
                        if plots_available() else None)
-
-
-def _sync(transport: Any) -> Any:
-    """A MockTransport serves sync and async clients alike; anything else is async-only (None: the network)."""
-    return transport if isinstance(transport, httpx.MockTransport) else None
 
 
 def replay_verdict(result: ReplayBench, options: ReplayOptions) -> None:

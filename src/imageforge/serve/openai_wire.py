@@ -5,7 +5,8 @@
   the events of one OpenAI stream into JSON chunks, notices ``[DONE]`` and what is wrong with the stream
   (data after ``[DONE]``, ``[DONE]`` twice, event data that is not JSON).  :func:`parse_sse` reads a stream
   already received as text (smoke keeps the raw text for its reports); :func:`open_stream` reads one as it
-  arrives (bench times the first token).  :func:`assemble_stream` rebuilds the non-stream answer from the
+  arrives (bench times the first token; :func:`open_stream_sync`: the same on a blocking ``httpx.Client``, for
+  the one-at-a-time replay).  :func:`assemble_stream` rebuilds the non-stream answer from the
   chunks, :func:`comparable_choices` is what "stream == non-stream" compares.
 * ``/metrics``: :func:`parse_metrics` reads the Prometheus text format with ``prometheus_client.parser``;
   :func:`metric_value` sums the series of one name whose labels match.
@@ -15,12 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from httpx_sse import EventSource, ServerSentEvent, aconnect_sse
+from httpx_sse import EventSource, ServerSentEvent, aconnect_sse, connect_sse
 
 from ..errors import ConfigError
 
@@ -105,6 +106,29 @@ async def open_stream(client: httpx.AsyncClient, endpoint: str, body: Mapping[st
 
         async def chunks() -> AsyncIterator[Any]:
             async for event in source.aiter_sse():
+                chunk = feeder.feed(event)
+                if feeder.done:
+                    return
+                if chunk is not None:
+                    yield chunk
+
+        yield source.response, chunks()
+
+
+@contextlib.contextmanager
+def open_stream_sync(client: httpx.Client, endpoint: str, body: Mapping[str, Any], *,
+                     reader: StreamReader | None = None, timeout: httpx.Timeout | None = None
+                     ) -> Iterator[tuple[httpx.Response, Iterator[Any]]]:
+    """:func:`open_stream` on a blocking client: no event loop (a client that sends one request at a time).
+
+    ``timeout``: this request's, instead of the client's (e.g. a read timeout cut short by a deadline).
+    """
+    feeder = reader if reader is not None else StreamReader()
+    extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+    with connect_sse(client, "POST", endpoint, json=dict(body), **extra) as source:
+
+        def chunks() -> Iterator[Any]:
+            for event in source.iter_sse():
                 chunk = feeder.feed(event)
                 if feeder.done:
                     return

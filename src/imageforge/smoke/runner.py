@@ -137,12 +137,22 @@ class Runner:
             body["stream"] = True
         return endpoint, body
 
+    def timeout_of(self, request: Request) -> float:
+        """The request's timeout in seconds: its number, or its ``${...}`` template rendered (e.g. a suite
+        parameter); ExprError unless that gives a number > 0."""
+        if not isinstance(request.timeout, str):
+            return request.timeout
+        value = render(request.timeout, self.scope())
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ExprError(f"timeout {request.timeout} gave {short(value, 80)}, not a number of seconds > 0")
+        return float(value)
+
     def send_request(self, request: Request, endpoint: str, body: Any) -> Exchange:
         """``request`` sent as rendered (after its ``delay``)."""
         if request.delay > 0:
             time.sleep(request.delay)
         return self.send(request.method, endpoint, body=body, raw_body=request.raw_body, headers=request.headers,
-                         stream=request.stream, timeout=request.timeout)
+                         stream=request.stream, timeout=self.timeout_of(request))
 
     # -- setup ------------------------------------------------------------------
 
@@ -158,6 +168,7 @@ class Runner:
         for step in self.suite.setup:
             try:
                 endpoint, body = self.render_request(step.request)
+                self.timeout_of(step.request)
             except ExprError as exc:
                 self.setup_problems.append(f"setup {step.id}: {exc}")
                 continue
@@ -256,6 +267,7 @@ class Runner:
         req = check.request
         try:
             endpoint, body = self.render_request(req)
+            timeout = self.timeout_of(req)
         except ExprError as exc:
             extra = ("; " + "; ".join(self.setup_problems)) if self.setup_problems else ""
             result.fail(f"cannot render the request: {exc}{extra}")
@@ -291,7 +303,7 @@ class Runner:
         non_stream: Exchange | None = None
         if expect.stream_equals_non_stream and isinstance(body, dict):
             plain = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-            non_stream = self.send(req.method, endpoint, body=plain, headers=req.headers, timeout=req.timeout)
+            non_stream = self.send(req.method, endpoint, body=plain, headers=req.headers, timeout=timeout)
             result.exchanges.append(non_stream)
             if non_stream.error or non_stream.status != 200:
                 result.fail(f"the non-stream request failed: {non_stream.error or f'HTTP {non_stream.status}'}")

@@ -42,7 +42,7 @@ class Request:
     stream: bool = False
     repeat: int = 1
     concurrency: int = 1
-    timeout: float = DEFAULT_TIMEOUT
+    timeout: float | str = DEFAULT_TIMEOUT  # seconds, or one ${...} template (e.g. a suite parameter)
     merge: Any = None  # a mapping (template) merged into the rendered body
     delay: float = 0.0  # seconds to wait before sending
 
@@ -265,6 +265,13 @@ class _SuiteLoader:
         for sub, message in check_templates(value):
             self.problem((*kp, *sub), f"invalid ${{...}} template: {message}")
 
+    def timeout(self, kp: tuple[str | int, ...], value: Any) -> float | str:
+        """A request's timeout: seconds, or a ``${...}`` template the runner renders (a number > 0 when it runs)."""
+        if isinstance(value, str):
+            self.templates((*kp, "timeout"), value)
+            return value
+        return float(value)
+
     def request(self, kp: tuple[str | int, ...], raw: Mapping[str, Any]) -> Request:
         body = raw.get("body")
         self.templates((*kp, "body"), body)
@@ -289,7 +296,7 @@ class _SuiteLoader:
             stream=bool(raw.get("stream", False)),
             repeat=int(raw.get("repeat", 1)),
             concurrency=int(raw.get("concurrency", 1)),
-            timeout=float(raw.get("timeout", self.defaults.get("timeout", DEFAULT_TIMEOUT))),
+            timeout=self.timeout(kp, raw.get("timeout", self.defaults.get("timeout", DEFAULT_TIMEOUT))),
             merge=copy.deepcopy(raw.get("merge")),
             delay=float(raw.get("delay", 0.0)),
         )
