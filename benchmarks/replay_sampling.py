@@ -21,19 +21,16 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from replay_common import add_server_options, emit, server_workload
 
-from imageforge.bench.evaluator import evaluate  # noqa: E402
-from imageforge.bench.replay import ReplayOptions, discover_model, replay_workload, run_replay  # noqa: E402
-from imageforge.bench.replay_workload import ReplayRequest  # noqa: E402
-from imageforge.bench.sampling import choose, predict, sessions  # noqa: E402
+from imageforge.bench.evaluator import evaluate
+from imageforge.bench.replay import run_replay
+from imageforge.bench.replay_workload import ReplayRequest
+from imageforge.bench.sampling import choose, predict, sessions
 
 
 def tagged(requests: Sequence[ReplayRequest], tag: str) -> list[ReplayRequest]:
@@ -49,18 +46,12 @@ def tagged(requests: Sequence[ReplayRequest], tag: str) -> list[ReplayRequest]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--requests", type=int, default=120)
-    parser.add_argument("--seed", type=int, default=7)
+    add_server_options(parser, requests=120, seed=7)
     parser.add_argument("--sample", type=int, default=30)
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--every", type=int, default=2, help="a full replay after every N samples")
-    parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    model, server_len = discover_model(args.url)
-    with tempfile.TemporaryDirectory() as tmp:
-        requests, workload = replay_workload(ReplayOptions(requests=args.requests, seed=args.seed), args.url,
-                                             model, server_len, Path(tmp))
+    model, requests, workload = server_workload(args.url, args.requests, args.seed)
     population = sessions(requests)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     runs = 0
@@ -103,10 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               max(f["weighted_tps"] for f in full) / truth],
               "held": sum(1 for s in samples if s["holds"]), "seeds": args.seeds,
               "half_width_median": statistics.median(s["half_width"] for s in samples), "samples": samples}
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(result, args.out)
     return 0
 
 
