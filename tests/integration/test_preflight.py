@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.integration.bi100_fixture import BASELINE, SITE, vendor_image
 from tests.integration.forge_fixtures import REPO, assert_clean_failure, build_containers, invoke, settles
@@ -245,9 +246,21 @@ def test_an_adopted_team_repository_runs_preflight_from_its_own_folder(vendor: s
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "team build"], check=True)
-    made = invoke("init", "--from", str(repo), "--base", vendor)
+    absent = invoke("init", "--from", str(repo), "--base", "imageforge-test/absent:none")
+    assert absent.returncode == 0, absent.stdout + absent.stderr
+    assert "touches: could not be scanned (base image 'imageforge-test/absent:none' is not on the Docker daemon" \
+        in absent.stdout, "a base not on the daemon is said, not failed"
+    made = invoke("init", "--from", str(repo), "--base", vendor, "--force")
     assert made.returncode == 0, made.stdout + made.stderr
     assert "not translated: Dockerfile:6: EXPOSE" in made.stdout
+    # the script ran in a throwaway container of the base: its touches are the files patch_ops.sh writes there,
+    # learnt at run time (its $VLLM), not its own folder nor its log
+    adopted = yaml.safe_load((repo / "build.yaml").read_text())
+    (step,) = adopted["targets"]["adopted"]["steps"]
+    assert step["command"] == ["bash", "patch_ops.sh"]
+    assert step["touches"] == ["vllm/attention/ops/paged_attn.py", "vllm/entrypoints/openai/cli_args.py",
+                               "vllm/entrypoints/openai/protocol.py", "vllm/entrypoints/openai/serving_chat.py",
+                               "vllm/model_executor/models/qwen3_5.py"]
     from tests.cli import imageforge
 
     proc = imageforge("preflight", "--json", cwd=repo, expect=None, env={"IMAGEFORGE_TRACEBACK": None})

@@ -418,7 +418,9 @@ def test_init_from_adopts_the_dockerfile_and_the_run_file(tmp_path: Path) -> Non
     target = adoption.manifest["targets"]["adopted"]
     (step,) = target["steps"]
     assert step["directory"] == "qwen3_6_scripts" and step["dest"] == "/workspace/qwen3_6_scripts"
-    assert step["command"][:2] == ["bash", "-c"] and "| tee /tmp/patch_ops.log; echo" in step["command"][2]
+    # the RUN as teams write it (chmod && bash X 2>&1 | tee LOG; echo ...), read with bashlex: the script it runs
+    assert step["command"] == ["bash", "patch_ops.sh"] and step["workdir"] == "/workspace/qwen3_6_scripts"
+    assert "touches" not in step, "no scan was asked for"
     serving = target["serving"]
     assert serving["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert serving["args"]["tensor-parallel-size"] == 4 and serving["flag_names"] == {"tensor-parallel-size": "-tp"}
@@ -428,8 +430,84 @@ def test_init_from_adopts_the_dockerfile_and_the_run_file(tmp_path: Path) -> Non
     assert target["base"] == {"image": "vendor:local"} and "vendor_api" not in target
     said = "\n".join(adoption.untranslated)
     assert "EXPOSE" in said and "concurrency" in said and "no vendor-api.json" in said and "--base" in said
+    assert "Dockerfile:5: the RUN discarded patch_ops.sh's exit code (`| tee` without pipefail, a `;` after it)" in said
+    assert "`chmod +x patch_ops.sh` dropped" in said and "`2>&1 | tee /tmp/patch_ops.log` dropped" in said
     path, _ = write_adopted(repo, repo, base="vendor:local")
     manifest = load_manifest(path)  # the written build.yaml loads and validates, no environment variable needed
     assert manifest.default_target == "adopted" and manifest.targets["adopted"].steps[0].kind == "script"
     with pytest.raises(ConfigError):
         write_adopted(repo, repo)  # build.yaml exists: --force
+
+
+@pytest.mark.parametrize(("line", "command", "workdir", "said"), [
+    ("chmod +x patch_ops.sh && bash patch_ops.sh 2>&1 | tee /tmp/p.log; echo done", ("bash", "patch_ops.sh"), "/w",
+     "discarded patch_ops.sh's exit code (`| tee` without pipefail, a `;` after it)"),
+    ("set -o pipefail && bash x.sh | tee l", ("bash", "x.sh"), "/w", None),  # pipefail: the exit code was kept
+    ("set -e; bash x.sh; echo done", ("bash", "x.sh"), "/w", None),  # errexit: the `;` loses nothing
+    ("cd sub && ./go.sh --fast > /tmp/log", ("./go.sh", "--fast"), "/w/sub", None),
+    ("python3 patch.py --x 1", ("python3", "patch.py", "--x", "1"), "/w", None),
+])
+def test_a_run_line_becomes_the_script_it_runs(line: str, command: tuple[str, ...], workdir: str,
+                                              said: str | None) -> None:
+    from imageforge.manifest.adopt import RunTranslation, translate_run
+
+    got = translate_run(line, "/w")
+    assert isinstance(got, RunTranslation), got
+    assert (got.command, got.workdir) == (command, workdir)
+    lost = [n for n in got.notes if "exit code" in n]
+    if said is None:
+        assert lost == [], "the RUN kept the script's exit code"
+    else:
+        assert len(lost) == 1 and said in lost[0]
+
+
+@pytest.mark.parametrize(("line", "why"), [
+    ("pip install foo && bash x.sh", "`pip install foo`"),
+    ("bash $DIR/x.sh", "expanded at run time"),
+    ("bash a.sh && bash b.sh", "a second script"),
+    ("bash a.sh || true", "the operator '||'"),
+    ("bash x.sh | grep ok", "only `SCRIPT | tee LOG`"),
+    ("echo nothing", "no script runs"),
+    ("bash 'unclosed", "does not parse"),
+])
+def test_a_run_line_that_is_more_than_one_script_is_kept_and_said(line: str, why: str, tmp_path: Path) -> None:
+    from imageforge.manifest.adopt import adopt, translate_run
+
+    got = translate_run(line, "/w")
+    assert isinstance(got, str) and why in got, got
+    repo = _team_checkout(tmp_path)
+    dockerfile = repo / "Dockerfile"
+    text = dockerfile.read_text().splitlines()
+    text[4] = f"RUN {line}"
+    dockerfile.write_text("\n".join(text) + "\n")
+    adoption = adopt(repo, repo, base="vendor:local")
+    (step,) = adoption.manifest["targets"]["adopted"]["steps"]
+    assert step["command"] == ["bash", "-c", line], "kept as written"
+    assert any(n.startswith("Dockerfile:5: RUN kept as written") and why in n for n in adoption.untranslated)
+
+
+def test_touches_are_the_files_a_script_changed_from_its_docker_diff(tmp_path: Path) -> None:
+    from imageforge.manifest.adopt import Touches, adopt, touches_of
+
+    site = SITE
+    diff = [("/workspace", 1), ("/workspace/qwen3_6_scripts", 1), ("/workspace/qwen3_6_scripts/patch_ops.sh", 1),
+            ("/usr", 0), ("/usr/local", 0), (site, 0), (VLLM, 0), (f"{VLLM}/attention", 0),
+            (f"{VLLM}/attention/ops", 0), (f"{VLLM}/attention/ops/paged_attn.py", 0),
+            (f"{VLLM}/model_executor/models", 0), (f"{VLLM}/model_executor/models/qwen3_5.py", 1),
+            (f"{VLLM}/old.py", 2), ("/usr/local/lib/python3.10/site-packages", 0),
+            ("/usr/local/lib/python3.10/site-packages/transformers", 1),
+            ("/usr/local/lib/python3.10/site-packages/transformers/__init__.py", 1),
+            ("/tmp", 0), ("/tmp/patch_ops.log", 1), ("/root/.cache", 1), ("/root/.cache/pip/x", 1)]
+    assert touches_of(diff, site, "/workspace/qwen3_6_scripts") == [
+        "/usr/local/lib/python3.10/site-packages/transformers",  # a folder it added: one entry
+        "vllm/attention/ops/paged_attn.py", "vllm/model_executor/models/qwen3_5.py", "vllm/old.py"]
+    repo = _team_checkout(tmp_path)
+    adoption = adopt(repo, repo, base="vendor:local")
+    adoption.add_touches(Touches(skipped="base image 'vendor:local' is not on the Docker daemon"))
+    assert "touches" not in adoption.steps()[0]
+    assert any(n.startswith("touches: could not be scanned (base image 'vendor:local' is not on the Docker daemon")
+               for n in adoption.untranslated)
+    adoption.add_touches(Touches({"run-1": diff}, site, {"run-1": "exit 3"}))
+    assert adoption.steps()[0]["touches"][1:] == ["vllm/attention/ops/paged_attn.py",
+                                                  "vllm/model_executor/models/qwen3_5.py", "vllm/old.py"]
+    assert any("the script failed in the base (exit 3)" in n for n in adoption.untranslated)
