@@ -42,6 +42,8 @@ def test_cpu_target_is_clean_on_the_real_base() -> None:
     assert report["ran"] == ["validate", "steps", "final-state", "python", "scripts", "flags", "run-env", "submission",
                              "git"]
     assert report["stats"]["changed .py"] >= 1, "the cpu target's patched files were checked"
+    (said,) = [n for n in report["notes"] if ".py compiled by the target's Python" in n]
+    assert "grammar" not in said, "the base's interpreter is of the target's version: its verdict alone"
     assert settles(lambda: build_containers() <= before), "no container left behind"
 
 
@@ -54,6 +56,10 @@ def test_bi100_is_clean_on_the_vendor_layout_fixture(vendor: str) -> None:
     # the fixture's Python is Debian's, the record's the card's: said, not failed
     assert [f["check"] for f in report["findings"] if f["severity"] == "warning"] == ["vendor-versions"]
     assert "vendor-api" in report["ran"] and report["stats"]["changed .py"] >= 6
+    # every checked .py compiled by the base's own interpreter in one call; the fixture's Python (Debian's) is not
+    # the record's (the card's 3.10), so the 3.10 grammar is checked too, and both are said
+    (said,) = [n for n in report["notes"] if ".py compiled by the target's Python" in n]
+    assert "(/usr/bin/python3); the target's 3.10" in said and "grammar checked by this machine's Python" in said
     strict = invoke("preflight", "--target", "bi100", "--strict", env=env_for(vendor, BASELINE))
     assert_clean_failure(strict, 3)
     assert "warning[vendor-versions]" in strict.stdout

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
 import subprocess
 import sys
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ import pytest
 from imageforge.errors import ConfigError
 from imageforge.preflight.findings import CHECKS, Finding, PreflightReport
 from imageforge.preflight.gitstate import git_findings
-from imageforge.preflight.python import PyFile, PythonChecks, dead_files
+from imageforge.preflight.python import Compiled, PyFile, PythonChecks, dead_files
 from imageforge.preflight.shell import (
     bash_n,
     build_device_imports,
@@ -230,6 +233,71 @@ def test_syntax_of_the_target_python_and_compile() -> None:
     found = {f.path: f for f in _check(tree, [f"{VLLM}/a.py", f"{VLLM}/b.py"]).scan.findings}
     assert found[f"{VLLM}/a.py"].check == "py-syntax" and "3.10" in found[f"{VLLM}/a.py"].message
     assert found[f"{VLLM}/b.py"].check == "py-syntax" and found[f"{VLLM}/b.py"].line in (2, 3)
+
+
+def _target_interpreter(files: Sequence[tuple[str, str]]) -> Compiled | None:
+    """The in-image compile program run by an interpreter of this machine (a target whose Python is ours)."""
+    from imageforge.inimage import program
+    from imageforge.inimage.compile_files import MARKER
+
+    with tempfile.TemporaryDirectory() as tmp:
+        listing = Path(tmp) / "files.json"
+        listing.write_text(json.dumps([{"path": p, "text": t} for p, t in files]))
+        done = subprocess.run([sys.executable, "-c", program("compile_files"), str(listing)], capture_output=True,
+                              text=True, check=True)
+    line = next(x for x in done.stdout.splitlines() if x.startswith(MARKER))
+    return Compiled.from_json(json.loads(line[len(MARKER):]))
+
+
+def test_the_target_interpreter_compiles_every_file_in_one_call() -> None:
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    outside = "def f():\n    pass\nreturn 1\n"  # parses; only a compiler refuses it
+    newer = "try:\n    pass\nexcept* ValueError:\n    pass\n"  # 3.11 syntax
+    files = {f"{VLLM}/r.py": outside, f"{VLLM}/n.py": newer, f"{VLLM}/ok.py": "X = 1\n"}
+    # a target whose interpreter is of the grammar's version: its verdict replaces this machine's check
+    tree = tree_from_mapping({p: t.encode() for p, t in {**BASE, **files}.items()}, changed=dict.fromkeys(files, "s"),
+                             site=SITE, package="vllm", python_version=platform.python_version())
+    checks = _check(tree, list(files))
+    assert all("no target interpreter ran" in f.message for f in checks.scan.findings if f.check == "py-syntax")
+    calls: list[int] = []
+
+    def compiler(sources: Sequence[tuple[str, str]]) -> Compiled | None:
+        calls.append(len(sources))
+        return _target_interpreter(sources)
+
+    said = checks.compiled(compiler)
+    assert calls == [3], "one interpreter call for every file"
+    assert said == f"3 .py compiled by the target's Python {platform.python_version()} ({sys.executable})"
+    syntax = {f.path: f for f in checks.scan.findings if f.check == "py-syntax"}
+    assert set(syntax) == {f"{VLLM}/r.py"} and syntax[f"{VLLM}/r.py"].line == 3
+    assert "'return' outside function (compiled by the target's Python" in syntax[f"{VLLM}/r.py"].message
+    # the card's 3.10 (the record's) is not the interpreter's: the grammar's findings stand beside its verdict
+    tree = _tree({**BASE, **files}, dict.fromkeys(files, "s"))
+    checks = _check(tree, list(files))
+    said = checks.compiled(_target_interpreter)
+    assert f"the target's 3.10.12 grammar checked by this machine's Python {here} too" in said
+    syntax = {f.path: f for f in checks.scan.findings if f.check == "py-syntax"}
+    assert set(syntax) == {f"{VLLM}/r.py", f"{VLLM}/n.py"} and "3.10" in syntax[f"{VLLM}/n.py"].message
+    # no interpreter: the grammar check, said
+    checks = _check(tree, list(files))
+    assert checks.compiled(lambda _: None) == (f"3 .py: the target's 3.10.12 grammar checked by this machine's "
+                                               f"Python {here} (no target interpreter ran)")
+    assert len([f for f in checks.scan.findings if f.check == "py-syntax"]) == 2
+
+
+def test_the_compile_program_reads_a_file_by_path_and_says_what_it_cannot(tmp_path: Path) -> None:
+    from imageforge.inimage.compile_files import compile_one
+
+    good, bad = tmp_path / "good.py", tmp_path / "bad.py"
+    good.write_text("# -*- coding: latin-1 -*-\nX = 'caf\xe9'\n", encoding="latin-1")
+    bad.write_text("if True:\n\tx = 1\n        y = 2\n")
+    assert compile_one(0, {"path": str(good), "text": None}) is None, "read as bytes: its coding line honoured"
+    error = compile_one(1, {"path": str(bad), "text": None})
+    assert error is not None and error["index"] == 1 and error["msg"].startswith(("TabError", "IndentationError"))
+    gone = compile_one(2, {"path": str(tmp_path / "gone.py"), "text": None})
+    assert gone is not None and gone["msg"].startswith("FileNotFoundError")
+    nul = compile_one(3, {"path": "x.py", "text": "X = 1\x00\n"})
+    assert nul is not None and nul["lineno"] in (None, 1)
 
 
 def test_dead_files_are_reported_not_failed() -> None:

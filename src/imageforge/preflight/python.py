@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import posixpath
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..patches.pycheck import parse_version
@@ -57,16 +57,42 @@ class Scan:
 
 
 def parse(file: PyFile, version: str) -> tuple[ast.Module | None, Finding | None]:
-    """The AST with the target's grammar, then ``compile``; a finding when either fails."""
+    """The AST with the target's grammar, then ``compile`` by this machine's Python; a finding when either fails
+    (its message says so: the target's interpreter, where present, has the last word: :meth:`PythonChecks.compiled`)."""
     feature = parse_version(version) or (3, 10)
     try:
         tree = ast.parse(file.text, file.path, feature_version=feature)
         compile(file.text, file.path, "exec", dont_inherit=True)
     except SyntaxError as exc:
-        return None, Finding("py-syntax", f"{exc.msg} (Python {feature[0]}.{feature[1]})", file.path, exc.lineno,
-                             exc.offset, step=file.step, found=(exc.text or "").strip() or None,
-                             hint="a script under `set -e` stops at the first such file; the rest is never applied")
+        here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        return None, Finding("py-syntax", f"{exc.msg} (Python {feature[0]}.{feature[1]}'s grammar, checked by this "
+                             f"machine's Python {here}: no target interpreter ran)", file.path, exc.lineno,
+                             exc.offset, step=file.step, found=(exc.text or "").strip() or None, hint=SYNTAX_HINT)
     return tree, None
+
+
+SYNTAX_HINT = "a script under `set -e` stops at the first such file; the rest is never applied"
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What the target's interpreter said of the files it compiled (``inimage/compile_files.py``'s line)."""
+
+    python: str  # its version, 3.10.12
+    executable: str
+    errors: tuple[tuple[int, str, int | None, int | None, str], ...]  # (index, message, line, column, text)
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> Compiled:
+        errors = data.get("errors") or []
+        assert isinstance(errors, list)
+        return cls(str(data.get("python") or "?"), str(data.get("executable") or "?"),
+                   tuple((int(e["index"]), str(e["msg"]), e.get("lineno"), e.get("offset"), str(e.get("text") or ""))
+                         for e in errors))
+
+
+#: Compiles (path, text) pairs with the target's interpreter, in one call; None where none can run.
+Compiler = Callable[[Sequence[tuple[str, str]]], "Compiled | None"]
 
 
 def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
@@ -175,6 +201,7 @@ class PythonChecks:
         self._asts: dict[str, ast.Module | None] = {}
         self._vendor_seen: set[tuple[str, int]] = set()
         self.latent: list[str] = []
+        self.compiled_files: list[PyFile] = []  # every file checked, in order (what the target's python compiles)
         #: functions installed at run time over a module's (``mod.f = g``), against every call of ``f``
         self.replacements = Replacements(tree, api, self.module_ast)
 
@@ -198,6 +225,7 @@ class PythonChecks:
     def check(self, file: PyFile) -> None:
         tree, problem = parse(file, self.tree.python_version)
         self.scan.parsed += 1
+        self.compiled_files.append(file)
         if problem is not None:
             self.scan.findings.append(problem)
             return
@@ -407,6 +435,33 @@ class PythonChecks:
             link = f"{posixpath.basename(file.path)}:{node.lineno} {node.func.value.id}.{node.func.attr}"
             self._asts.setdefault(found[1], source)
             self.check_vendor(callee, fn, chain=(link,))
+
+    def compiled(self, compiler: Compiler | None) -> str:
+        """Every checked file compiled by the target's interpreter in one call; says which was used.
+
+        Its syntax errors replace this machine's check when it is of the grammar's version (the target's own
+        compiler has the last word); when it is another (a base whose Python is not the card's, whose version the
+        vendor API record gives), both stand: the interpreter's errors, and the grammar's findings."""
+        files = self.compiled_files
+        result = compiler([(f.path, f.text) for f in files]) if compiler is not None and files else None
+        here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        grammar = f"the target's {self.tree.python_version} grammar checked by this machine's Python {here}"
+        if result is None:
+            return f"{len(files)} .py: {grammar} (no target interpreter ran)"
+        same = parse_version(result.python) == parse_version(self.tree.python_version)
+        paths = {f.path for f in files}
+        local = {f.path for f in self.scan.findings if f.check == "py-syntax" and f.path in paths}
+        if same:
+            self.scan.findings = [f for f in self.scan.findings if not (f.check == "py-syntax" and f.path in paths)]
+        for index, message, line, column, text in result.errors:
+            file = files[index]
+            if not same and file.path in local:
+                continue  # the grammar's finding stands for it
+            self.scan.findings.append(Finding(
+                "py-syntax", f"{message} (compiled by the target's Python {result.python}, {result.executable})",
+                file.path, line, column, step=file.step, found=text or None, hint=SYNTAX_HINT))
+        said = f"{len(files)} .py compiled by the target's Python {result.python} ({result.executable})"
+        return said if same else f"{said}; {grammar} too (the vendor API record's Python is not the base's)"
 
     def latent_in(self, paths: list[str]) -> None:
         """The vendor's own references in the package modules read (warnings: nothing changed calls them)."""

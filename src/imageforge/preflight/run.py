@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import posixpath
 import shlex
 import tempfile
@@ -25,6 +26,7 @@ from typing import Any
 
 from ..docker_engine import client, daemon_errors
 from ..errors import ConfigError, ImageforgeError, Problem
+from ..inimage.compile_files import MARKER as COMPILE_MARKER
 from ..manifest.model import Manifest, Step, resolve_image_path
 from ..manifest.resolve import resolve
 from ..patches.check import (
@@ -42,7 +44,7 @@ from ..vendor_api import VendorApi, load_record
 from .binaries import shared_objects, shipped_so_findings
 from .findings import Finding, PreflightReport
 from .gitstate import git_findings
-from .python import PyFile, PythonChecks, dead_files
+from .python import Compiled, PyFile, PythonChecks, dead_files
 from .runfile import RUN_FILE, manifest_env_findings, run_file_findings
 from .shell import (
     Script,
@@ -131,6 +133,37 @@ def _files_naming(sandbox: ScriptSandbox, argv: Sequence[str]) -> list[str]:
     finally:
         sandbox.scope.remove(container)
     return [line for line in output.splitlines() if line.startswith("/") and line.endswith(".py")]
+
+
+COMPILE_DIR = "/tmp/.imageforge-compile"
+
+
+def _compile_in_image(sandbox: ScriptSandbox, python: str, files: Sequence[tuple[str, str]]) -> Compiled | None:
+    """``inimage/compile_files.py`` run by the base's interpreter over every file, in one throwaway container of the
+    tree as the scripts left it (network off); None when that interpreter could not run it."""
+    import docker.errors
+
+    from ..docker_engine import containers as dc
+    from ..inimage import program
+
+    written = {f"{COMPILE_DIR}/compile_files.py": program("compile_files").encode(),
+               f"{COMPILE_DIR}/files.json": json.dumps([{"path": p, "text": t} for p, t in files]).encode()}
+    entries = [dc.file_entry(path, data, mode=0o644) for path, data in written.items()]
+    container = sandbox.scope.create(sandbox.image, entrypoint=[], network_disabled=True,
+                                     command=[python, f"{COMPILE_DIR}/compile_files.py", f"{COMPILE_DIR}/files.json"])
+    try:
+        payloads = {e.name: data for e, data in zip(entries, written.values(), strict=True)}
+        if not container.put_archive("/", dc.tar_of(entries, payloads)):
+            return None
+        container.start()
+        container.wait(timeout=300)
+        output = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+    except (docker.errors.DockerException, OSError):
+        return None
+    finally:
+        sandbox.scope.remove(container)
+    line = next((x for x in output.splitlines() if x.startswith(COMPILE_MARKER)), None)
+    return None if line is None else Compiled.from_json(json.loads(line[len(COMPILE_MARKER):]))
 
 
 def _folder_snapshot(folders: Sequence[ShippedFolder]) -> dict[str, str]:
@@ -285,6 +318,7 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
                              "image?): only the checked files' calls were matched")
             stats["replacement callers"] = checks.replacements.add_callers(callers)
         findings += checks.replacements.findings()
+        notes.append(checks.compiled(lambda files: _compile_in_image(sandbox, s.python, files)))
         if api is not None:
             read = [p for p in list(checks._asts) if p not in tree.files]
             checks.latent_in(read)
