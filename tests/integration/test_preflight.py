@@ -138,6 +138,29 @@ def _team_repo(tmp_path: Path) -> Path:
     return scripts
 
 
+def test_the_vendor_latent_references_of_the_whole_package_are_one_warning() -> None:
+    """A module of the vendor's own vLLM that no step changes and no check reads uses ixformer names the record
+    lacks: the grep over the whole package in the final tree finds it, ONE warning lists each use (file:line)."""
+    rel = "usr/local/corex/lib64/python3/dist-packages/vllm/engine/protocol.py"
+    original = (REPO / "tests" / "fixtures" / "bi100-vendor" / rel).read_text()
+    latent = vendor_image(overrides={rel: original + (
+        "\n\ndef _swap(src, dst, mapping):\n    import ixformer.functions as ixf_F\n\n"
+        "    ixf_F.vllm_swap_blocks(src, dst, mapping)\n    ixf_F.copy_blocks(src, dst)\n")})
+    lines = len(original.splitlines())
+    proc = invoke("preflight", "--target", "bi100", "--json", env=env_for(latent, BASELINE))
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # a warning: the run passes
+    report = json.loads(proc.stdout)
+    (found,) = [f for f in report["findings"] if f["check"] == "vendor-latent"]
+    assert found["severity"] == "warning" and found["path"] == f"{SITE}/vllm"
+    assert found["found"].splitlines() == [
+        f"{SITE}/vllm/engine/protocol.py:{lines + 6} ixformer.functions.vllm_swap_blocks (the record has: "
+        "vllm_copy_cache)",
+        f"{SITE}/vllm/engine/protocol.py:{lines + 7} ixformer.functions.copy_blocks (the record has: "
+        "vllm_copy_cache)"]
+    assert not [f for f in report["findings"] if f["check"] == "vendor-name"], "no error: nothing changed calls it"
+    assert report["stats"]["vendor-scanned .py"] >= 2
+
+
 def test_every_defect_of_a_team_folder_in_one_run(vendor: str, tmp_path: Path) -> None:
     scripts = _team_repo(tmp_path)
     before = set(sandbox_images())

@@ -180,9 +180,56 @@ def test_a_vendor_function_absent_from_the_record_is_an_error_naming_the_chain()
     assert chain.level == "error" and chain.path == f"{VLLM}/_custom_ops.py" and chain.line == 6
     assert "reached from paged_attn.py:12 ops.copy_blocks" in chain.message
     assert "vllm_copy_cache" in (chain.hint or "")
-    latent = next(f for f in names if f.found == "vllm_swap_blocks")
+    assert [f.found for f in names] == ["copy_blocks"], "the vendor's own latent reference is no vendor-name"
+    (latent,) = [f for f in found if f.check == "vendor-latent"]
     assert latent.level == "warning", "the vendor's own latent reference, nothing changed calls it"
-    assert not any(f.found == "vllm_copy_cache" for f in names)
+    assert latent.found == f"{VLLM}/_custom_ops.py:14 ixformer.functions.vllm_swap_blocks (the record has: " \
+                           "vllm_copy_cache)"
+
+
+LATENT_WORKER = """\
+import ixformer.functions as ixf_F
+from vllm import _C
+
+
+def swap(src, dst, mapping):
+    ixf_F.vllm_swap_blocks(src, dst, mapping)
+    ixf_F.vllm_copy_cache(src, dst)
+"""
+
+
+def test_the_vendor_latent_references_over_the_whole_package_are_one_warning(tmp_path: Path) -> None:
+    files = {**BASE, f"{VLLM}/attention/ops/paged_attn.py": CHANGED_PAGED_ATTN,
+             f"{VLLM}/worker/swapper.py": LATENT_WORKER, f"{VLLM}/worker/plain.py": "X = 1\n"}
+    tree = _tree(files, {f"{VLLM}/attention/ops/paged_attn.py": "team-paged-attn"})
+    checks = PythonChecks(tree, load_record(BI100_RECORD))
+    checks.check(PyFile(f"{VLLM}/attention/ops/paged_attn.py", CHANGED_PAGED_ATTN, "team-paged-attn", tree.roots))
+    argv = checks.package_words()
+    assert argv == ["grep", "-rlwF", "--include=*.py", "-e", "ixformer", "--", VLLM]
+    # the grep run over the package (here a copy of it on disk): the files naming a record module
+    root = tmp_path / "root"
+    for path, text in files.items():
+        (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (root / path.lstrip("/")).write_text(text)
+    listed = subprocess.run([*argv[:-1], str(root) + argv[-1]], capture_output=True, text=True).stdout.split()
+    named = sorted(p[len(str(root)):] for p in listed)
+    assert named == [f"{VLLM}/_custom_ops.py", f"{VLLM}/worker/swapper.py"], "paged_attn.py names no record module"
+    read = [*checks._asts, *named]  # the modules the checks read (_custom_ops, triton_utils) and the grep's
+    assert checks.latent_in([f"{VLLM}/attention/ops/paged_attn.py", *read]) == 3, "the changed file is not read"
+    errors = [f for f in checks.scan.findings if f.level == "error"]
+    assert [(f.check, f.found) for f in errors] == [("vendor-name", "copy_blocks")], "the chain stays an error"
+    (latent,) = [f for f in checks.scan.findings if f.check == "vendor-latent"]
+    assert latent.level == "warning" and latent.path == VLLM and "3 use(s)" in latent.message
+    assert (latent.found or "").splitlines() == [
+        f"{VLLM}/_custom_ops.py:14 ixformer.functions.vllm_swap_blocks (the record has: vllm_copy_cache)",
+        f"{VLLM}/worker/swapper.py:6 ixformer.functions.vllm_swap_blocks (the record has: vllm_copy_cache)",
+        f"{VLLM}/worker/swapper.py:7 ixformer.functions.vllm_copy_cache() missing a required argument: "
+        "'block_mapping'"]
+    rendered = latent.render().splitlines()
+    assert rendered[0] == f"{VLLM}: warning[vendor-latent] 3 use(s) of the vendor's API that the record does not " \
+                          "have or that do not fit it, in the package's own code no changed code reaches (each fails " \
+                          "only when it runs)"
+    assert rendered[3].startswith(" " * 14 + f"{VLLM}/worker/swapper.py:6"), "one file:line a line"
 
 
 def test_a_call_with_the_wrong_number_of_arguments_is_an_arity_error() -> None:

@@ -319,9 +319,10 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
             stats["replacement callers"] = checks.replacements.add_callers(callers)
         findings += checks.replacements.findings()
         notes.append(checks.compiled(lambda files: _compile_in_image(sandbox, s.python, files)))
-        if api is not None:
-            read = [p for p in list(checks._asts) if p not in tree.files]
-            checks.latent_in(read)
+        if api is not None:  # the vendor's latent references: the modules read, and every package file naming one
+            # of the record's modules (grep over the package's folder in the final tree, in one container)
+            named = _files_naming(sandbox, checks.package_words())
+            stats["vendor-scanned .py"] = checks.latent_in([*list(checks._asts), *named])
         syntax_paths = {f.path for f in checks.scan.findings if f.check == "py-syntax"}
         for problem in fs_state.problems:
             if not any(problem.startswith(p) for p in syntax_paths):
