@@ -138,18 +138,33 @@ def _team_repo(tmp_path: Path) -> Path:
     return scripts
 
 
-def test_the_vendor_latent_references_of_the_whole_package_are_one_warning() -> None:
-    """A module of the vendor's own vLLM that no step changes and no check reads uses ixformer names the record
-    lacks: the grep over the whole package in the final tree finds it, ONE warning lists each use (file:line)."""
+def test_the_whole_package_is_searched_in_the_final_tree(tmp_path: Path) -> None:
+    """A module of the vendor's own vLLM that no step changes and no check reads (a) uses ixformer names the record
+    lacks: ONE warning lists each use (file:line); (b) calls a function the team's deployed file replaces at run time
+    with one that takes fewer arguments: an error. Both found by the greps over the whole package in the final tree
+    (one container with the compile by the base's interpreter)."""
     rel = "usr/local/corex/lib64/python3/dist-packages/vllm/engine/protocol.py"
     original = (REPO / "tests" / "fixtures" / "bi100-vendor" / rel).read_text()
     latent = vendor_image(overrides={rel: original + (
         "\n\ndef _swap(src, dst, mapping):\n    import ixformer.functions as ixf_F\n\n"
-        "    ixf_F.vllm_swap_blocks(src, dst, mapping)\n    ixf_F.copy_blocks(src, dst)\n")})
+        "    ixf_F.vllm_swap_blocks(src, dst, mapping)\n    ixf_F.copy_blocks(src, dst)\n\n\n"
+        "def _decode(out, query, cache):\n    from vllm import _custom_ops as ops\n\n"
+        "    ops.paged_attention_v2(out, query, cache)\n")})
     lines = len(original.splitlines())
-    proc = invoke("preflight", "--target", "bi100", "--json", env=env_for(latent, BASELINE))
-    assert proc.returncode == 0, proc.stdout + proc.stderr  # a warning: the run passes
+    scripts = tmp_path / "qwen3_6_scripts"
+    shutil.copytree(BASELINE, scripts)
+    (scripts / "fast_ops.py").write_text("from vllm import _custom_ops as ops\n\n\ndef fast_v2(out, query):\n"
+                                         "    return out\n\n\nops.paged_attention_v2 = fast_v2\n")
+    patch_ops = scripts / "patch_ops.sh"
+    deployed = 'echo "baseline files deployed'
+    patch_ops.write_text(patch_ops.read_text().replace(deployed, f'cp fast_ops.py "$VLLM/fast_ops.py"\n{deployed}', 1))
+    proc = invoke("preflight", "--target", "bi100", "--json", "--allow-dirty", env=env_for(latent, scripts))
+    assert proc.returncode == 3, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
+    (error,) = [f for f in report["findings"] if f["severity"] == "error"]
+    assert (error["check"], error["path"], error["line"]) == ("call-replaced", f"{SITE}/vllm/fast_ops.py", 4)
+    assert f"does not accept the call at {SITE}/vllm/engine/protocol.py:{lines + 13}: too many positional" \
+        in error["message"], "the vendor's caller, found by the grep over the package"
     (found,) = [f for f in report["findings"] if f["check"] == "vendor-latent"]
     assert found["severity"] == "warning" and found["path"] == f"{SITE}/vllm"
     assert found["found"].splitlines() == [
@@ -158,7 +173,7 @@ def test_the_vendor_latent_references_of_the_whole_package_are_one_warning() -> 
         f"{SITE}/vllm/engine/protocol.py:{lines + 7} ixformer.functions.copy_blocks (the record has: "
         "vllm_copy_cache)"]
     assert not [f for f in report["findings"] if f["check"] == "vendor-name"], "no error: nothing changed calls it"
-    assert report["stats"]["vendor-scanned .py"] >= 2
+    assert report["stats"]["vendor-scanned .py"] >= 2 and report["stats"]["replacement callers"] >= 1
 
 
 def test_every_defect_of_a_team_folder_in_one_run(vendor: str, tmp_path: Path) -> None:

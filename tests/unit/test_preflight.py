@@ -306,14 +306,9 @@ def test_the_target_interpreter_compiles_every_file_in_one_call() -> None:
                              site=SITE, package="vllm", python_version=platform.python_version())
     checks = _check(tree, list(files))
     assert all("no target interpreter ran" in f.message for f in checks.scan.findings if f.check == "py-syntax")
-    calls: list[int] = []
-
-    def compiler(sources: Sequence[tuple[str, str]]) -> Compiled | None:
-        calls.append(len(sources))
-        return _target_interpreter(sources)
-
-    said = checks.compiled(compiler)
-    assert calls == [3], "one interpreter call for every file"
+    sources = [(f.path, f.text) for f in checks.compiled_files]
+    assert [p for p, _ in sources] == list(files), "every checked file, for one interpreter call"
+    said = checks.compiled(_target_interpreter(sources))
     assert said == f"3 .py compiled by the target's Python {platform.python_version()} ({sys.executable})"
     syntax = {f.path: f for f in checks.scan.findings if f.check == "py-syntax"}
     assert set(syntax) == {f"{VLLM}/r.py"} and syntax[f"{VLLM}/r.py"].line == 3
@@ -321,14 +316,14 @@ def test_the_target_interpreter_compiles_every_file_in_one_call() -> None:
     # the card's 3.10 (the record's) is not the interpreter's: the grammar's findings stand beside its verdict
     tree = _tree({**BASE, **files}, dict.fromkeys(files, "s"))
     checks = _check(tree, list(files))
-    said = checks.compiled(_target_interpreter)
+    said = checks.compiled(_target_interpreter([(f.path, f.text) for f in checks.compiled_files]))
     assert f"the target's 3.10.12 grammar checked by this machine's Python {here} too" in said
     syntax = {f.path: f for f in checks.scan.findings if f.check == "py-syntax"}
     assert set(syntax) == {f"{VLLM}/r.py", f"{VLLM}/n.py"} and "3.10" in syntax[f"{VLLM}/n.py"].message
     # no interpreter: the grammar check, said
     checks = _check(tree, list(files))
-    assert checks.compiled(lambda _: None) == (f"3 .py: the target's 3.10.12 grammar checked by this machine's "
-                                               f"Python {here} (no target interpreter ran)")
+    assert checks.compiled(None) == (f"3 .py: the target's 3.10.12 grammar checked by this machine's "
+                                     f"Python {here} (no target interpreter ran)")
     assert len([f for f in checks.scan.findings if f.check == "py-syntax"]) == 2
 
 

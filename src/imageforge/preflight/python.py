@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import posixpath
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ..patches.pycheck import parse_version
@@ -89,10 +89,6 @@ class Compiled:
         return cls(str(data.get("python") or "?"), str(data.get("executable") or "?"),
                    tuple((int(e["index"]), str(e["msg"]), e.get("lineno"), e.get("offset"), str(e.get("text") or ""))
                          for e in errors))
-
-
-#: Compiles (path, text) pairs with the target's interpreter, in one call; None where none can run.
-Compiler = Callable[[Sequence[tuple[str, str]]], "Compiled | None"]
 
 
 def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
@@ -442,14 +438,14 @@ class PythonChecks:
             self._asts.setdefault(found[1], source)
             self.check_vendor(callee, fn, chain=(link,))
 
-    def compiled(self, compiler: Compiler | None) -> str:
-        """Every checked file compiled by the target's interpreter in one call; says which was used.
+    def compiled(self, result: Compiled | None) -> str:
+        """What the target's interpreter said of every checked file (:attr:`compiled_files`, compiled in one call;
+        None: no interpreter ran); says which was used.
 
         Its syntax errors replace this machine's check when it is of the grammar's version (the target's own
         compiler has the last word); when it is another (a base whose Python is not the card's, whose version the
         vendor API record gives), both stand: the interpreter's errors, and the grammar's findings."""
         files = self.compiled_files
-        result = compiler([(f.path, f.text) for f in files]) if compiler is not None and files else None
         here = f"{sys.version_info[0]}.{sys.version_info[1]}"
         grammar = f"the target's {self.tree.python_version} grammar checked by this machine's Python {here}"
         if result is None:

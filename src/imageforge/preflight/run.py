@@ -120,27 +120,15 @@ def _roots_and_listing(sandbox: ScriptSandbox, python: str, dests: Sequence[str]
     return roots, frozenset(line for line in rest.splitlines() if line.startswith("/"))
 
 
-def _files_naming(sandbox: ScriptSandbox, argv: Sequence[str]) -> list[str]:
-    """The .py files a :func:`.replacements.callers_command` lists, run in one throwaway container of the tree as
-    the scripts left it (network off; the file steps' files are read from the overlay anyway)."""
-    if not argv:
-        return []
-    container = sandbox.scope.create(sandbox.image, entrypoint=[], command=list(argv), network_disabled=True)
-    try:
-        container.start()
-        container.wait(timeout=300)
-        output = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
-    finally:
-        sandbox.scope.remove(container)
-    return [line for line in output.splitlines() if line.startswith("/") and line.endswith(".py")]
-
-
 COMPILE_DIR = "/tmp/.imageforge-compile"
+LISTED = "--imageforge-listed--"
 
 
-def _compile_in_image(sandbox: ScriptSandbox, python: str, files: Sequence[tuple[str, str]]) -> Compiled | None:
-    """``inimage/compile_files.py`` run by the base's interpreter over every file, in one throwaway container of the
-    tree as the scripts left it (network off); None when that interpreter could not run it."""
+def _in_image(sandbox: ScriptSandbox, python: str, files: Sequence[tuple[str, str]],
+              greps: Sequence[Sequence[str]]) -> tuple[Compiled | None, list[list[str]]]:
+    """One throwaway container of the tree as the scripts left it (network off): ``inimage/compile_files.py`` run
+    by the base's interpreter over every file, then each grep argv of ``greps`` (an empty one: none). What the
+    compile said (None when that interpreter could not run it) and the .py files each grep listed."""
     import docker.errors
 
     from ..docker_engine import containers as dc
@@ -149,21 +137,26 @@ def _compile_in_image(sandbox: ScriptSandbox, python: str, files: Sequence[tuple
     written = {f"{COMPILE_DIR}/compile_files.py": program("compile_files").encode(),
                f"{COMPILE_DIR}/files.json": json.dumps([{"path": p, "text": t} for p, t in files]).encode()}
     entries = [dc.file_entry(path, data, mode=0o644) for path, data in written.items()]
+    script = f"{shlex.quote(python)} {COMPILE_DIR}/compile_files.py {COMPILE_DIR}/files.json"
+    script += "".join(f"; echo {LISTED}" + (f"; {shlex.join(argv)}" if argv else "") for argv in greps)
     container = sandbox.scope.create(sandbox.image, entrypoint=[], network_disabled=True,
-                                     command=[python, f"{COMPILE_DIR}/compile_files.py", f"{COMPILE_DIR}/files.json"])
+                                     command=["sh", "-c", script + "; true"])
+    output = ""
     try:
         payloads = {e.name: data for e, data in zip(entries, written.values(), strict=True)}
-        if not container.put_archive("/", dc.tar_of(entries, payloads)):
-            return None
-        container.start()
-        container.wait(timeout=300)
-        output = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+        if container.put_archive("/", dc.tar_of(entries, payloads)):
+            container.start()
+            container.wait(timeout=300)
+            output = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
     except (docker.errors.DockerException, OSError):
-        return None
+        output = ""
     finally:
         sandbox.scope.remove(container)
-    line = next((x for x in output.splitlines() if x.startswith(COMPILE_MARKER)), None)
-    return None if line is None else Compiled.from_json(json.loads(line[len(COMPILE_MARKER):]))
+    said, *lists = output.split(LISTED + "\n")
+    lists += [""] * (len(greps) - len(lists))
+    line = next((x for x in said.splitlines() if x.startswith(COMPILE_MARKER)), None)
+    compiled = None if line is None else Compiled.from_json(json.loads(line[len(COMPILE_MARKER):]))
+    return compiled, [[x for x in text.splitlines() if x.startswith("/") and x.endswith(".py")] for text in lists]
 
 
 def _folder_snapshot(folders: Sequence[ShippedFolder]) -> dict[str, str]:
@@ -311,17 +304,20 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
         for sc in scripts:
             for _, text in python_heredocs(sc):  # a `python3 - <<EOF` body: checked at the script's lines
                 checks.check(PyFile(sc.image_path, text, sc.folder.step, (sc.folder.dest, *roots)))
-        if checks.replacements.found:  # the package's files that name a replaced function: their calls
-            callers = _files_naming(sandbox, checks.replacements.callers_command())
+        # one throwaway container of the final tree: every checked .py compiled by the base's interpreter; the
+        # package's files that name a replaced function (their calls are matched) and, with a record, those that
+        # name one of its modules (the vendor's latent references), each listed by grep
+        callers_argv = checks.replacements.callers_command() if checks.replacements.found else []
+        compiled, (callers, named) = _in_image(sandbox, s.python, [(f.path, f.text) for f in checks.compiled_files],
+                                               (callers_argv, checks.package_words()))
+        if checks.replacements.found:
             if not callers:  # the replaced module's own file names the function: none at all means no search ran
                 notes.append("the search for the callers of a replaced function listed no file (no grep in the "
                              "image?): only the checked files' calls were matched")
             stats["replacement callers"] = checks.replacements.add_callers(callers)
         findings += checks.replacements.findings()
-        notes.append(checks.compiled(lambda files: _compile_in_image(sandbox, s.python, files)))
-        if api is not None:  # the vendor's latent references: the modules read, and every package file naming one
-            # of the record's modules (grep over the package's folder in the final tree, in one container)
-            named = _files_naming(sandbox, checks.package_words())
+        notes.append(checks.compiled(compiled))
+        if api is not None:  # the vendor's latent references: the modules read and every package file naming one
             stats["vendor-scanned .py"] = checks.latent_in([*list(checks._asts), *named])
         syntax_paths = {f.path for f in checks.scan.findings if f.check == "py-syntax"}
         for problem in fs_state.problems:
