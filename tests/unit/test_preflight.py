@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from imageforge.errors import ConfigError
+from imageforge.patches.compiled import Compiled
 from imageforge.preflight.findings import CHECKS, Finding, PreflightReport
 from imageforge.preflight.gitstate import git_findings
-from imageforge.preflight.python import Compiled, PyFile, PythonChecks, dead_files
+from imageforge.preflight.python import PyFile, PythonChecks, dead_files
 from imageforge.preflight.shell import (
     bash_n,
     build_device_imports,

@@ -243,6 +243,7 @@ class FinalState:
     links: int = 0
     problems: tuple[str, ...] = ()
     skipped: str = ""  # why the final state was not checked
+    compiled_by: str = ""  # the target interpreter that compiled the .py files ("": this machine's Python)
 
     @property
     def ok(self) -> bool:
@@ -251,14 +252,16 @@ class FinalState:
     def text(self) -> str:
         if self.skipped:
             return f"final state: not checked ({self.skipped})"
-        head = (f"final state: {self.python} changed .py file(s) compile, {self.overlays} overlay hash(es), "
-                f"{self.links} link(s)")
+        head = (f"final state: {self.python} changed .py file(s) compile"
+                + (f" (compiled by {self.compiled_by})" if self.compiled_by else "")
+                + f", {self.overlays} overlay hash(es), {self.links} link(s)")
         return head + (": ok" if self.ok else ": " + str(len(self.problems)) + " problem(s)") + "".join(
             f"\n  ! {p}" for p in self.problems)
 
     def to_json(self) -> dict[str, Any]:
         return {"python": self.python, "overlays": self.overlays, "links": self.links,
-                "problems": list(self.problems), "skipped": self.skipped, "ok": self.ok}
+                "problems": list(self.problems), "skipped": self.skipped, "compiled_by": self.compiled_by,
+                "ok": self.ok}
 
 
 def final_state(steps: Sequence[Step], state: Overlay, site: str, *, environ: Mapping[str, str],

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from ..patches.compiled import Compiled
 from ..patches.pycheck import parse_version
 from ..vendor_api import VendorApi
 from ..vendor_api.calls import call_shape, check_call, describe
@@ -72,23 +73,6 @@ def parse(file: PyFile, version: str) -> tuple[ast.Module | None, Finding | None
 
 
 SYNTAX_HINT = "a script under `set -e` stops at the first such file; the rest is never applied"
-
-
-@dataclass(frozen=True)
-class Compiled:
-    """What the target's interpreter said of the files it compiled (``inimage/compile_files.py``'s line)."""
-
-    python: str  # its version, 3.10.12
-    executable: str
-    errors: tuple[tuple[int, str, int | None, int | None, str], ...]  # (index, message, line, column, text)
-
-    @classmethod
-    def from_json(cls, data: dict[str, object]) -> Compiled:
-        errors = data.get("errors") or []
-        assert isinstance(errors, list)
-        return cls(str(data.get("python") or "?"), str(data.get("executable") or "?"),
-                   tuple((int(e["index"]), str(e["msg"]), e.get("lineno"), e.get("offset"), str(e.get("text") or ""))
-                         for e in errors))
 
 
 def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:

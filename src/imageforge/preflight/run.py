@@ -38,13 +38,14 @@ from ..patches.check import (
     image_session,
     script_sandbox,
 )
+from ..patches.compiled import Compiled
 from ..scripts.deadfiles import live_files
 from ..steps import ContainerFS, kind, one_file
 from ..vendor_api import VendorApi, load_record
 from .binaries import shared_objects, shipped_so_findings
 from .findings import Finding, PreflightReport
 from .gitstate import git_findings
-from .python import Compiled, PyFile, PythonChecks, dead_files
+from .python import PyFile, PythonChecks, dead_files
 from .runfile import RUN_FILE, manifest_env_findings, run_file_findings
 from .shell import (
     Script,
@@ -154,9 +155,8 @@ def _in_image(sandbox: ScriptSandbox, python: str, files: Sequence[tuple[str, st
         sandbox.scope.remove(container)
     said, *lists = output.split(LISTED + "\n")
     lists += [""] * (len(greps) - len(lists))
-    line = next((x for x in said.splitlines() if x.startswith(COMPILE_MARKER)), None)
-    compiled = None if line is None else Compiled.from_json(json.loads(line[len(COMPILE_MARKER):]))
-    return compiled, [[x for x in text.splitlines() if x.startswith("/") and x.endswith(".py")] for text in lists]
+    listed = [[x for x in text.splitlines() if x.startswith("/") and x.endswith(".py")] for text in lists]
+    return Compiled.from_output(said, COMPILE_MARKER), listed
 
 
 def _folder_snapshot(folders: Sequence[ShippedFolder]) -> dict[str, str]:
