@@ -174,6 +174,7 @@ def test_the_whole_package_is_searched_in_the_final_tree(tmp_path: Path) -> None
         "vllm_copy_cache)"]
     assert not [f for f in report["findings"] if f["check"] == "vendor-name"], "no error: nothing changed calls it"
     assert report["stats"]["vendor-scanned .py"] >= 2 and report["stats"]["replacement callers"] >= 1
+    assert report["stats"]["listed .py read at once"] >= 2, "the grep's files came back in one archive"
 
 
 def test_every_defect_of_a_team_folder_in_one_run(vendor: str, tmp_path: Path) -> None:

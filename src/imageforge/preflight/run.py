@@ -126,10 +126,11 @@ LISTED = "--imageforge-listed--"
 
 
 def _in_image(sandbox: ScriptSandbox, python: str, files: Sequence[tuple[str, str]],
-              greps: Sequence[Sequence[str]]) -> tuple[Compiled | None, list[list[str]]]:
+              greps: Sequence[Sequence[str]]) -> tuple[Compiled | None, list[list[str]], dict[str, bytes]]:
     """One throwaway container of the tree as the scripts left it (network off): ``inimage/compile_files.py`` run
-    by the base's interpreter over every file, then each grep argv of ``greps`` (an empty one: none). What the
-    compile said (None when that interpreter could not run it) and the .py files each grep listed."""
+    by the base's interpreter over every file, then each grep argv of ``greps`` (an empty one: none), the files it
+    lists put in one tar there (read back with one archive call, not one per file). What the compile said (None
+    when that interpreter could not run it), the .py files each grep listed, and their bytes (what the tar held)."""
     import docker.errors
 
     from ..docker_engine import containers as dc
@@ -139,24 +140,47 @@ def _in_image(sandbox: ScriptSandbox, python: str, files: Sequence[tuple[str, st
                f"{COMPILE_DIR}/files.json": json.dumps([{"path": p, "text": t} for p, t in files]).encode()}
     entries = [dc.file_entry(path, data, mode=0o644) for path, data in written.items()]
     script = f"{shlex.quote(python)} {COMPILE_DIR}/compile_files.py {COMPILE_DIR}/files.json"
-    script += "".join(f"; echo {LISTED}" + (f"; {shlex.join(argv)}" if argv else "") for argv in greps)
+    for i, argv in enumerate(greps):
+        script += f"; echo {LISTED}"
+        if argv:
+            listing = f"{COMPILE_DIR}/listed-{i}"
+            script += f"; {shlex.join(argv)} > {listing}; cat {listing}; tar -cf {listing}.tar -T {listing} 2>/dev/null"
     container = sandbox.scope.create(sandbox.image, entrypoint=[], network_disabled=True,
                                      command=["sh", "-c", script + "; true"])
     output = ""
+    contents: dict[str, bytes] = {}
     try:
         payloads = {e.name: data for e, data in zip(entries, written.values(), strict=True)}
         if container.put_archive("/", dc.tar_of(entries, payloads)):
             container.start()
             container.wait(timeout=300)
             output = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
-    except (docker.errors.DockerException, OSError):
-        output = ""
+            for i, argv in enumerate(greps):
+                tar = dc.read_file(container, f"{COMPILE_DIR}/listed-{i}.tar") if argv else None
+                if tar is not None:  # an image without tar: the files are read one by one later
+                    contents.update(_tar_files(tar[0]))
+    except (docker.errors.DockerException, OSError, ImageforgeError):
+        output = output or ""
     finally:
         sandbox.scope.remove(container)
     said, *lists = output.split(LISTED + "\n")
     lists += [""] * (len(greps) - len(lists))
     listed = [[x for x in text.splitlines() if x.startswith("/") and x.endswith(".py")] for text in lists]
-    return Compiled.from_output(said, COMPILE_MARKER), listed
+    return Compiled.from_output(said, COMPILE_MARKER), listed, contents
+
+
+def _tar_files(data: bytes) -> dict[str, bytes]:
+    """Absolute path -> bytes of each regular file of a tar (written by ``tar -c`` with absolute names)."""
+    import io
+    import tarfile
+
+    out: dict[str, bytes] = {}
+    with contextlib.suppress(tarfile.TarError), tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar:
+            handle = tar.extractfile(member) if member.isfile() else None
+            if handle is not None:
+                out["/" + member.name.lstrip("/")] = handle.read()
+    return out
 
 
 def _folder_snapshot(folders: Sequence[ShippedFolder]) -> dict[str, str]:
@@ -308,8 +332,11 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
         # package's files that name a replaced function (their calls are matched) and, with a record, those that
         # name one of its modules (the vendor's latent references), each listed by grep
         callers_argv = checks.replacements.callers_command() if checks.replacements.found else []
-        compiled, (callers, named) = _in_image(sandbox, s.python, [(f.path, f.text) for f in checks.compiled_files],
-                                               (callers_argv, checks.package_words()))
+        sources = [(f.path, f.text) for f in checks.compiled_files]
+        compiled, (callers, named), contents = _in_image(sandbox, s.python, sources,
+                                                         (callers_argv, checks.package_words()))
+        tree.cache.update(contents)  # the listed files' bytes in the final image: read once, not one call each
+        stats["listed .py read at once"] = len(contents)
         if checks.replacements.found:
             if not callers:  # the replaced module's own file names the function: none at all means no search ran
                 notes.append("the search for the callers of a replaced function listed no file (no grep in the "
