@@ -176,11 +176,16 @@ def preflight(s: Settings, target: str | None, profile: str | None, *, strict: b
     return report
 
 
-def init_from(source: Path, out: Path, *, base: str | None, force: bool) -> tuple[Path, list[str]]:
-    """`init --from DIR`: OUT/build.yaml reproducing DIR's build; the lines it could not translate."""
+def init_from(s: Settings, source: Path, out: Path, *, base: str | None, force: bool,
+              scan: bool = True) -> tuple[Path, list[str]]:
+    """`init --from DIR`: OUT/build.yaml reproducing DIR's build; the lines it could not translate. With ``scan``,
+    each step runs in a throwaway container of the base (network off) and what it changed is its ``touches:``."""
     from .manifest.adopt import write_adopted
+    from .patches.check import to_stderr
+    from .preflight.touches import scan_touches
 
-    return write_adopted(source, out, base=base, force=force)
+    return write_adopted(source, out, base=base, force=force,
+                         scan=(lambda path: scan_touches(path, environ=s.environ, log=to_stderr)) if scan else None)
 
 
 def probe(*, out: str, python: str, modules: Sequence[str], walk: Sequence[str], ops: Sequence[str],

@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.integration.bi100_fixture import BASELINE, SITE, vendor_image
 from tests.integration.forge_fixtures import REPO, assert_clean_failure, build_containers, invoke, settles
@@ -41,6 +42,8 @@ def test_cpu_target_is_clean_on_the_real_base() -> None:
     assert report["ran"] == ["validate", "steps", "final-state", "python", "scripts", "flags", "run-env", "submission",
                              "git"]
     assert report["stats"]["changed .py"] >= 1, "the cpu target's patched files were checked"
+    (said,) = [n for n in report["notes"] if ".py compiled by the target's Python" in n]
+    assert "grammar" not in said, "the base's interpreter is of the target's version: its verdict alone"
     assert settles(lambda: build_containers() <= before), "no container left behind"
 
 
@@ -53,6 +56,10 @@ def test_bi100_is_clean_on_the_vendor_layout_fixture(vendor: str) -> None:
     # the fixture's Python is Debian's, the record's the card's: said, not failed
     assert [f["check"] for f in report["findings"] if f["severity"] == "warning"] == ["vendor-versions"]
     assert "vendor-api" in report["ran"] and report["stats"]["changed .py"] >= 6
+    # every checked .py compiled by the base's own interpreter in one call; the fixture's Python (Debian's) is not
+    # the record's (the card's 3.10), so the 3.10 grammar is checked too, and both are said
+    (said,) = [n for n in report["notes"] if ".py compiled by the target's Python" in n]
+    assert "(/usr/bin/python3); the target's 3.10" in said and "grammar checked by this machine's Python" in said
     strict = invoke("preflight", "--target", "bi100", "--strict", env=env_for(vendor, BASELINE))
     assert_clean_failure(strict, 3)
     assert "warning[vendor-versions]" in strict.stdout
@@ -129,6 +136,45 @@ def _team_repo(tmp_path: Path) -> Path:
     subprocess.run([*git, "reset", "-q", "qwen3_6_scripts/cache_ops.py"], check=True)  # never added
     subprocess.run([*git, "commit", "-qm", "team build"], check=True)
     return scripts
+
+
+def test_the_whole_package_is_searched_in_the_final_tree(tmp_path: Path) -> None:
+    """A module of the vendor's own vLLM that no step changes and no check reads (a) uses ixformer names the record
+    lacks: ONE warning lists each use (file:line); (b) calls a function the team's deployed file replaces at run time
+    with one that takes fewer arguments: an error. Both found by the greps over the whole package in the final tree
+    (one container with the compile by the base's interpreter)."""
+    rel = "usr/local/corex/lib64/python3/dist-packages/vllm/engine/protocol.py"
+    original = (REPO / "tests" / "fixtures" / "bi100-vendor" / rel).read_text()
+    latent = vendor_image(overrides={rel: original + (
+        "\n\ndef _swap(src, dst, mapping):\n    import ixformer.functions as ixf_F\n\n"
+        "    ixf_F.vllm_swap_blocks(src, dst, mapping)\n    ixf_F.copy_blocks(src, dst)\n\n\n"
+        "def _decode(out, query, cache):\n    from vllm import _custom_ops as ops\n\n"
+        "    ops.paged_attention_v2(out, query, cache)\n")})
+    lines = len(original.splitlines())
+    scripts = tmp_path / "qwen3_6_scripts"
+    shutil.copytree(BASELINE, scripts)
+    (scripts / "fast_ops.py").write_text("from vllm import _custom_ops as ops\n\n\ndef fast_v2(out, query):\n"
+                                         "    return out\n\n\nops.paged_attention_v2 = fast_v2\n")
+    patch_ops = scripts / "patch_ops.sh"
+    deployed = 'echo "baseline files deployed'
+    patch_ops.write_text(patch_ops.read_text().replace(deployed, f'cp fast_ops.py "$VLLM/fast_ops.py"\n{deployed}', 1))
+    proc = invoke("preflight", "--target", "bi100", "--json", "--allow-dirty", env=env_for(latent, scripts))
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    (error,) = [f for f in report["findings"] if f["severity"] == "error"]
+    assert (error["check"], error["path"], error["line"]) == ("call-replaced", f"{SITE}/vllm/fast_ops.py", 4)
+    assert f"does not accept the call at {SITE}/vllm/engine/protocol.py:{lines + 13}: too many positional" \
+        in error["message"], "the vendor's caller, found by the grep over the package"
+    (found,) = [f for f in report["findings"] if f["check"] == "vendor-latent"]
+    assert found["severity"] == "warning" and found["path"] == f"{SITE}/vllm"
+    assert found["found"].splitlines() == [
+        f"{SITE}/vllm/engine/protocol.py:{lines + 6} ixformer.functions.vllm_swap_blocks (the record has: "
+        "vllm_copy_cache)",
+        f"{SITE}/vllm/engine/protocol.py:{lines + 7} ixformer.functions.copy_blocks (the record has: "
+        "vllm_copy_cache)"]
+    assert not [f for f in report["findings"] if f["check"] == "vendor-name"], "no error: nothing changed calls it"
+    assert report["stats"]["vendor-scanned .py"] >= 2 and report["stats"]["replacement callers"] >= 1
+    assert report["stats"]["listed .py read at once"] >= 2, "the grep's files came back in one archive"
 
 
 def test_every_defect_of_a_team_folder_in_one_run(vendor: str, tmp_path: Path) -> None:
@@ -245,9 +291,21 @@ def test_an_adopted_team_repository_runs_preflight_from_its_own_folder(vendor: s
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "team build"], check=True)
-    made = invoke("init", "--from", str(repo), "--base", vendor)
+    absent = invoke("init", "--from", str(repo), "--base", "imageforge-test/absent:none")
+    assert absent.returncode == 0, absent.stdout + absent.stderr
+    assert "touches: could not be scanned (base image 'imageforge-test/absent:none' is not on the Docker daemon" \
+        in absent.stdout, "a base not on the daemon is said, not failed"
+    made = invoke("init", "--from", str(repo), "--base", vendor, "--force")
     assert made.returncode == 0, made.stdout + made.stderr
     assert "not translated: Dockerfile:6: EXPOSE" in made.stdout
+    # the script ran in a throwaway container of the base: its touches are the files patch_ops.sh writes there,
+    # learnt at run time (its $VLLM), not its own folder nor its log
+    adopted = yaml.safe_load((repo / "build.yaml").read_text())
+    (step,) = adopted["targets"]["adopted"]["steps"]
+    assert step["command"] == ["bash", "patch_ops.sh"]
+    assert step["touches"] == ["vllm/attention/ops/paged_attn.py", "vllm/entrypoints/openai/cli_args.py",
+                               "vllm/entrypoints/openai/protocol.py", "vllm/entrypoints/openai/serving_chat.py",
+                               "vllm/model_executor/models/qwen3_5.py"]
     from tests.cli import imageforge
 
     proc = imageforge("preflight", "--json", cwd=repo, expect=None, env={"IMAGEFORGE_TRACEBACK": None})

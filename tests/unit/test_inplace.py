@@ -7,6 +7,7 @@ the hash-checked ``.pyc`` and the import check all run in it, as on the card's m
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -293,6 +294,24 @@ def test_dry_run_writes_nothing_and_prints_the_table(box: dict[str, Any]) -> Non
     text = report.text()
     assert "same-size" in text and "applies" in text and "not checked" in text
     assert listing(box["root"]) == before
+    # the .py files the steps would write, compiled by the target interpreter in one call
+    assert report.final.python >= 1 and report.final.ok
+    assert report.final.compiled_by == f"the target's Python {sys.version.split()[0]}, {sys.executable}"
+    assert f"compile (compiled by the target's Python {sys.version.split()[0]}" in text
+
+
+def test_the_target_interpreter_compiles_the_sources_or_says_it_did_not(box: dict[str, Any]) -> None:
+    from imageforge.inplace.package import discover_local
+    from imageforge.inplace.verify import compile_sources
+
+    pkg = discover_local(resolved(box).target, box["root"], sys.executable, box["environ"], check_version=False)
+    said = compile_sources(pkg, box["environ"], [("/site/vllm/a.py", "X = 1\n"),
+                                                 ("/site/vllm/b.py", "def f():\n    pass\nreturn 1\n")])
+    assert said is not None and said.executable == sys.executable
+    assert [(i, line) for i, _, line, _, _ in said.errors] == [(1, 3)]
+    assert "'return' outside function" in said.errors[0][1]
+    gone = dataclasses.replace(pkg, python=str(box["root"] / "no-such-python"))
+    assert compile_sources(gone, box["environ"], [("/site/vllm/a.py", "X = 1\n")]) is None
 
 
 def test_status_reports_steps_drift_and_record(box: dict[str, Any]) -> None:

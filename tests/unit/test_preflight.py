@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
 import subprocess
 import sys
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from imageforge.errors import ConfigError
+from imageforge.patches.compiled import Compiled
 from imageforge.preflight.findings import CHECKS, Finding, PreflightReport
 from imageforge.preflight.gitstate import git_findings
 from imageforge.preflight.python import PyFile, PythonChecks, dead_files
@@ -177,9 +181,56 @@ def test_a_vendor_function_absent_from_the_record_is_an_error_naming_the_chain()
     assert chain.level == "error" and chain.path == f"{VLLM}/_custom_ops.py" and chain.line == 6
     assert "reached from paged_attn.py:12 ops.copy_blocks" in chain.message
     assert "vllm_copy_cache" in (chain.hint or "")
-    latent = next(f for f in names if f.found == "vllm_swap_blocks")
+    assert [f.found for f in names] == ["copy_blocks"], "the vendor's own latent reference is no vendor-name"
+    (latent,) = [f for f in found if f.check == "vendor-latent"]
     assert latent.level == "warning", "the vendor's own latent reference, nothing changed calls it"
-    assert not any(f.found == "vllm_copy_cache" for f in names)
+    assert latent.found == f"{VLLM}/_custom_ops.py:14 ixformer.functions.vllm_swap_blocks (the record has: " \
+                           "vllm_copy_cache)"
+
+
+LATENT_WORKER = """\
+import ixformer.functions as ixf_F
+from vllm import _C
+
+
+def swap(src, dst, mapping):
+    ixf_F.vllm_swap_blocks(src, dst, mapping)
+    ixf_F.vllm_copy_cache(src, dst)
+"""
+
+
+def test_the_vendor_latent_references_over_the_whole_package_are_one_warning(tmp_path: Path) -> None:
+    files = {**BASE, f"{VLLM}/attention/ops/paged_attn.py": CHANGED_PAGED_ATTN,
+             f"{VLLM}/worker/swapper.py": LATENT_WORKER, f"{VLLM}/worker/plain.py": "X = 1\n"}
+    tree = _tree(files, {f"{VLLM}/attention/ops/paged_attn.py": "team-paged-attn"})
+    checks = PythonChecks(tree, load_record(BI100_RECORD))
+    checks.check(PyFile(f"{VLLM}/attention/ops/paged_attn.py", CHANGED_PAGED_ATTN, "team-paged-attn", tree.roots))
+    argv = checks.package_words()
+    assert argv == ["grep", "-rlwF", "--include=*.py", "-e", "ixformer", "--", VLLM]
+    # the grep run over the package (here a copy of it on disk): the files naming a record module
+    root = tmp_path / "root"
+    for path, text in files.items():
+        (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (root / path.lstrip("/")).write_text(text)
+    listed = subprocess.run([*argv[:-1], str(root) + argv[-1]], capture_output=True, text=True).stdout.split()
+    named = sorted(p[len(str(root)):] for p in listed)
+    assert named == [f"{VLLM}/_custom_ops.py", f"{VLLM}/worker/swapper.py"], "paged_attn.py names no record module"
+    read = [*checks._asts, *named]  # the modules the checks read (_custom_ops, triton_utils) and the grep's
+    assert checks.latent_in([f"{VLLM}/attention/ops/paged_attn.py", *read]) == 3, "the changed file is not read"
+    errors = [f for f in checks.scan.findings if f.level == "error"]
+    assert [(f.check, f.found) for f in errors] == [("vendor-name", "copy_blocks")], "the chain stays an error"
+    (latent,) = [f for f in checks.scan.findings if f.check == "vendor-latent"]
+    assert latent.level == "warning" and latent.path == VLLM and "3 use(s)" in latent.message
+    assert (latent.found or "").splitlines() == [
+        f"{VLLM}/_custom_ops.py:14 ixformer.functions.vllm_swap_blocks (the record has: vllm_copy_cache)",
+        f"{VLLM}/worker/swapper.py:6 ixformer.functions.vllm_swap_blocks (the record has: vllm_copy_cache)",
+        f"{VLLM}/worker/swapper.py:7 ixformer.functions.vllm_copy_cache() missing a required argument: "
+        "'block_mapping'"]
+    rendered = latent.render().splitlines()
+    assert rendered[0] == f"{VLLM}: warning[vendor-latent] 3 use(s) of the vendor's API that the record does not " \
+                          "have or that do not fit it, in the package's own code no changed code reaches (each fails " \
+                          "only when it runs)"
+    assert rendered[3].startswith(" " * 14 + f"{VLLM}/worker/swapper.py:6"), "one file:line a line"
 
 
 def test_a_call_with_the_wrong_number_of_arguments_is_an_arity_error() -> None:
@@ -230,6 +281,66 @@ def test_syntax_of_the_target_python_and_compile() -> None:
     found = {f.path: f for f in _check(tree, [f"{VLLM}/a.py", f"{VLLM}/b.py"]).scan.findings}
     assert found[f"{VLLM}/a.py"].check == "py-syntax" and "3.10" in found[f"{VLLM}/a.py"].message
     assert found[f"{VLLM}/b.py"].check == "py-syntax" and found[f"{VLLM}/b.py"].line in (2, 3)
+
+
+def _target_interpreter(files: Sequence[tuple[str, str]]) -> Compiled | None:
+    """The in-image compile program run by an interpreter of this machine (a target whose Python is ours)."""
+    from imageforge.inimage import program
+    from imageforge.inimage.compile_files import MARKER
+
+    with tempfile.TemporaryDirectory() as tmp:
+        listing = Path(tmp) / "files.json"
+        listing.write_text(json.dumps([{"path": p, "text": t} for p, t in files]))
+        done = subprocess.run([sys.executable, "-c", program("compile_files"), str(listing)], capture_output=True,
+                              text=True, check=True)
+    line = next(x for x in done.stdout.splitlines() if x.startswith(MARKER))
+    return Compiled.from_json(json.loads(line[len(MARKER):]))
+
+
+def test_the_target_interpreter_compiles_every_file_in_one_call() -> None:
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    outside = "def f():\n    pass\nreturn 1\n"  # parses; only a compiler refuses it
+    newer = "try:\n    pass\nexcept* ValueError:\n    pass\n"  # 3.11 syntax
+    files = {f"{VLLM}/r.py": outside, f"{VLLM}/n.py": newer, f"{VLLM}/ok.py": "X = 1\n"}
+    # a target whose interpreter is of the grammar's version: its verdict replaces this machine's check
+    tree = tree_from_mapping({p: t.encode() for p, t in {**BASE, **files}.items()}, changed=dict.fromkeys(files, "s"),
+                             site=SITE, package="vllm", python_version=platform.python_version())
+    checks = _check(tree, list(files))
+    assert all("no target interpreter ran" in f.message for f in checks.scan.findings if f.check == "py-syntax")
+    sources = [(f.path, f.text) for f in checks.compiled_files]
+    assert [p for p, _ in sources] == list(files), "every checked file, for one interpreter call"
+    said = checks.compiled(_target_interpreter(sources))
+    assert said == f"3 .py compiled by the target's Python {platform.python_version()} ({sys.executable})"
+    syntax = {f.path: f for f in checks.scan.findings if f.check == "py-syntax"}
+    assert set(syntax) == {f"{VLLM}/r.py"} and syntax[f"{VLLM}/r.py"].line == 3
+    assert "'return' outside function (compiled by the target's Python" in syntax[f"{VLLM}/r.py"].message
+    # the card's 3.10 (the record's) is not the interpreter's: the grammar's findings stand beside its verdict
+    tree = _tree({**BASE, **files}, dict.fromkeys(files, "s"))
+    checks = _check(tree, list(files))
+    said = checks.compiled(_target_interpreter([(f.path, f.text) for f in checks.compiled_files]))
+    assert f"the target's 3.10.12 grammar checked by this machine's Python {here} too" in said
+    syntax = {f.path: f for f in checks.scan.findings if f.check == "py-syntax"}
+    assert set(syntax) == {f"{VLLM}/r.py", f"{VLLM}/n.py"} and "3.10" in syntax[f"{VLLM}/n.py"].message
+    # no interpreter: the grammar check, said
+    checks = _check(tree, list(files))
+    assert checks.compiled(None) == (f"3 .py: the target's 3.10.12 grammar checked by this machine's "
+                                     f"Python {here} (no target interpreter ran)")
+    assert len([f for f in checks.scan.findings if f.check == "py-syntax"]) == 2
+
+
+def test_the_compile_program_reads_a_file_by_path_and_says_what_it_cannot(tmp_path: Path) -> None:
+    from imageforge.inimage.compile_files import compile_one
+
+    good, bad = tmp_path / "good.py", tmp_path / "bad.py"
+    good.write_text("# -*- coding: latin-1 -*-\nX = 'caf\xe9'\n", encoding="latin-1")
+    bad.write_text("if True:\n\tx = 1\n        y = 2\n")
+    assert compile_one(0, {"path": str(good), "text": None}) is None, "read as bytes: its coding line honoured"
+    error = compile_one(1, {"path": str(bad), "text": None})
+    assert error is not None and error["index"] == 1 and error["msg"].startswith(("TabError", "IndentationError"))
+    gone = compile_one(2, {"path": str(tmp_path / "gone.py"), "text": None})
+    assert gone is not None and gone["msg"].startswith("FileNotFoundError")
+    nul = compile_one(3, {"path": "x.py", "text": "X = 1\x00\n"})
+    assert nul is not None and nul["lineno"] in (None, 1)
 
 
 def test_dead_files_are_reported_not_failed() -> None:
@@ -418,7 +529,9 @@ def test_init_from_adopts_the_dockerfile_and_the_run_file(tmp_path: Path) -> Non
     target = adoption.manifest["targets"]["adopted"]
     (step,) = target["steps"]
     assert step["directory"] == "qwen3_6_scripts" and step["dest"] == "/workspace/qwen3_6_scripts"
-    assert step["command"][:2] == ["bash", "-c"] and "| tee /tmp/patch_ops.log; echo" in step["command"][2]
+    # the RUN as teams write it (chmod && bash X 2>&1 | tee LOG; echo ...), read with bashlex: the script it runs
+    assert step["command"] == ["bash", "patch_ops.sh"] and step["workdir"] == "/workspace/qwen3_6_scripts"
+    assert "touches" not in step, "no scan was asked for"
     serving = target["serving"]
     assert serving["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert serving["args"]["tensor-parallel-size"] == 4 and serving["flag_names"] == {"tensor-parallel-size": "-tp"}
@@ -428,8 +541,84 @@ def test_init_from_adopts_the_dockerfile_and_the_run_file(tmp_path: Path) -> Non
     assert target["base"] == {"image": "vendor:local"} and "vendor_api" not in target
     said = "\n".join(adoption.untranslated)
     assert "EXPOSE" in said and "concurrency" in said and "no vendor-api.json" in said and "--base" in said
+    assert "Dockerfile:5: the RUN discarded patch_ops.sh's exit code (`| tee` without pipefail, a `;` after it)" in said
+    assert "`chmod +x patch_ops.sh` dropped" in said and "`2>&1 | tee /tmp/patch_ops.log` dropped" in said
     path, _ = write_adopted(repo, repo, base="vendor:local")
     manifest = load_manifest(path)  # the written build.yaml loads and validates, no environment variable needed
     assert manifest.default_target == "adopted" and manifest.targets["adopted"].steps[0].kind == "script"
     with pytest.raises(ConfigError):
         write_adopted(repo, repo)  # build.yaml exists: --force
+
+
+@pytest.mark.parametrize(("line", "command", "workdir", "said"), [
+    ("chmod +x patch_ops.sh && bash patch_ops.sh 2>&1 | tee /tmp/p.log; echo done", ("bash", "patch_ops.sh"), "/w",
+     "discarded patch_ops.sh's exit code (`| tee` without pipefail, a `;` after it)"),
+    ("set -o pipefail && bash x.sh | tee l", ("bash", "x.sh"), "/w", None),  # pipefail: the exit code was kept
+    ("set -e; bash x.sh; echo done", ("bash", "x.sh"), "/w", None),  # errexit: the `;` loses nothing
+    ("cd sub && ./go.sh --fast > /tmp/log", ("./go.sh", "--fast"), "/w/sub", None),
+    ("python3 patch.py --x 1", ("python3", "patch.py", "--x", "1"), "/w", None),
+])
+def test_a_run_line_becomes_the_script_it_runs(line: str, command: tuple[str, ...], workdir: str,
+                                              said: str | None) -> None:
+    from imageforge.manifest.adopt import RunTranslation, translate_run
+
+    got = translate_run(line, "/w")
+    assert isinstance(got, RunTranslation), got
+    assert (got.command, got.workdir) == (command, workdir)
+    lost = [n for n in got.notes if "exit code" in n]
+    if said is None:
+        assert lost == [], "the RUN kept the script's exit code"
+    else:
+        assert len(lost) == 1 and said in lost[0]
+
+
+@pytest.mark.parametrize(("line", "why"), [
+    ("pip install foo && bash x.sh", "`pip install foo`"),
+    ("bash $DIR/x.sh", "expanded at run time"),
+    ("bash a.sh && bash b.sh", "a second script"),
+    ("bash a.sh || true", "the operator '||'"),
+    ("bash x.sh | grep ok", "only `SCRIPT | tee LOG`"),
+    ("echo nothing", "no script runs"),
+    ("bash 'unclosed", "does not parse"),
+])
+def test_a_run_line_that_is_more_than_one_script_is_kept_and_said(line: str, why: str, tmp_path: Path) -> None:
+    from imageforge.manifest.adopt import adopt, translate_run
+
+    got = translate_run(line, "/w")
+    assert isinstance(got, str) and why in got, got
+    repo = _team_checkout(tmp_path)
+    dockerfile = repo / "Dockerfile"
+    text = dockerfile.read_text().splitlines()
+    text[4] = f"RUN {line}"
+    dockerfile.write_text("\n".join(text) + "\n")
+    adoption = adopt(repo, repo, base="vendor:local")
+    (step,) = adoption.manifest["targets"]["adopted"]["steps"]
+    assert step["command"] == ["bash", "-c", line], "kept as written"
+    assert any(n.startswith("Dockerfile:5: RUN kept as written") and why in n for n in adoption.untranslated)
+
+
+def test_touches_are_the_files_a_script_changed_from_its_docker_diff(tmp_path: Path) -> None:
+    from imageforge.manifest.adopt import Touches, adopt, touches_of
+
+    site = SITE
+    diff = [("/workspace", 1), ("/workspace/qwen3_6_scripts", 1), ("/workspace/qwen3_6_scripts/patch_ops.sh", 1),
+            ("/usr", 0), ("/usr/local", 0), (site, 0), (VLLM, 0), (f"{VLLM}/attention", 0),
+            (f"{VLLM}/attention/ops", 0), (f"{VLLM}/attention/ops/paged_attn.py", 0),
+            (f"{VLLM}/model_executor/models", 0), (f"{VLLM}/model_executor/models/qwen3_5.py", 1),
+            (f"{VLLM}/old.py", 2), ("/usr/local/lib/python3.10/site-packages", 0),
+            ("/usr/local/lib/python3.10/site-packages/transformers", 1),
+            ("/usr/local/lib/python3.10/site-packages/transformers/__init__.py", 1),
+            ("/tmp", 0), ("/tmp/patch_ops.log", 1), ("/root/.cache", 1), ("/root/.cache/pip/x", 1)]
+    assert touches_of(diff, site, "/workspace/qwen3_6_scripts") == [
+        "/usr/local/lib/python3.10/site-packages/transformers",  # a folder it added: one entry
+        "vllm/attention/ops/paged_attn.py", "vllm/model_executor/models/qwen3_5.py", "vllm/old.py"]
+    repo = _team_checkout(tmp_path)
+    adoption = adopt(repo, repo, base="vendor:local")
+    adoption.add_touches(Touches(skipped="base image 'vendor:local' is not on the Docker daemon"))
+    assert "touches" not in adoption.steps()[0]
+    assert any(n.startswith("touches: could not be scanned (base image 'vendor:local' is not on the Docker daemon")
+               for n in adoption.untranslated)
+    adoption.add_touches(Touches({"run-1": diff}, site, {"run-1": "exit 3"}))
+    assert adoption.steps()[0]["touches"][1:] == ["vllm/attention/ops/paged_attn.py",
+                                                  "vllm/model_executor/models/qwen3_5.py", "vllm/old.py"]
+    assert any("the script failed in the base (exit 3)" in n for n in adoption.untranslated)

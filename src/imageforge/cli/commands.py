@@ -79,12 +79,16 @@ def build(c: Context, cmd: Output, target: str = "", profile: str = "", set_: li
 @command(help={"dir": "Directory of the new project (default: the current one; with --from: DIR itself)",
                "force": "Overwrite files that are already there",
                "from_": "Adopt a team's repository: its root Dockerfile and computility-run.yaml become build.yaml",
-               "base": "With --from: the base image to use instead of the Dockerfile's FROM (a local image)"})
-def init(c: Context, cmd: Output, dir: str = "", force: bool = False, from_: str = "", base: str = "") -> None:
+               "base": "With --from: the base image to use instead of the Dockerfile's FROM (a local image)",
+               "no_scan": "With --from: do not run the steps on the base to learn their touches: (no Docker)"})
+def init(c: Context, cmd: Output, dir: str = "", force: bool = False, from_: str = "", base: str = "",
+         no_scan: bool = False) -> None:
     """Write a starter project: build.yaml (the cpu target), images/cpu (its base recipe), smoke/ (its suite);
-    --from DIR: a build.yaml that reproduces DIR's build (a script step per RUN, serving from its run file)."""
+    --from DIR: a build.yaml that reproduces DIR's build (a script step per RUN, its touches: from running it in
+    a throwaway container of the base, serving from its run file)."""
     if from_:
-        path, untranslated = app.init_from(Path(from_), Path(dir or from_), base=base or None, force=force)
+        path, untranslated = app.init_from(cmd.settings, Path(from_), Path(dir or from_), base=base or None,
+                                           force=force, scan=not no_scan)
         cmd.result(f"wrote   {path}")
         for line in untranslated:
             cmd.result(f"not translated: {line}")

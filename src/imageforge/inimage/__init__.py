@@ -9,6 +9,7 @@ the wheel ships them as the package's modules), to be sent with ``python -c`` or
 * :mod:`.apply_step` -- the submission tree's runtime that applies one step op (the tail of ``apply.py``).
 * :mod:`.probe_api` -- the vendor API record's names, kinds and signatures (:mod:`imageforge.vendor_api.probe`).
 * :mod:`.import_native` -- `native build`'s import of each built extension, listing its functions.
+* :mod:`.compile_files` -- preflight's compile of every checked ``.py`` with the base's own interpreter.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from importlib.resources import files
 
 #: The programs, by module name.
-PROGRAMS = ("verify_image", "list_flags", "apply_step", "probe_api", "import_native")
+PROGRAMS = ("verify_image", "list_flags", "apply_step", "probe_api", "import_native", "compile_files")
 
 
 def program(name: str) -> str:

@@ -63,8 +63,10 @@ Log = Callable[[str], None]
 def dry_run(resolved: Resolved, *, root: Path = Path("/"), python: str = "python3",
             environ: Mapping[str, str] | None = None, steps: Sequence[str] = (),
             skip: Sequence[str] = ()) -> CheckReport:
-    """What apply would do, as check-patches' table; nothing is written (script steps: "not checked")."""
-    from ..patches.check import CheckReport, check_steps  # not at the top: apply's start-up does without it
+    """What apply would do, as check-patches' table; nothing is written (script steps: "not checked"). The ``.py``
+    files the file steps would write are compiled by the target interpreter, in one call (the final state)."""
+    from ..patches.check import CheckReport, FinalState, check_steps  # not at the top: apply's start-up does without it
+    from .verify import compile_sources
 
     environ = dict(os.environ if environ is None else environ)
     root = root.resolve()
@@ -72,10 +74,22 @@ def dry_run(resolved: Resolved, *, root: Path = Path("/"), python: str = "python
     want = resolved.target.package.version
     problem = None if want in ("*", pkg.version) else \
         f"{resolved.target.package.distribution} {pkg.version} is installed; the manifest says {want}"
-    rows, _ = check_steps(select_steps(resolved, steps, skip), {}, LocalFS(root), pkg.site,
-                          python_version=pkg.python_version)
+    rows, state = check_steps(select_steps(resolved, steps, skip), {}, LocalFS(root), pkg.site,
+                              python_version=pkg.python_version)
+    sources = [(path, data.decode("utf-8", "replace")) for path, data in sorted(state.files.items())
+               if path.endswith(".py")]
+    compiled = compile_sources(pkg, environ, sources) if sources else None
+    if not sources:
+        final = FinalState()
+    elif compiled is None:
+        final = FinalState(len(sources), skipped=f"the target interpreter {pkg.python} did not run the compile: "
+                                                 "each step's own grammar check (the table) stands")
+    else:
+        final = FinalState(len(sources), compiled_by=f"the target's Python {compiled.python}, {compiled.executable}",
+                           problems=tuple(f"{sources[i][0]}:{line}: {message}" for i, message, line, _, _
+                                          in compiled.errors))
     return CheckReport(resolved.target.name, f"in place: {root} (python {pkg.python})", "", pkg.site, pkg.version,
-                       problem, tuple(rows), False)
+                       problem, tuple(rows), False, final)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError
+from ..inimage import program
+from ..inimage.compile_files import MARKER as COMPILE_MARKER
 from ..manifest.model import Step, Target
+from ..patches.compiled import Compiled
 from ..steps import kind
 from ..verify import IN_IMAGE, MARK, VerifySpec, failures_of, verdict, verify_facts
 from .journal import Journal, state_of
@@ -60,6 +64,22 @@ def run_program(pkg: LocalPackage, environ: Mapping[str, str], args: Sequence[st
                          log_tail=(done.stdout + done.stderr).splitlines()[-20:])
     result: dict[str, Any] = json.loads(marks[-1][len(MARK):])
     return result
+
+
+def compile_sources(pkg: LocalPackage, environ: Mapping[str, str],
+                    files: Sequence[tuple[str, str]]) -> Compiled | None:
+    """``(path, text)`` pairs compiled by the target interpreter in one call (``inimage/compile_files.py``); None
+    when it printed no result (the interpreter could not run it)."""
+    with tempfile.TemporaryDirectory(prefix="imageforge-compile-") as tmp:
+        listing = Path(tmp) / "files.json"
+        listing.write_text(json.dumps([{"path": p, "text": t} for p, t in files]), encoding="utf-8")
+        try:
+            done = subprocess.run([pkg.python, "-c", program("compile_files"), str(listing)],
+                                  env={**environ, "PYTHONDONTWRITEBYTECODE": "1"}, capture_output=True, text=True,
+                                  timeout=300, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+    return Compiled.from_output(done.stdout, COMPILE_MARKER)
 
 
 @dataclass(frozen=True)

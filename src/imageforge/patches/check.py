@@ -243,6 +243,7 @@ class FinalState:
     links: int = 0
     problems: tuple[str, ...] = ()
     skipped: str = ""  # why the final state was not checked
+    compiled_by: str = ""  # the target interpreter that compiled the .py files ("": this machine's Python)
 
     @property
     def ok(self) -> bool:
@@ -251,14 +252,16 @@ class FinalState:
     def text(self) -> str:
         if self.skipped:
             return f"final state: not checked ({self.skipped})"
-        head = (f"final state: {self.python} changed .py file(s) compile, {self.overlays} overlay hash(es), "
-                f"{self.links} link(s)")
+        head = (f"final state: {self.python} changed .py file(s) compile"
+                + (f" (compiled by {self.compiled_by})" if self.compiled_by else "")
+                + f", {self.overlays} overlay hash(es), {self.links} link(s)")
         return head + (": ok" if self.ok else ": " + str(len(self.problems)) + " problem(s)") + "".join(
             f"\n  ! {p}" for p in self.problems)
 
     def to_json(self) -> dict[str, Any]:
         return {"python": self.python, "overlays": self.overlays, "links": self.links,
-                "problems": list(self.problems), "skipped": self.skipped, "ok": self.ok}
+                "problems": list(self.problems), "skipped": self.skipped, "compiled_by": self.compiled_by,
+                "ok": self.ok}
 
 
 def final_state(steps: Sequence[Step], state: Overlay, site: str, *, environ: Mapping[str, str],
@@ -392,6 +395,7 @@ class ScriptSandbox:
         self.scope = dc.Containers(self.labels)
         self.changed: dict[str, None] = {}  # files a script added or changed (docker diff), in order
         self.added: set[str] = set()  # those of them that are new (docker diff kind 1)
+        self.last_diff: list[tuple[str, int]] = []  # the last script's docker diff: (path, kind 0/1/2)
         # preflight: a failed script's container is committed too, and its outcome carries the files as the
         # script left them (what a Dockerfile RUN that discards the exit code builds); the row still fails
         self.keep_failed = keep_failed
@@ -399,6 +403,7 @@ class ScriptSandbox:
     def __call__(self, step: Step, state: Overlay) -> ScriptOutcome:
         import docker.errors
 
+        self.last_diff = []
         parent_config = client().images.get(self.image).attrs["Config"] or {}
         container = self.scope.create(self.image, network_disabled=True,
                                       **dc.process_overrides(parent_config, IDLE_LOOP))
@@ -416,11 +421,12 @@ class ScriptSandbox:
                 failed = None
             with contextlib.suppress(docker.errors.APIError):
                 container.kill()
-            for change in container.diff() or ():
-                if int(change.get("Kind", -1)) in (0, 1):  # modified, added (2: deleted)
-                    self.changed[str(change["Path"])] = None
-                    if int(change["Kind"]) == 1:
-                        self.added.add(str(change["Path"]))
+            self.last_diff = [(str(c["Path"]), int(c.get("Kind", -1))) for c in container.diff() or ()]
+            for path, change_kind in self.last_diff:
+                if change_kind in (0, 1):  # modified, added (2: deleted)
+                    self.changed[path] = None
+                    if change_kind == 1:
+                        self.added.add(path)
             image = container.commit(message=f"imageforge check-patches {step.id}", conf={"Labels": self.labels})
             self.images.append(str(image.id))
             self.image = str(image.id)

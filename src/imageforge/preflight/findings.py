@@ -42,6 +42,8 @@ CHECKS: dict[str, Check] = {c.id: c for c in (
     Check("vendor-arity", "error", "a call to a vendor function whose arguments do not fit its recorded signature"),
     Check("call-replaced", "error", "a function installed at run time over a module's (mod.f = g, setattr) that "
           "does not accept a call of f in the final tree"),
+    Check("vendor-latent", "warning", "the vendor's own code uses names the vendor API record lacks, where no changed "
+          "code reaches them (one finding lists them all)"),
     Check("vendor-versions", "warning", "the base's versions differ from the vendor API record's"),
     Check("dead-file", "info", "a shipped .py that nothing imports and no step runs"),
     Check("sh-syntax", "error", "bash -n: a shell script that does not parse"),
@@ -92,7 +94,7 @@ class Finding:
         for label, value in (("expected", self.expected), ("found", self.found), ("step", self.step),
                              ("hint", self.hint)):
             if value:
-                lines.append(f"    {label + ':':<10}{value}")
+                lines.append(f"    {label + ':':<10}" + value.replace("\n", "\n" + " " * 14))
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import ast
 import posixpath
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from ..patches.compiled import Compiled
 from ..patches.pycheck import parse_version
 from ..vendor_api import VendorApi
 from ..vendor_api.calls import call_shape, check_call, describe
@@ -57,16 +58,21 @@ class Scan:
 
 
 def parse(file: PyFile, version: str) -> tuple[ast.Module | None, Finding | None]:
-    """The AST with the target's grammar, then ``compile``; a finding when either fails."""
+    """The AST with the target's grammar, then ``compile`` by this machine's Python; a finding when either fails
+    (its message says so: the target's interpreter, where present, has the last word: :meth:`PythonChecks.compiled`)."""
     feature = parse_version(version) or (3, 10)
     try:
         tree = ast.parse(file.text, file.path, feature_version=feature)
         compile(file.text, file.path, "exec", dont_inherit=True)
     except SyntaxError as exc:
-        return None, Finding("py-syntax", f"{exc.msg} (Python {feature[0]}.{feature[1]})", file.path, exc.lineno,
-                             exc.offset, step=file.step, found=(exc.text or "").strip() or None,
-                             hint="a script under `set -e` stops at the first such file; the rest is never applied")
+        here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        return None, Finding("py-syntax", f"{exc.msg} (Python {feature[0]}.{feature[1]}'s grammar, checked by this "
+                             f"machine's Python {here}: no target interpreter ran)", file.path, exc.lineno,
+                             exc.offset, step=file.step, found=(exc.text or "").strip() or None, hint=SYNTAX_HINT)
     return tree, None
+
+
+SYNTAX_HINT = "a script under `set -e` stops at the first such file; the rest is never applied"
 
 
 def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
@@ -174,7 +180,8 @@ class PythonChecks:
         self.scan = Scan()
         self._asts: dict[str, ast.Module | None] = {}
         self._vendor_seen: set[tuple[str, int]] = set()
-        self.latent: list[str] = []
+        self.latent: list[str] = []  # "path:line module.name ..." of each absent name or misfit call, warning level
+        self.compiled_files: list[PyFile] = []  # every file checked, in order (what the target's python compiles)
         #: functions installed at run time over a module's (``mod.f = g``), against every call of ``f``
         self.replacements = Replacements(tree, api, self.module_ast)
 
@@ -198,6 +205,7 @@ class PythonChecks:
     def check(self, file: PyFile) -> None:
         tree, problem = parse(file, self.tree.python_version)
         self.scan.parsed += 1
+        self.compiled_files.append(file)
         if problem is not None:
             self.scan.findings.append(problem)
             return
@@ -366,8 +374,10 @@ class PythonChecks:
             if key in self._vendor_seen:
                 return
             self._vendor_seen.add(key)
-            if level == "warning":
-                self.latent.append(f"{file.path}:{line} {mod}.{name}")
+            if level == "warning":  # the vendor's own code, nothing changed reaches it: one warning lists them all
+                self.latent.append(f"{file.path}:{line} {mod}.{name}" + (f" ({_near(self.api, mod, name)})"
+                                                                         if self.api.close_names(mod, name) else ""))
+                return
             self.scan.findings.append(Finding(
                 "vendor-name", f"{mod} has no {name!r}{via}", file.path, line, col, step=file.step,
                 expected=f"a name of {mod} in the vendor API record ({self.api.source})", found=name,
@@ -379,7 +389,11 @@ class PythonChecks:
         positional, keywords, star_args, star_kwargs = call_shape(call)
         why = check_call(member.signature, positional, keywords, star_args=star_args, star_kwargs=star_kwargs,
                          bound_method=member.kind == "class" and (member.signature or "").startswith("(self"))
-        if why is not None:
+        if why is not None and level == "warning":
+            if key not in self._vendor_seen:
+                self._vendor_seen.add(key)
+                self.latent.append(f"{file.path}:{call.lineno} {mod}.{name}() {why}")
+        elif why is not None:
             self.scan.findings.append(Finding(
                 "vendor-arity", f"{mod}.{name}() {why}{via}", file.path, call.lineno, call.col_offset + 1,
                 step=file.step, expected=f"{name}{member.signature}", found=describe(call),
@@ -408,14 +422,71 @@ class PythonChecks:
             self._asts.setdefault(found[1], source)
             self.check_vendor(callee, fn, chain=(link,))
 
-    def latent_in(self, paths: list[str]) -> None:
-        """The vendor's own references in the package modules read (warnings: nothing changed calls them)."""
+    def compiled(self, result: Compiled | None) -> str:
+        """What the target's interpreter said of every checked file (:attr:`compiled_files`, compiled in one call;
+        None: no interpreter ran); says which was used.
+
+        Its syntax errors replace this machine's check when it is of the grammar's version (the target's own
+        compiler has the last word); when it is another (a base whose Python is not the card's, whose version the
+        vendor API record gives), both stand: the interpreter's errors, and the grammar's findings."""
+        files = self.compiled_files
+        here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        grammar = f"the target's {self.tree.python_version} grammar checked by this machine's Python {here}"
+        if result is None:
+            return f"{len(files)} .py: {grammar} (no target interpreter ran)"
+        same = parse_version(result.python) == parse_version(self.tree.python_version)
+        paths = {f.path for f in files}
+        local = {f.path for f in self.scan.findings if f.check == "py-syntax" and f.path in paths}
+        if same:
+            self.scan.findings = [f for f in self.scan.findings if not (f.check == "py-syntax" and f.path in paths)]
+        for index, message, line, column, text in result.errors:
+            file = files[index]
+            if not same and file.path in local:
+                continue  # the grammar's finding stands for it
+            self.scan.findings.append(Finding(
+                "py-syntax", f"{message} (compiled by the target's Python {result.python}, {result.executable})",
+                file.path, line, column, step=file.step, found=text or None, hint=SYNTAX_HINT))
+        said = f"{len(files)} .py compiled by the target's Python {result.python} ({result.executable})"
+        return said if same else f"{said}; {grammar} too (the vendor API record's Python is not the base's)"
+
+    def package_words(self) -> list[str]:
+        """The grep argv listing the package's ``.py`` files (every one under its import roots) that name a record
+        module as a word (its top-level name, or its last part for the package's own and torch's): the only ones
+        that can use a vendor name. [] without a record or a package folder."""
+        if self.api is None:
+            return []
+        found = self.tree.find_module(self.tree.package)
+        if found is None or found[0] not in ("source", "package"):
+            return []
+        folder = posixpath.dirname(found[1]) if found[1].endswith("/__init__.py") else found[1]
+        words: set[str] = set()
+        for module in self.api.modules:
+            parts = module.split(".")
+            words.add(parts[-1] if parts[0] in (self.tree.package, "torch") else parts[0])
+        return ["grep", "-rlwF", "--include=*.py", *(a for w in sorted(words) for a in ("-e", w)), "--", folder]
+
+    def latent_in(self, paths: Iterable[str]) -> int:
+        """The vendor's own references in the package's unchanged modules ``paths`` (the whole tree's, as
+        :meth:`package_words` lists them, and the ones read): absent names and misfit calls that nothing changed
+        reaches, ONE warning listing them (file:line each). How many files were read."""
         assert self.api is not None
-        for path in paths:
+        read = 0
+        for path in dict.fromkeys(paths):
+            if path in self.tree.files or self._shipped(path):
+                continue  # changed code: checked as such (errors)
             source = self.module_ast(path)
             if source is not None:
+                read += 1
                 self.check_vendor(PyFile(path, "", None, self.tree.roots, changed=False), source, chain=(),
                                   severity="warning")
+        if self.latent:
+            self.scan.findings.append(Finding(
+                "vendor-latent", f"{len(self.latent)} use(s) of the vendor's API that the record does not have or "
+                "that do not fit it, in the package's own code no changed code reaches (each fails only when it runs)",
+                posixpath.join(self.tree.site, self.tree.package), expected=f"names of the vendor API record "
+                f"({self.api.source})", found="\n".join(sorted(self.latent)),
+                hint="harmless until a change calls one: preflight then names the chain as an error"))
+        return read
 
 
 def _near(api: VendorApi, module: str, name: str) -> str:

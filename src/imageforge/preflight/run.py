@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import posixpath
 import shlex
 import tempfile
@@ -25,6 +26,7 @@ from typing import Any
 
 from ..docker_engine import client, daemon_errors
 from ..errors import ConfigError, ImageforgeError, Problem
+from ..inimage.compile_files import MARKER as COMPILE_MARKER
 from ..manifest.model import Manifest, Step, resolve_image_path
 from ..manifest.resolve import resolve
 from ..patches.check import (
@@ -36,6 +38,7 @@ from ..patches.check import (
     image_session,
     script_sandbox,
 )
+from ..patches.compiled import Compiled
 from ..scripts.deadfiles import live_files
 from ..steps import ContainerFS, kind, one_file
 from ..vendor_api import VendorApi, load_record
@@ -118,19 +121,66 @@ def _roots_and_listing(sandbox: ScriptSandbox, python: str, dests: Sequence[str]
     return roots, frozenset(line for line in rest.splitlines() if line.startswith("/"))
 
 
-def _files_naming(sandbox: ScriptSandbox, argv: Sequence[str]) -> list[str]:
-    """The .py files a :func:`.replacements.callers_command` lists, run in one throwaway container of the tree as
-    the scripts left it (network off; the file steps' files are read from the overlay anyway)."""
-    if not argv:
-        return []
-    container = sandbox.scope.create(sandbox.image, entrypoint=[], command=list(argv), network_disabled=True)
+COMPILE_DIR = "/tmp/.imageforge-compile"
+LISTED = "--imageforge-listed--"
+
+
+def _in_image(sandbox: ScriptSandbox, python: str, files: Sequence[tuple[str, str]],
+              greps: Sequence[Sequence[str]]) -> tuple[Compiled | None, list[list[str]], dict[str, bytes]]:
+    """One throwaway container of the tree as the scripts left it (network off): ``inimage/compile_files.py`` run
+    by the base's interpreter over every file, then each grep argv of ``greps`` (an empty one: none), the files it
+    lists put in one tar there (read back with one archive call, not one per file). What the compile said (None
+    when that interpreter could not run it), the .py files each grep listed, and their bytes (what the tar held)."""
+    import docker.errors
+
+    from ..docker_engine import containers as dc
+    from ..inimage import program
+
+    written = {f"{COMPILE_DIR}/compile_files.py": program("compile_files").encode(),
+               f"{COMPILE_DIR}/files.json": json.dumps([{"path": p, "text": t} for p, t in files]).encode()}
+    entries = [dc.file_entry(path, data, mode=0o644) for path, data in written.items()]
+    script = f"{shlex.quote(python)} {COMPILE_DIR}/compile_files.py {COMPILE_DIR}/files.json"
+    for i, argv in enumerate(greps):
+        script += f"; echo {LISTED}"
+        if argv:
+            listing = f"{COMPILE_DIR}/listed-{i}"
+            script += f"; {shlex.join(argv)} > {listing}; cat {listing}; tar -cf {listing}.tar -T {listing} 2>/dev/null"
+    container = sandbox.scope.create(sandbox.image, entrypoint=[], network_disabled=True,
+                                     command=["sh", "-c", script + "; true"])
+    output = ""
+    contents: dict[str, bytes] = {}
     try:
-        container.start()
-        container.wait(timeout=300)
-        output = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+        payloads = {e.name: data for e, data in zip(entries, written.values(), strict=True)}
+        if container.put_archive("/", dc.tar_of(entries, payloads)):
+            container.start()
+            container.wait(timeout=300)
+            output = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+            for i, argv in enumerate(greps):
+                tar = dc.read_file(container, f"{COMPILE_DIR}/listed-{i}.tar") if argv else None
+                if tar is not None:  # an image without tar: the files are read one by one later
+                    contents.update(_tar_files(tar[0]))
+    except (docker.errors.DockerException, OSError, ImageforgeError):
+        output = output or ""
     finally:
         sandbox.scope.remove(container)
-    return [line for line in output.splitlines() if line.startswith("/") and line.endswith(".py")]
+    said, *lists = output.split(LISTED + "\n")
+    lists += [""] * (len(greps) - len(lists))
+    listed = [[x for x in text.splitlines() if x.startswith("/") and x.endswith(".py")] for text in lists]
+    return Compiled.from_output(said, COMPILE_MARKER), listed, contents
+
+
+def _tar_files(data: bytes) -> dict[str, bytes]:
+    """Absolute path -> bytes of each regular file of a tar (written by ``tar -c`` with absolute names)."""
+    import io
+    import tarfile
+
+    out: dict[str, bytes] = {}
+    with contextlib.suppress(tarfile.TarError), tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar:
+            handle = tar.extractfile(member) if member.isfile() else None
+            if handle is not None:
+                out["/" + member.name.lstrip("/")] = handle.read()
+    return out
 
 
 def _folder_snapshot(folders: Sequence[ShippedFolder]) -> dict[str, str]:
@@ -278,16 +328,24 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
         for sc in scripts:
             for _, text in python_heredocs(sc):  # a `python3 - <<EOF` body: checked at the script's lines
                 checks.check(PyFile(sc.image_path, text, sc.folder.step, (sc.folder.dest, *roots)))
-        if checks.replacements.found:  # the package's files that name a replaced function: their calls
-            callers = _files_naming(sandbox, checks.replacements.callers_command())
+        # one throwaway container of the final tree: every checked .py compiled by the base's interpreter; the
+        # package's files that name a replaced function (their calls are matched) and, with a record, those that
+        # name one of its modules (the vendor's latent references), each listed by grep
+        callers_argv = checks.replacements.callers_command() if checks.replacements.found else []
+        sources = [(f.path, f.text) for f in checks.compiled_files]
+        compiled, (callers, named), contents = _in_image(sandbox, s.python, sources,
+                                                         (callers_argv, checks.package_words()))
+        tree.cache.update(contents)  # the listed files' bytes in the final image: read once, not one call each
+        stats["listed .py read at once"] = len(contents)
+        if checks.replacements.found:
             if not callers:  # the replaced module's own file names the function: none at all means no search ran
                 notes.append("the search for the callers of a replaced function listed no file (no grep in the "
                              "image?): only the checked files' calls were matched")
             stats["replacement callers"] = checks.replacements.add_callers(callers)
         findings += checks.replacements.findings()
-        if api is not None:
-            read = [p for p in list(checks._asts) if p not in tree.files]
-            checks.latent_in(read)
+        notes.append(checks.compiled(compiled))
+        if api is not None:  # the vendor's latent references: the modules read and every package file naming one
+            stats["vendor-scanned .py"] = checks.latent_in([*list(checks._asts), *named])
         syntax_paths = {f.path for f in checks.scan.findings if f.check == "py-syntax"}
         for problem in fs_state.problems:
             if not any(problem.startswith(p) for p in syntax_paths):

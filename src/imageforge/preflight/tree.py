@@ -46,6 +46,7 @@ class FinalTree:
     reader: Reader | None = None  # reads any file of the final image
     folders: tuple[ShippedFolder, ...] = ()
     removed: frozenset[str] = frozenset()
+    cache: dict[str, bytes] = field(default_factory=dict)  # files of the final image already read (what reader gives)
     _index: dict[str, set[str]] = field(default_factory=dict, repr=False)
     _index_key: tuple[int, int] | None = field(default=None, repr=False)
 
@@ -75,6 +76,8 @@ class FinalTree:
                 host = folder.host / path[len(folder.dest.rstrip("/")) + 1:]
                 if host.is_file():
                     return host.read_bytes()
+        if path in self.cache:
+            return self.cache[path]
         return self.reader(path) if self.reader is not None else None
 
     def producer(self, path: str) -> str | None:
