@@ -139,6 +139,13 @@ class Overlay:
             return self.files[path]
         return self.fs.read(path)
 
+    def identity(self, path: str) -> tuple[str | int, ...] | None:
+        """The image's identity of ``path`` (see ContainerFS.identity); None for what an earlier step changed."""
+        if path in self.files or path in self.links:
+            return None
+        method = getattr(self.fs, "identity", None)
+        return None if method is None else method(path)
+
 
 def _row(step: Step, path: str, status: RowStatus, detail: str, *, blame: str | None = None,
          near: tuple[NearMatch, ...] = (), diff: str = "") -> CheckRow:

@@ -112,6 +112,21 @@ class ContainerFS:
     def __init__(self, container: Any) -> None:
         self.container = container
 
+    def identity(self, path: str) -> tuple[str | int, ...] | None:
+        """The image's content at ``path`` (its ELF summary is kept by it: vendor_api.elfcache): the container's
+        image ID, the path, its size, mtime and mode; None when the container changed the path (or is absent)."""
+        image_id = (getattr(self.container, "attrs", None) or {}).get("Image")
+        if not image_id:
+            return None
+        st = dc.path_stat(self.container, path)
+        if st is None or dc.is_symlink(st) or dc.is_dir(st):
+            return None
+        changed = {str(c.get("Path", "")) for c in (self.container.diff() or ())}
+        if any(path == c or path.startswith(c.rstrip("/") + "/") for c in changed):
+            return None
+        return ("image", str(image_id), path, int(st.get("size", -1)), str(st.get("mtime", "")),
+                int(st.get("mode", 0)))
+
     def stat(self, path: str) -> Entry | None:
         st = dc.path_stat(self.container, path)
         if st is None:

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 from ..errors import BuildError, InfraError
 from ..manifest.model import Step, StepSpec, frozen_map, resolve_image_path
+from ..vendor_api.elfcache import default_store
 from ..vendor_api.elfcheck import Finding, Resolver, check_extension
 from .core import (
     ApplyContext,
@@ -137,7 +138,7 @@ def elf_findings(step: Step, fs: ImageFS, site: str, environ: Mapping[str, str],
     """The ELF checks of every extension whose file is there, against the image's files ``fs``."""
     spec = NativeSpec.of(step)
     root = folder(step, environ)
-    resolver = resolver or Resolver(fs, spec.library_path)
+    resolver = resolver or Resolver(fs, spec.library_path, store=default_store(environ))
     before = [resolve_image_path(p, site) for p in spec.loaded_before]
     out: list[Finding] = []
     for ext in extensions(step):
