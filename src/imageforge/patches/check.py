@@ -435,8 +435,10 @@ class ScriptSandbox:
             self.scope.remove(container)
         reader = self.scope.create(self.image, entrypoint=["/bin/true"], command=[])
         if failed is not None:
-            return ScriptOutcome(failed.script_exit_code, ContainerFS(reader), failed.detail, tuple(failed.log_tail))
-        return ScriptOutcome(0, ContainerFS(reader), changes.detail.replace("exit 0:", "exit 0 (network off):", 1))
+            return ScriptOutcome(failed.script_exit_code, ContainerFS(reader, pristine=True), failed.detail,
+                                 tuple(failed.log_tail))
+        return ScriptOutcome(0, ContainerFS(reader, pristine=True),
+                             changes.detail.replace("exit 0:", "exit 0 (network off):", 1))
 
     @staticmethod
     def _materialise(container: Any, state: Overlay) -> None:
@@ -523,7 +525,7 @@ def image_session(manifest: Manifest, target_name: str | None, profile: str | No
             container = scope.create(base_id, entrypoint=["/bin/true"], command=[])
             profiles = {r.profile_name: r.profile_steps for r in resolved_all if r.profile_steps}
             yield _Session(target, base_ref, base_id, info.site, info.version, problem, info.python_version,
-                           ContainerFS(container),
+                           ContainerFS(container, pristine=True),
                            resolved.shared_steps, profiles, info.python)
 
 
