@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 from tests.integration.box_fixture import BOX_VENV, BOX_WHEELS, Box, _tar, make_box, repo_files  # noqa: E402
 
 SIDE_B = "/opt/imageforge-b"
+NATIVE_STEP = "moe-group-kernel"  # the cpu target's native step: reads its extension's closure (libtorch_cpu.so)
 APPLY = "apply --target cpu --in-place --no-imports --json"
 TIMED = """
 import json, subprocess, sys, time
@@ -127,6 +128,10 @@ def importtime(box: Box, venv: str) -> list[tuple[str, float]]:
     return rows
 
 
+def _seconds(report: dict[str, Any], step: str) -> float | None:
+    return next((s["seconds"] for s in report["steps"] if s["id"] == step), None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=6)
@@ -148,8 +153,12 @@ def main() -> None:
         rows: list[dict[str, Any]] = []
         if args.burn:
             burn(box, args.burn, 60.0)
-        for side in sides.values():  # warm-up: the page cache, each side once (not counted)
-            timed(box, side, APPLY)
+        warmup: dict[str, Any] = {}
+        for name, side in sides.items():  # warm-up: the page cache and the ELF summaries, each side once (apart)
+            a = timed(box, side, APPLY)
+            report = json.loads(a["out"][a["out"].index("{"):])
+            warmup[name] = {"apply_s": round(a["s"], 3), "native_step_s": _seconds(report, NATIVE_STEP),
+                            "load": a["load"]}
             timed(box, side, "revert")
         for i in range(args.pairs):
             order = list(sides.items()) if i % 2 == 0 else list(reversed(sides.items()))
@@ -160,13 +169,15 @@ def main() -> None:
                 steps = {s["id"]: s["seconds"] for s in report["steps"]}
                 rows.append({"pair": i, "side": name, "apply_s": round(a["s"], 3), "revert_s": round(r["s"], 3),
                              "inside_s": report["seconds"], "ldconfig_step_s": steps.get("ldconfig"),
-                             "load": a["load"]})
+                             "native_step_s": steps.get(NATIVE_STEP), "load": a["load"]})
                 print(json.dumps(rows[-1]), file=sys.stderr)
         unburn(box)
-        summary: dict[str, Any] = {"rows": rows, "burn": args.burn}
+        summary: dict[str, Any] = {"rows": rows, "burn": args.burn, "warmup": warmup}
         for name in sides:
             mine = [r for r in rows if r["side"] == name]
-            for key in ("apply_s", "revert_s", "inside_s", "ldconfig_step_s"):
+            for key in ("apply_s", "revert_s", "inside_s", "ldconfig_step_s", "native_step_s"):
+                if any(r[key] is None for r in mine):
+                    continue
                 values = sorted(r[key] for r in mine)
                 summary[f"{name}_{key}"] = {"median": round(statistics.median(values), 3), "min": values[0],
                                             "max": values[-1]}

@@ -234,7 +234,9 @@ class Builder:
                                    python_version=self.info.python_version,
                                    echo=(lambda line: self.log(f"    | {line}")) if self.verbose else None)
                 try:
-                    changes = definition.apply(step, BuildFS(self, container, step), ctx)
+                    # a file kind's container is only read until apply returns: its files are the parent's
+                    fs = BuildFS(self, container, step, pristine=not definition.runs_process)
+                    changes = definition.apply(step, fs, ctx)
                 except StepProblem as problem:
                     raise problem.error from None
                 if not changes.empty and not container.put_archive("/", changes_tar(changes)):
@@ -358,8 +360,8 @@ def _remember_committed(image_id: str) -> None:
 class BuildFS(ContainerFS):
     """The step container's files as a step kind reads them; directory listings through the builder's cache."""
 
-    def __init__(self, builder: Builder, container: Any, step: Step) -> None:
-        super().__init__(container)
+    def __init__(self, builder: Builder, container: Any, step: Step, *, pristine: bool = False) -> None:
+        super().__init__(container, pristine=pristine)
         self.builder = builder
         self.step = step
 

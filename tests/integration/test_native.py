@@ -47,7 +47,7 @@ def base_fs(docker_ready: None) -> Iterator[ContainerFS]:
     container = client().containers.create(helpers.cpu_base_refs()[1], command=["true"], network_disabled=True,
                                            labels={"org.imageforge.tool": "imageforge", "org.imageforge.kind": "test"})
     try:
-        yield ContainerFS(container)
+        yield ContainerFS(container, pristine=True)  # created from the base, only read
     finally:
         container.remove(force=True)
 

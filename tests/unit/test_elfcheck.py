@@ -52,7 +52,11 @@ int PyInit_good(void) { return (int)PyLong_FromLong(1) + cxx_fn() + before_fn() 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
-    tmp = tmp_path_factory.mktemp("elf")
+    return compile_objects(tmp_path_factory.mktemp("elf"))
+
+
+def compile_objects(tmp: Path) -> dict[str, bytes]:
+    """The libraries, the interpreter and the extensions (good and each defect), by name."""
     out: dict[str, bytes] = {}
     # libstdc++ as the image has it (up to GLIBCXX_3.4.30) and as a newer build machine had it (3.4.32)
     old_map = "GLIBCXX_3.4.29 { global: cxx_fn; local: *; };\nGLIBCXX_3.4.30 { global: cxx_new; } GLIBCXX_3.4.29;\n"
@@ -73,8 +77,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
         "int PyInit_good(void) {", "extern void _ZN8ixformer5inferEv(void);\nint PyInit_good(void) {"
         " _ZN8ixformer5inferEv();"), *link)
     # built against the newer libstdc++: needs GLIBCXX_3.4.32, which the image's does not define
-    (stdcxx_dir / "libstdc++.so.6").write_bytes(cc(tmp, "newstdcxx.so", body, "-Wl,-soname,libstdc++.so.6",
-                                                   version_script=new_map))
+    out["newer-stdcxx"] = cc(tmp, "newstdcxx.so", body, "-Wl,-soname,libstdc++.so.6", version_script=new_map)
+    (stdcxx_dir / "libstdc++.so.6").write_bytes(out["newer-stdcxx"])
     out["too-new"] = cc(tmp, "new.so", EXT_C.replace("cxx_fn()", "cxx_newer()").replace(
         "extern int cxx_fn(void);", "extern int cxx_newer(void);"), *link)
     # an ORIGIN-relative library beside the extension, found by RUNPATH

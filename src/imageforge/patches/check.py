@@ -139,6 +139,13 @@ class Overlay:
             return self.files[path]
         return self.fs.read(path)
 
+    def identity(self, path: str) -> tuple[str | int, ...] | None:
+        """The image's identity of ``path`` (see ContainerFS.identity); None for what an earlier step changed."""
+        if path in self.files or path in self.links:
+            return None
+        method = getattr(self.fs, "identity", None)
+        return None if method is None else method(path)
+
 
 def _row(step: Step, path: str, status: RowStatus, detail: str, *, blame: str | None = None,
          near: tuple[NearMatch, ...] = (), diff: str = "") -> CheckRow:
@@ -434,8 +441,10 @@ class ScriptSandbox:
             self.scope.remove(container)
         reader = self.scope.create(self.image, entrypoint=["/bin/true"], command=[])
         if failed is not None:
-            return ScriptOutcome(failed.script_exit_code, ContainerFS(reader), failed.detail, tuple(failed.log_tail))
-        return ScriptOutcome(0, ContainerFS(reader), changes.detail.replace("exit 0:", "exit 0 (network off):", 1))
+            return ScriptOutcome(failed.script_exit_code, ContainerFS(reader, pristine=True), failed.detail,
+                                 tuple(failed.log_tail))
+        return ScriptOutcome(0, ContainerFS(reader, pristine=True),
+                             changes.detail.replace("exit 0:", "exit 0 (network off):", 1))
 
     @staticmethod
     def _materialise(container: Any, state: Overlay) -> None:
@@ -522,7 +531,7 @@ def image_session(manifest: Manifest, target_name: str | None, profile: str | No
             container = scope.create(base_id, entrypoint=["/bin/true"], command=[])
             profiles = {r.profile_name: r.profile_steps for r in resolved_all if r.profile_steps}
             yield _Session(target, base_ref, base_id, info.site, info.version, problem, info.python_version,
-                           ContainerFS(container),
+                           ContainerFS(container, pristine=True),
                            resolved.shared_steps, profiles, info.python)
 
 

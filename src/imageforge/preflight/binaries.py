@@ -17,6 +17,7 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..vendor_api.elfcache import default_store
 from ..vendor_api.elfcheck import Files, Resolver, check_extension, recorded_libraries
 from ..vendor_api.record import VendorApi
 from .findings import Finding
@@ -59,7 +60,8 @@ def shipped_so_findings(folders: Sequence[ShippedFolder], files: Files, *, site:
     """
     if not any(shared_objects(f) for f in folders):
         return []
-    resolver = Resolver(files, tuple(library_path), recorded=recorded_libraries(api.libraries) if api else {})
+    resolver = Resolver(files, tuple(library_path), recorded=recorded_libraries(api.libraries) if api else {},
+                        store=default_store())
     before = [p for p in (posixpath.join(site, lib) for lib in TORCH_LIBS) if files.stat(p) is not None]
     interpreter = interpreter if interpreter and interpreter.startswith("/") and files.stat(interpreter) else None
     out: list[Finding] = []

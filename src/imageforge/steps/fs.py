@@ -107,10 +107,29 @@ class DictFS:
 
 
 class ContainerFS:
-    """ImageFS over a container: get_archive/HEAD archive only (it need not be started)."""
+    """ImageFS over a container: get_archive/HEAD archive only (it need not be started).
 
-    def __init__(self, container: Any) -> None:
+    ``pristine``: the creator's word that nothing writes into the container while it is read (created from an
+    image and only read: check-patches' view of the base, a committed step's reader); its files are then the
+    image's, and :meth:`identity` names them by the image ID.
+    """
+
+    def __init__(self, container: Any, *, pristine: bool = False) -> None:
         self.container = container
+        self.pristine = pristine
+
+    def identity(self, path: str) -> tuple[str | int, ...] | None:
+        """The image's content at ``path`` (its ELF summary is kept by it: vendor_api.elfcache): the container's
+        image ID, the path, its size, mtime and mode; None for a container that is not pristine (what a step
+        wrote there is not the image's) and for what is not a regular file."""
+        image_id = (getattr(self.container, "attrs", None) or {}).get("Image") if self.pristine else None
+        if not image_id:
+            return None
+        st = dc.path_stat(self.container, path)
+        if st is None or dc.is_symlink(st) or dc.is_dir(st):
+            return None
+        return ("image", str(image_id), path, int(st.get("size", -1)), str(st.get("mtime", "")),
+                int(st.get("mode", 0)))
 
     def stat(self, path: str) -> Entry | None:
         st = dc.path_stat(self.container, path)

@@ -12,7 +12,9 @@ Before installing, :func:`native_findings` checks, without the device (check-pat
 preflight): each pin against its file, no unpinned binary in the folder, and per extension the ELF checks of
 :mod:`imageforge.vendor_api.elfcheck` against the image's own libraries (read through the step's image files): 64-bit
 x86-64 shared object, ``PyInit_<name>``, every undefined symbol provided by the DT_NEEDED closure or a library
-loaded before (the interpreter, torch's), every symbol version met.
+loaded before (the interpreter, torch's), every symbol version met. The closure's summaries are kept in the host
+cache by file identity (:mod:`imageforge.vendor_api.elfcache`): libtorch_cpu.so (415 MB) is read once per file, not
+once per command.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any, ClassVar
 
 from ..errors import BuildError, InfraError
 from ..manifest.model import Step, StepSpec, frozen_map, resolve_image_path
+from ..vendor_api.elfcache import default_store
 from ..vendor_api.elfcheck import Finding, Resolver, check_extension
 from .core import (
     ApplyContext,
@@ -137,7 +140,7 @@ def elf_findings(step: Step, fs: ImageFS, site: str, environ: Mapping[str, str],
     """The ELF checks of every extension whose file is there, against the image's files ``fs``."""
     spec = NativeSpec.of(step)
     root = folder(step, environ)
-    resolver = resolver or Resolver(fs, spec.library_path)
+    resolver = resolver or Resolver(fs, spec.library_path, store=default_store(environ))
     before = [resolve_image_path(p, site) for p in spec.loaded_before]
     out: list[Finding] = []
     for ext in extensions(step):

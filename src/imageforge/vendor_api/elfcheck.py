@@ -17,8 +17,12 @@ and reports, as :class:`Finding` rows, every undefined non-weak symbol no object
 before) defines, every symbol version a library does not define, a needed library not found. C++ names are
 demangled in the messages (``cxxfilt``: libstdc++'s ``abi::__cxa_demangle``).
 
-Reading is cheap enough to need no cache: libtorch_cpu.so (415 MB, 74k exports, 110k dynamic symbols) is summarised
-in 0.6 s, less than hashing its bytes takes (1.0 s), the dynamic symbol table read in one ``struct.iter_unpack``.
+libtorch_cpu.so (415 MB, 74k exports, 110k dynamic symbols) is summarised in 0.6 s once its bytes are in memory, the
+dynamic symbol table read in one ``struct.iter_unpack``; getting the bytes is what costs (reading 415 MB: seconds on
+a busy machine, 12-15 s through a container's archive).  So a :class:`Resolver` given a ``store``
+(:class:`imageforge.vendor_api.elfcache.SummaryStore`) asks the files for the identity of an object before reading it
+(``identity(path)``: what :class:`Files` may offer, e.g. inode, size, mtime and ctime of a host file, or the image ID
+of a pristine container) and reads it only when no summary is kept for that identity.
 """
 
 from __future__ import annotations
@@ -195,6 +199,21 @@ class Files(Protocol):
     def read(self, path: str) -> bytes | None: ...
 
 
+class SummaryStore(Protocol):
+    """Summaries kept by the identity of the file they were read from (:mod:`.elfcache`)."""
+
+    def get_or_make(self, identity: tuple[str | int, ...], make: Callable[[], ElfSummary]) -> ElfSummary: ...
+
+
+def identity_of(files: Files, path: str) -> tuple[str | int, ...] | None:
+    """What ``files`` says identifies the bytes at ``path`` (its optional ``identity`` method); None: unknown."""
+    method = getattr(files, "identity", None)
+    if method is None:
+        return None
+    found = method(path)
+    return None if found is None else tuple(found)
+
+
 def realpath(files: Files, path: str) -> str | None:
     """``path`` with every symbolic link on the way followed (in ``files``, not the host); None when absent."""
     parts = [p for p in posixpath.normpath(path).split("/") if p]
@@ -251,6 +270,10 @@ def _cstring(data: bytes, offset: int) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+class _Absent(Exception):
+    """Nothing to read at the path (a summary of nothing is not kept)."""
+
+
 @dataclass
 class _Loaded:
     path: str
@@ -273,12 +296,14 @@ def recorded_libraries(libraries: Mapping[str, Library]) -> dict[str, tuple[str,
 
 @dataclass
 class Resolver:
-    """The loader's search, over ``files``: objects read once, ``ld.so.cache`` parsed once."""
+    """The loader's search, over ``files``: objects read once, ``ld.so.cache`` parsed once; with a ``store``, an
+    object whose identity the files give is read only when the store keeps no summary for it."""
 
     files: Files
     library_path: Sequence[str] = ()
     summarise: Callable[[bytes], ElfSummary] = summarise
     recorded: Mapping[str, tuple[str, ElfSummary]] = field(default_factory=dict)  # recorded_libraries(...)
+    store: SummaryStore | None = None
     _objects: dict[str, _Loaded | None] = field(default_factory=dict)
     _cache: dict[str, str] | None = None
 
@@ -288,15 +313,23 @@ class Resolver:
         if real is None:
             return None
         if real not in self._objects:
-            data = self.files.read(real)
+            identity = identity_of(self.files, real) if self.store is not None else None
             loaded: _Loaded | None = None
-            if data is not None:
-                try:
-                    loaded = _Loaded(real, self.summarise(data))
-                except NotElf:
-                    loaded = None
+            try:
+                if identity is not None and self.store is not None:
+                    loaded = _Loaded(real, self.store.get_or_make(identity, lambda: self._read(real)))
+                else:
+                    loaded = _Loaded(real, self._read(real))
+            except (NotElf, _Absent):
+                loaded = None
             self._objects[real] = loaded
         return self._objects[real]
+
+    def _read(self, path: str) -> ElfSummary:
+        data = self.files.read(path)
+        if data is None:
+            raise _Absent(path)
+        return self.summarise(data)
 
     def ld_cache(self) -> dict[str, str]:
         if self._cache is None:
