@@ -428,8 +428,8 @@ SWEEP_MANIFEST = manifest_text("""\
 
 def test_sweep_continues_past_failing_points_and_builds_under_a_sweep_image(
         write_manifest: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from imageforge.build import StepResult
     from imageforge.manifest.load import load_manifest
+    from imageforge.steps import StepResult
 
     manifest = load_manifest(write_manifest(SWEEP_MANIFEST))
     built: list[tuple[str, Any]] = []
@@ -437,8 +437,9 @@ def test_sweep_continues_past_failing_points_and_builds_under_a_sweep_image(
     class Built:
         def __init__(self, image_id: str) -> None:
             self.image_id = image_id
-            self.steps = (StepResult("verify", "verify", "verify", "HIT", "k1", "sha256:v", 0.1),
-                          StepResult("serving-config", "config", "config", "BUILT", "k2", image_id, 0.2))
+            self.steps = (StepResult("verify", "verify", "HIT", "", 0.1, stage="verify", key="k1", image_id="sha256:v"),
+                          StepResult("serving-config", "config", "BUILT", "", 0.2, stage="config", key="k2",
+                                     image_id=image_id))
 
     def fake_build(resolved: Any, *, environ: Any, echo: Any) -> Built:
         built.append((resolved.target.image, resolved.serving_args()["max-num-seqs"]))

@@ -282,7 +282,7 @@ def _quiet_log(path: Path) -> Iterator[Log]:
 
 def build_note(steps: Sequence[Any]) -> str:
     """``'1 of 10 layers built (serving-config)'`` from a BuildResult's steps."""
-    built = [s.id for s in steps if s.cache != "HIT"]
+    built = [s.id for s in steps if s.status != "HIT"]
     if not built:
         return f"0 of {len(steps)} layers built (all cached)"
     return f"{len(built)} of {len(steps)} layers built ({', '.join(built)})"

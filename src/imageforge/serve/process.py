@@ -73,11 +73,10 @@ class InPlace:
     def applied_state(self) -> tuple[str, str, tuple[str, ...]] | None:
         """(target, profile, step ids) the root's journal holds, or None (nothing applied)."""
         journal = Journal.load(self.root)
-        if journal is None or not journal.data.get("applied"):
+        if journal is None or not journal.applied():
             return None
-        data = journal.data
-        ids = tuple(str(a["id"]) for a in data["applied"] if a["id"] != VERIFY_STEP)
-        return str(data.get("target")), str(data.get("profile")), ids
+        ids = tuple(step for step, _ in journal.applied() if step != VERIFY_STEP)
+        return str(journal.get("target")), str(journal.get("profile")), ids
 
     def apply(self, resolved: Resolved, *, environ: Mapping[str, str] | None = None, log: Log = print) -> str:
         """Exactly ``resolved.steps`` applied under the root (none: reverted); what the root serves now."""
