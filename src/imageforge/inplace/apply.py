@@ -42,7 +42,7 @@ from .package import LocalPackage, discover_local, without_own
 from .runner import LocalRunner
 from .safety import expand, guard_path, root_lock, scan_tops, under
 from .undo import recover, same_state, settle_drift, undo_step
-from .verify import VERIFY_STEP, InPlaceVerify, changed_in_journal, check, spec_in_place, verify_step
+from .verify import VERIFY_STEP, InPlaceVerify, changed_in_journal, check, spec_of_root, verify_step
 
 Log = Callable[[str], None]
 
@@ -355,7 +355,7 @@ def apply(resolved: Resolved, *, root: Path = Path("/"), python: str = "python3"
             for step_id, key in keys[prefix:]:
                 try:
                     if step_id == VERIFY_STEP and step_id not in by_id:
-                        spec = spec_in_place(chosen, resolved.target, pkg, environ,
+                        spec = spec_of_root(chosen, resolved.target, pkg, environ,
                                              changed_in_journal(journal, pkg), imports=imports)
                         verified = verify_step(journal, pkg, environ, spec, key)
                         v = verified.verdict()
@@ -379,7 +379,7 @@ def apply(resolved: Resolved, *, root: Path = Path("/"), python: str = "python3"
                 log(f"  {results[-1].status:<8} {step_id}: {results[-1].detail}")
     if verified is None:  # verify applied before: check the tree as it is (nothing written)
         changed = changed_in_journal(journal, pkg) if journal is not None else []
-        verified = check(pkg, environ, spec_in_place(chosen, resolved.target, pkg, environ, changed, imports=imports))
+        verified = check(pkg, environ, spec_of_root(chosen, resolved.target, pkg, environ, changed, imports=imports))
     outcome = verified.to_json()
     report = ApplyReport(resolved.target.name, resolved.profile_name, str(root), pkg.site, pkg.version, pkg.python,
                          tuple(results), tuple(undone), nothing, str(journal_dir(root)), time.monotonic() - t0,

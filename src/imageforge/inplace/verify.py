@@ -41,7 +41,7 @@ def changed_in_journal(journal: Journal, pkg: LocalPackage) -> list[str]:
     return out
 
 
-def spec_in_place(steps: Sequence[Step], target: Target, pkg: LocalPackage, environ: Mapping[str, str],
+def spec_of_root(steps: Sequence[Step], target: Target, pkg: LocalPackage, environ: Mapping[str, str],
                   changed: Sequence[str], *, imports: bool) -> VerifySpec:
     """The verify spec of ``steps`` on this machine (image paths; :meth:`VerifySpec.to_json` puts the root)."""
     spec = verify_facts([(s, kind(s.kind).inputs(s, environ)) for s in steps], target, pkg.site, changed, environ)
