@@ -55,7 +55,7 @@ LOG_TAIL = 50
 # --------------------------------------------------------------------------- where and with what
 
 
-@dataclass(eq=False)
+@dataclass
 class ProcessRuntime(Runtime):
     """The target's files live under ``root`` and its interpreter is ``python``: served as a process on this
     machine, one server at a time (``--in-place``; see :mod:`imageforge.serve.runtime`).
@@ -67,17 +67,10 @@ class ProcessRuntime(Runtime):
     root: Path = Path("/")
     python: str = "python3"  # the target interpreter (on the caller's PATH unless a path)
     imports: bool = True  # verify's import check after an apply (off where the target cannot import)
-    #: (target, profile, step ids) this runtime applied last and nothing has changed since
-    _applied: tuple[str, str, tuple[str, ...]] | None = field(default=None, repr=False)
+    #: ((target, profile, step ids), what the root served then) of this runtime's last apply
+    _applied: tuple[tuple[str, str, tuple[str, ...]], str] | None = field(default=None, repr=False, compare=False)
 
     one_at_a_time: ClassVar[bool] = True
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, ProcessRuntime) and (self.root, self.python, self.imports) == (
-            other.root, other.python, other.imports)
-
-    def __hash__(self) -> int:
-        return hash((self.root, self.python, self.imports))
 
     @property
     def where(self) -> str:
@@ -95,15 +88,16 @@ class ProcessRuntime(Runtime):
                 base: bool = False, image: str | None = None, pin: bool = False) -> Prepared:
         """Exactly ``resolved.steps`` applied under the root (none, ``base``: reverted); what the root serves now.
 
-        Steps this runtime applied last (a sweep's points that differ in serving flags only) are not applied again.
+        Steps this runtime applied last, the root unchanged since (its journal's digest the same: a sweep's points
+        that differ in serving flags only), are not applied again.
         """
         if image is not None:
             raise ConfigError(f"--in-place serves the files under the root: image {image} does not apply")
         ids = () if base else tuple(s.id for s in resolved.steps)
         wanted = (resolved.target.name, resolved.profile_name, ids)
-        if wanted == self._applied:
+        if self._applied is not None and self._applied == (wanted, served_identity(self.root)):
             note = "the applied files reused (serving flags only)"
-            return Prepared(served=served_identity(self.root), note=note, line=note, base=base)
+            return Prepared(served=self._applied[1], note=note, line=note, base=base)
         self._applied = None
         t0 = time.monotonic()
         if ids:
@@ -114,8 +108,8 @@ class ProcessRuntime(Runtime):
         else:
             done = inplace.revert(self.root, log=_quiet)
             log("no steps: the root reverted as installed" if not done.nothing else "no steps: nothing applied")
-        self._applied = wanted
         served = served_identity(self.root)
+        self._applied = (wanted, served)
         return Prepared(served=served, note=served, line=served, base=base)
 
     def prepare_failed(self, what: str) -> str:
