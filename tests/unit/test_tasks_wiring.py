@@ -131,6 +131,15 @@ def test_in_place_options_reach_equiv_run_smoke_bench(tasks_ns: Any, monkeypatch
     assert kwargs["runtime"] == ProcessRuntime()  # `stop --in-place`: the recorded processes, under the manifest
 
 
+def test_base_with_in_place_is_refused_where_the_options_are_read(tasks_ns: Any) -> None:
+    """`run`/`smoke --in-place --base`: the root is served as it is; --base (the base image) is refused, exit 2."""
+    for name in ("run", "smoke"):
+        refused = run_task(tasks_ns, name, "--target", "cpu", "--in-place", "--base",
+                           "--manifest", str(REPO / "build.yaml"))
+        assert refused.returncode == 2, (name, refused.stderr)
+        assert "--in-place serves the files under --root: --base does not apply" in refused.stderr, name
+
+
 def test_reuse_servers_reaches_every_command_that_starts_a_docker_server(
         tasks_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """``--reuse-servers`` is a shared option of every command that starts a server; it travels in Settings and in

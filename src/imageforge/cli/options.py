@@ -22,6 +22,7 @@ from invoke.tasks import Task
 from invoke.tasks import task as _invoke_task
 
 from .. import app
+from ..errors import ConfigError
 from ..workload import Workload
 from .output import command_io
 
@@ -149,6 +150,9 @@ def command(*, json: bool = False, manifest: bool = True, host: bool = False, wo
             with command_io(s.traceback, as_json=bool(given.get("json", False)), quiet=bool(given["quiet"]),
                             settings=s) as out:
                 if in_place:
+                    if given["in_place"] and options.get("base"):
+                        raise ConfigError("--in-place serves the files under --root: --base does not apply",
+                                          hint="`invoke revert` puts the root back as installed; then --in-place")
                     out.runtime = app.runtime(s, process=bool(given["in_place"]), root=str(given["root"]),
                                               python=str(given["python"]))
                 if workload:
