@@ -10,6 +10,8 @@
   always stopped and removed (errors and Ctrl-C included), its log kept in the run directory.
 * :func:`start_detached` is ``invoke run``: start, wait, leave running.
 * :func:`stop_servers` removes what ``invoke run`` left running, found by label.
+* :class:`ContainerRuntime` is the container implementation of :class:`imageforge.serve.runtime.Runtime`: its
+  ``prepare`` builds (or reuses) the image; nothing here builds while serving.
 """
 
 from __future__ import annotations
