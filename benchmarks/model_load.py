@@ -23,7 +23,7 @@ import httpx
 
 from imageforge.manifest.load import load_manifest
 from imageforge.manifest.resolve import resolve
-from imageforge.serve.container import serving
+from imageforge.serve.container import ContainerRuntime
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [
@@ -69,8 +69,10 @@ def main() -> None:
     resolved = resolve(load_manifest(args.manifest), "cpu", None, environ=os.environ, sets=args.sets)
     model = str(resolved.serving_args().get("served-model-name", "tiny-qwen3-moe"))
     runs: list[dict[str, Any]] = []
+    runtime = ContainerRuntime()
+    prepared = runtime.prepare(resolved, environ=os.environ, base=args.base, log=lambda _line: None)  # built once
     for _ in range(args.repeat):
-        with serving(resolved, environ=os.environ, base=args.base, log=lambda _line: None) as server:
+        with runtime.serving(resolved, prepared, environ=os.environ, log=lambda _line: None) as server:
             row: dict[str, Any] = {"time_to_health_s": round(float(server.startup_seconds or 0), 1)}
             time.sleep(3)
             row["memory_mib"] = round(memory_bytes(server.container.stats(stream=False)) / 2**20)

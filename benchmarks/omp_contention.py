@@ -38,7 +38,7 @@ from imageforge.bench import Workload, run_bench
 from imageforge.manifest.load import load_manifest
 from imageforge.manifest.model import frozen_map
 from imageforge.manifest.resolve import Resolved, resolve
-from imageforge.serve.container import serving
+from imageforge.serve.container import ContainerRuntime
 from imageforge.smoke import load_suite, run_suite, target_vars
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,12 +124,14 @@ def main() -> None:
     arms = [a for a in args.arms.split(",") if a]
     out: dict[str, Any] = {"load_before": list(os.getloadavg()), "arms": {a: ARMS[a] for a in arms},
                            "measured": measured.to_json(), "runs": []}
+    runtime = ContainerRuntime()
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeat):
             for arm in arms:
                 subject = with_env(resolved, ARMS[arm])
-                with (serving(subject, environ=os.environ, log=lambda _l: None) as a,
-                      serving(subject, environ=os.environ, log=lambda _l: None) as b):
+                prepared = runtime.prepare(subject, environ=os.environ, log=lambda _l: None)
+                with (runtime.serving(subject, prepared, environ=os.environ, log=lambda _l: None) as a,
+                      runtime.serving(subject, prepared, environ=os.environ, log=lambda _l: None) as b):
                     alone = measure(subject, a.url, Path(tmp) / f"{r}-{arm}-alone", measured)
                     with busy(b.url) as load:
                         contended = measure(subject, a.url, Path(tmp) / f"{r}-{arm}-contended", measured)

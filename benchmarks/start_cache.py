@@ -28,7 +28,7 @@ from typing import Any
 
 from imageforge.manifest.load import load_manifest
 from imageforge.manifest.resolve import Resolved, resolve
-from imageforge.serve.container import serving
+from imageforge.serve.container import ContainerRuntime
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,9 @@ def without_named_volumes(resolved: Resolved) -> Resolved:
 
 
 def start_once(resolved: Resolved) -> float:
-    with serving(resolved, environ=os.environ, log=lambda _line: None) as server:
+    runtime = ContainerRuntime()
+    prepared = runtime.prepare(resolved, environ=os.environ, log=lambda _line: None)  # built, or reused
+    with runtime.serving(resolved, prepared, environ=os.environ, log=lambda _line: None) as server:
         seconds = server.startup_seconds
     assert seconds is not None
     return float(seconds)

@@ -35,8 +35,7 @@ if TYPE_CHECKING:
     from .patches.from_image import PatchFromResult
     from .plan import PlanReport
     from .preflight import PreflightReport
-    from .serve.container import Server
-    from .serve.process import InPlace, ProcessServer
+    from .serve.runtime import Runtime
     from .smoke import SmokeReport
     from .submission import SubmissionResult
     from .vendor_api.probe import ProbeResult
@@ -232,83 +231,70 @@ def clean(s: Settings, *, keep: int, dry_run: bool, target: str | None, min_age:
 # --------------------------------------------------------------------------- serving
 
 
-def run(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, base: bool,
-        port: int | None, timeout: float | None, in_place: InPlace | None = None) -> Server | ProcessServer:
-    """`run`: start TARGET:PROFILE (built first if needed) on the host address, wait until ready, leave it.
-
-    ``in_place``: the serving command as a process on this machine (the files under its root, as applied).
-    """
-    resolved = _resolve(s, load(s), target, profile, sets)
-    if in_place is not None:
-        from .errors import ConfigError
-        from .serve.process import start_detached as start_process
-
-        if base:
-            raise ConfigError("--in-place serves the files under --root: --base does not apply",
-                              hint="`invoke revert` puts the root back as installed; then run --in-place")
-        return start_process(resolved, in_place, port=port, timeout=timeout, host_address=s.host_address,
-                             environ=s.environ)
-    from .serve.container import start_detached
-
-    return start_detached(resolved, base=base, port=port, timeout=timeout, host_address=s.host_address)
-
-
-def in_place(s: Settings, *, enabled: bool, root: str = "", python: str = "") -> InPlace | None:
-    """The in-place options (`--in-place [--root DIR] [--python PATH]`) as an InPlace, or None without --in-place."""
+def runtime(s: Settings, *, process: bool = False, root: str = "", python: str = "",
+            serves: bool = True) -> Runtime:
+    """The command's one serving Runtime, from its options: a container per server (Docker), or with ``process``
+    (`--in-place [--root DIR] [--python PATH]`) the serving command as a process on this machine, the target's
+    files under ``root`` and ``python`` its interpreter. ``serves``: the command starts servers (not `stop`)."""
     from .errors import ConfigError
-    from .serve.process import InPlace
 
-    if not enabled:
+    if not process:
         if root or python:
             raise ConfigError("--root and --python go with --in-place", hint="add --in-place")
-        return None
-    if s.reuse_servers:  # in place one server at a time owns the card: a running one is `run`'s, `stop` ends it
+        from .serve.container import ContainerRuntime
+
+        return ContainerRuntime()
+    if serves and s.reuse_servers:  # in place one server at a time owns the card: a running one is `run`'s
         raise ConfigError("--reuse-servers is for servers in Docker containers, not --in-place",
                           found=f"reuse_servers from {s.sources['reuse_servers']}",
                           hint="drop --reuse-servers (or unset IMAGEFORGE_REUSE_SERVERS); in place, smoke or bench "
                                "a running server with --url")
-    return InPlace(root=Path(root or "/"), python=python or "python3")
+    from .serve.process import ProcessRuntime
+
+    return ProcessRuntime(root=Path(root or "/"), python=python or "python3")
+
+
+def run(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, base: bool,
+        port: int | None, timeout: float | None, runtime: Runtime | None = None) -> Any:
+    """`run`: start TARGET:PROFILE (prepared first: built, or in place the root as applied) on the host address,
+    wait until ready, leave it; the server."""
+    resolved = _resolve(s, load(s), target, profile, sets)
+    where = runtime or _default_runtime(s)
+    return where.start_detached(resolved, base=base, port=port, timeout=timeout, host_address=s.host_address,
+                                environ=s.environ)
+
+
+def _default_runtime(s: Settings) -> Runtime:
+    return runtime(s)
 
 
 @contextlib.contextmanager
-def _applied(s: Settings, resolved: Resolved, in_place: InPlace | None, echo: Log, *,
-             starts: int) -> Iterator[None]:
-    """In place: say how many server starts come, apply ``resolved``'s steps, and put the root back afterwards."""
-    if in_place is None:
-        yield
-        return
-    echo(f"in place on {in_place.root}: {starts} server start(s), one at a time")
-    with in_place.kept(resolved.manifest, environ=s.environ, log=echo):
-        in_place.apply(resolved, environ=s.environ, log=echo)
+def _restoring(s: Settings, resolved: Resolved, where: Runtime, echo: Log, *, starts: int) -> Iterator[None]:
+    """One server at a time: say how many starts come; put back what preparing changes afterwards."""
+    if where.one_at_a_time:
+        echo(f"{where.where}: {starts} server start(s), one at a time")
+    with where.restoring(resolved.manifest, environ=s.environ, log=echo):
         yield
 
 
-def stop(target: str | None, *, every: bool, s: Settings | None = None, in_place: bool = False) -> list[str]:
-    """`stop`: remove the servers `run` started (``every``: smoke runs' and tests' too).
-
-    ``in_place``: end the server processes `run --in-place` recorded under the manifest's directory (never
-    the Docker engine).
-    """
-    if in_place:
-        from .serve.process import stop_processes
-
-        root = (s or settings()).manifest.resolve().parent
-        return [str(pid) for pid in stop_processes(root, target)]
-    from .serve.container import stop_servers
-
-    return stop_servers(target, every=every)
+def stop(target: str | None, *, every: bool, s: Settings | None = None, runtime: Runtime | None = None) -> list[str]:
+    """`stop`: remove the servers `run` started (``every``: smoke runs' and tests' too); in place, end the server
+    processes `run --in-place` recorded under the manifest's directory (never the Docker engine)."""
+    s = s or settings()
+    where = runtime or _default_runtime(s)
+    return where.stop(target, every=every, root=s.manifest.resolve().parent)
 
 
 def smoke(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, url: str | None,
           suite: str | None, tags: str | None, base: bool, port: int | None, wait: float,
           echo: Log = print, show: Callable[[SmokeReport], None] | None = None,
-          in_place: InPlace | None = None, params: Sequence[str] = ()) -> SmokeReport:
+          runtime: Runtime | None = None, params: Sequence[str] = ()) -> SmokeReport:
     """`smoke`: the suite against --url, or build + start + check + remove TARGET:PROFILE (exit 4 on a failure)."""
     from .errors import ConfigError
     from .smoke import DEFAULT_TAGS, parse_tags, smoke_target, smoke_url, suite_for, target_vars, verdict
 
     tag_list = parse_tags(tags)
-    if url and in_place is not None:
+    if url and runtime is not None and runtime.one_at_a_time:
         raise ConfigError("--url tests a running server: --in-place does not apply")
     if url:
         if base or profile:
@@ -324,10 +310,11 @@ def smoke(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
                            params=params)
     else:
         resolved = _resolve(s, load(s), target, profile, sets)
-        with _applied(s, resolved, in_place, echo, starts=1):
-            report = smoke_target(resolved, environ=s.environ, suite_path=Path(suite) if suite else None,
+        where = runtime or _default_runtime(s)
+        with _restoring(s, resolved, where, echo, starts=1):
+            report = smoke_target(resolved, where, environ=s.environ, suite_path=Path(suite) if suite else None,
                                   tags=tag_list, echo=echo, base=base, port=port, host_address=s.host_address,
-                                  in_place=in_place, params=params)
+                                  params=params)
     if show is not None:  # the result, shown before the verdict (exit 4) too
         show(report)
     verdict(report)
@@ -346,7 +333,7 @@ def demo(s: Settings, *, target: str = "cpu", echo: Log = print) -> SmokeReport:
     echo(f"demo: {target}:{resolved.profile_name} -- Docker engine, base image, build, serve, smoke")
     ensure_daemon(start=True, log=echo)
     # the build makes the base image (and model) first
-    report = smoke_target(resolved, environ=s.environ, echo=echo, host_address=s.host_address)
+    report = smoke_target(resolved, _default_runtime(s), environ=s.environ, echo=echo, host_address=s.host_address)
     echo(f"demo: {report.summary_line()} in {time.monotonic() - t0:.0f}s")
     verdict(report)
     return report
@@ -359,7 +346,7 @@ def _workload(workload: Workload) -> Workload:
 
 def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, url: str | None,
           port: int | None, workload: Workload, echo: Log = print, replay: Any = None,
-          show: Callable[[Any], None] | None = None, in_place: InPlace | None = None) -> Any:
+          show: Callable[[Any], None] | None = None, runtime: Runtime | None = None) -> Any:
     """`bench`: load-test --url, or build + serve + bench + remove TARGET:PROFILE (exit 4 on a failure).
 
     ``replay`` (a :class:`imageforge.bench.replay.ReplayOptions`): the evaluator's one-at-a-time replay instead of
@@ -376,7 +363,7 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         w = _workload(workload)
     else:
         replay.validate()
-    if url and in_place is not None:
+    if url and runtime is not None and runtime.one_at_a_time:
         raise ConfigError("--url benches a running server: --in-place does not apply")
     if url:
         if (target and replay is None) or profile or sets:
@@ -394,13 +381,13 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
         write_bench(result)
     else:
         resolved = _resolve(s, load(s), target, profile, sets)
-        with _applied(s, resolved, in_place, echo, starts=1):
+        where = runtime or _default_runtime(s)
+        with _restoring(s, resolved, where, echo, starts=1):
             if replay is not None:
-                return replay_report(replay_target(resolved, replay, environ=s.environ, echo=echo, port=port,
-                                                   host_address=s.host_address, in_place=in_place), replay, echo,
-                                     show)
-            result = bench_target(resolved, w, environ=s.environ, echo=echo, port=port, host_address=s.host_address,
-                                  in_place=in_place)
+                return replay_report(replay_target(resolved, replay, where, environ=s.environ, echo=echo, port=port,
+                                                   host_address=s.host_address), replay, echo, show)
+            result = bench_target(resolved, w, where, environ=s.environ, echo=echo, port=port,
+                                  host_address=s.host_address)
     print_bench(result, echo)
     if show is not None:
         show(result)
@@ -410,7 +397,7 @@ def bench(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
 
 def sweep(s: Settings, target: str | None, profile: str | None, params: Sequence[str], sets: Sequence[str], *,
           workload: Workload, requests_given: bool, concurrency_given: bool,
-          echo: Log = print, interleave: bool = True, in_place: InPlace | None = None) -> SweepResult:
+          echo: Log = print, interleave: bool = True, runtime: Runtime | None = None) -> SweepResult:
     """`sweep`: one build + serve + bench per combination of --param values; exit 4 when no point gave a result."""
     from .bench import parse_params, report_sweep, sweep_workload
     from .bench import sweep as run_sweep
@@ -420,8 +407,8 @@ def sweep(s: Settings, target: str | None, profile: str | None, params: Sequence
                        concurrency_given=concurrency_given)
     manifest = load(s)
     _validated(s, manifest)
-    result = run_sweep(manifest, target, profile, parsed, w, sets=sets, environ=s.environ, echo=echo,
-                       host_address=s.host_address, interleave=interleave, in_place=in_place)
+    result = run_sweep(manifest, target, profile, parsed, w, runtime or _default_runtime(s), sets=sets,
+                       environ=s.environ, echo=echo, host_address=s.host_address, interleave=interleave)
     return report_sweep(result, echo)
 
 
@@ -431,21 +418,21 @@ def sweep(s: Settings, target: str | None, profile: str | None, params: Sequence
 def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *, against: str = "base",
           dtype: str = "", top_k: int = 0, greedy_tokens: int = 0, prompts: int = 0,
           echo: Log = print, show: Callable[[EquivRun], None] | None = None, record: str = "",
-          url: str = "", in_place: InPlace | None = None) -> EquivRun | None:
+          url: str = "", runtime: Runtime | None = None) -> EquivRun | None:
     """`equiv`: TARGET:PROFILE against --against (base, a profile, an image or a record FILE), teacher-forced;
     exit 4 when exceeded.
 
     ``record`` FILE: serve only the reference and write its evidence there (nothing compared: None); with
     ``url``: record the server already running there instead (nothing applied, started or stopped; see
     :func:`imageforge.equiv.runner.record_running`).
-    ``in_place``: one server at a time on this machine (the reference is what the root serves, or with an
-    apply engine the required steps applied; see :func:`imageforge.equiv.runner.record_reference`).
+    A ``runtime`` that serves one server at a time (in place): one after the other on this machine, the reference
+    the required steps applied (see :func:`imageforge.equiv.runner.equiv_one_at_a_time`).
     """
     from .equiv import raise_if_failed
     from .equiv.record import is_record_path
     from .equiv.runner import (
         against_record,
-        equiv_in_place,
+        equiv_one_at_a_time,
         equiv_target,
         load_record,
         record_reference,
@@ -457,7 +444,7 @@ def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
     from .serve.openai_wire import check_url
 
     if url:
-        refuse_url_options(record, against, profile, sets, in_place)
+        refuse_url_options(record, against, profile, sets, runtime)
         check_url(url)
     resolved = _resolve(s, load(s), target, profile, sets)
     chosen = settings_from_cli(resolved.target.equiv, top_k=top_k, greedy_tokens=greedy_tokens, prompts=prompts)
@@ -468,32 +455,33 @@ def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
     if url:
         record_running(resolved, Path(record), url, dtype=dtype or None, settings=chosen, echo=echo)
         return None
-    if in_place is not None:
+    where = runtime or _default_runtime(s)
+    if where.one_at_a_time:
         if against not in ("", "base") and not file_against:
             raise ConfigError(f"equiv --in-place: the reference is the required steps applied, not {against!r}",
                               hint="--against FILE (a record) or leave --against out")
         if file_against and (top_k or greedy_tokens or prompts):
             raise ConfigError("equiv --against FILE compares on the recorded prompts: --top-k, --greedy-tokens and "
                               "--prompts do not apply")
-        maybe = equiv_in_place(resolved, in_place, record=Path(record) if record else None,
+        maybe = equiv_one_at_a_time(resolved, where, record=Path(record) if record else None,
                                against=Path(against) if file_against else None, dtype=dtype or None,
                                settings=chosen, environ=s.environ, echo=echo, host_address=s.host_address)
         if maybe is None:
             return None
         result = maybe
     elif record:
-        record_reference(resolved, Path(record), against=against or "base", dtype=dtype or None, settings=chosen,
-                         sets=sets, environ=s.environ, echo=echo, host_address=s.host_address)
+        record_reference(resolved, Path(record), where, against=against or "base", dtype=dtype or None,
+                         settings=chosen, sets=sets, environ=s.environ, echo=echo, host_address=s.host_address)
         return None
     elif file_against:
         if top_k or greedy_tokens or prompts:
             raise ConfigError("equiv --against FILE compares on the recorded prompts: --top-k, --greedy-tokens and "
                               "--prompts do not apply")
-        result = against_record(resolved, load_record(Path(against)), dtype=dtype or None, environ=s.environ,
-                                echo=echo, host_address=s.host_address, where=against)
+        result = against_record(resolved, load_record(Path(against)), where, dtype=dtype or None,
+                                environ=s.environ, echo=echo, host_address=s.host_address, where=against)
     else:
-        result = equiv_target(resolved, against=against or "base", dtype=dtype or None, settings=chosen, sets=sets,
-                              environ=s.environ, echo=echo, host_address=s.host_address)
+        result = equiv_target(resolved, where, against=against or "base", dtype=dtype or None, settings=chosen,
+                              sets=sets, environ=s.environ, echo=echo, host_address=s.host_address)
     if show is not None:
         show(result)
     raise_if_failed(result.verdict)
@@ -503,7 +491,7 @@ def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
 def bisect(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *,
            check: Sequence[str] = (), suite: str = "", tags: str = "", repeat: int = 1, flaky: str = "fail",
            echo: Log = print, show: Callable[[BisectRun], None] | None = None,
-           in_place: InPlace | None = None) -> BisectRun:
+           runtime: Runtime | None = None) -> BisectRun:
     """`bisect`: the first step whose image fails the selected checks; exit 4 when one did (or the base fails)."""
     from .errors import ConfigError
     from .forensics import raise_for
@@ -515,9 +503,10 @@ def bisect(s: Settings, target: str | None, profile: str | None, sets: Sequence[
     if flaky not in ("fail", "unknown"):
         raise ConfigError("bisect --flaky must be 'fail' or 'unknown'", found=repr(flaky))
     resolved = _resolve(s, load(s), target, profile, sets)
-    run = bisect_target(resolved, checks=list(check), suite_path=suite or None, tags=parse_tags(tags),
+    run = bisect_target(resolved, runtime or _default_runtime(s), checks=list(check), suite_path=suite or None,
+                        tags=parse_tags(tags),
                         repeat=repeat, flaky="unknown" if flaky == "unknown" else "fail", environ=s.environ,
-                        echo=echo, host_address=s.host_address, in_place=in_place)
+                        echo=echo, host_address=s.host_address)
     if show is not None:
         show(run)
     step = run.culprit
@@ -527,21 +516,24 @@ def bisect(s: Settings, target: str | None, profile: str | None, sets: Sequence[
 
 def ablate(s: Settings, target: str | None, profile: str | None, sets: Sequence[str], *,
            workload: Workload, steps: str = "", repeat: int = 3, out: str = "", equiv: bool = True,
-           echo: Log = print, in_place: InPlace | None = None) -> AblationRun:
+           echo: Log = print, runtime: Runtime | None = None) -> AblationRun:
     """`ablate`: each chosen step's variant without it, benched ABAB against the full image, equiv each.
 
-    ``in_place``: one server at a time on this machine (full, each variant, full), the root as before at the end.
+    A ``runtime`` that serves one server at a time (in place): full, each variant, full, the root as before at the
+    end.
     """
-    from .forensics.ablate_runner import ablate_in_place, ablate_target
+    from .forensics.ablate_runner import ablate_one_at_a_time, ablate_target
 
     resolved = _resolve(s, load(s), target, profile, sets)
     chosen = [name.strip() for name in steps.split(",") if name.strip()] or None
-    if in_place is not None:
-        return ablate_in_place(resolved, _workload(workload), in_place, steps=chosen, repeats=repeat,
+    where = runtime or _default_runtime(s)
+    if where.one_at_a_time:
+        return ablate_one_at_a_time(resolved, _workload(workload), where, steps=chosen, repeats=repeat,
                                out=Path(out) if out else None, equiv=equiv, environ=s.environ, echo=echo,
                                host_address=s.host_address)
-    return ablate_target(resolved, _workload(workload), steps=chosen, repeats=repeat, out=Path(out) if out else None,
-                         equiv=equiv, environ=s.environ, echo=echo, host_address=s.host_address)
+    return ablate_target(resolved, _workload(workload), where, steps=chosen, repeats=repeat,
+                         out=Path(out) if out else None, equiv=equiv, environ=s.environ, echo=echo,
+                         host_address=s.host_address)
 
 
 # --------------------------------------------------------------------------- what the platform builds
@@ -602,7 +594,7 @@ def wheels(python: str, out: str, *, log: Log | None = None) -> Wheelhouse:
 # --------------------------------------------------------------------------- in place (no Docker)
 
 
-def apply_in_place(s: Settings, target: str | None, profile: str | None, *, root: str = "/", python: str = "python3",
+def apply(s: Settings, target: str | None, profile: str | None, *, root: str = "/", python: str = "python3",
                    steps: Sequence[str] = (), skip: Sequence[str] = (), dry_run: bool = False, imports: bool = True,
                    force: bool = False, show: Callable[[str], None] = print, log: Log = print) -> Any:
     """`apply --in-place`: TARGET:PROFILE's steps on the machine under ``root`` (journaled); ``dry_run``: the table.

@@ -83,7 +83,7 @@ from .plan import Plan, PlannedStep, canonical, make_plan
 from .rundirs import RunLog, image_lock
 from .rundirs import new_run_id as new_run_id  # smoke and bench still import it from here
 from .scripts.run import IDLE_LOOP
-from .steps import SERVING_CONFIG, ApplyContext, Changes, ContainerFS, Entry, StepProblem, kind
+from .steps import SERVING_CONFIG, ApplyContext, Changes, ContainerFS, Entry, StepProblem, StepResult, kind
 from .verify import (
     VerifySpec,
     changed_label,
@@ -112,18 +112,6 @@ def git_revision(root: Path) -> str:
 
 
 # --------------------------------------------------------------------------- steps
-
-
-@dataclass(frozen=True)
-class StepResult:
-    id: str
-    kind: str
-    stage: str
-    cache: str  # HIT, BUILT, SKIPPED (already applied), REUSED (verify: the imports passed on this content before)
-    key: str
-    image_id: str
-    seconds: float
-    detail: str = ""
 
 
 @dataclass(kw_only=True)
@@ -398,13 +386,13 @@ class BuildResult:
 
     @property
     def built(self) -> int:
-        return sum(1 for s in self.steps if s.cache != "HIT")
+        return sum(1 for s in self.steps if s.status != "HIT")
 
     def to_json(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id, "target": self.target, "profile": self.profile, "image_id": self.image_id,
             "tags": list(self.tags), "seconds": round(self.seconds, 3), "run_dir": str(self.run_dir),
-            "steps": [{"id": s.id, "kind": s.kind, "stage": s.stage, "cache": s.cache, "key": s.key,
+            "steps": [{"id": s.id, "kind": s.kind, "stage": s.stage, "cache": s.status, "key": s.key,
                        "image_id": s.image_id, "seconds": round(s.seconds, 3), "detail": s.detail}
                       for s in self.steps],
         }
@@ -451,8 +439,8 @@ def build(plan: Plan, base: BaseIdentity, *, runlog: RunLog, verbose: bool = Fal
                          else "REUSED" if detail.startswith("REUSED ") else "BUILT")
                 detail = detail.removeprefix("REUSED ")
             dt = time.monotonic() - t0
-            results.append(StepResult(planned.id, planned.kind, planned.stage, cache, planned.key,
-                                      image_id, dt, detail))
+            results.append(StepResult(planned.id, planned.kind, cache, detail, dt, stage=planned.stage,
+                                      key=planned.key, image_id=image_id))
             runlog(f"  [{i}/{n}] {cache:<7} {planned.kind:<8} {planned.id:<28} {dt:6.2f}s"
                    + (f"  {detail}" if detail else ""))
             parent = image_id

@@ -82,9 +82,11 @@ def cpu_equiv_side(cpu_resolved: Any) -> Any:
 def cpu_server(cpu_equiv_side: Any) -> Iterator[Any]:
     """The session's one running cpu server (imageforge.serve.container.Server): ``cpu_equiv_side`` served, i.e.
     the shipped image in float32 (see the module); removed when the session ends."""
-    from imageforge.serve.container import serving
+    from imageforge.serve.container import ContainerRuntime
 
-    with serving(cpu_equiv_side.resolved, environ=os.environ, log=_log) as server:
+    runtime = ContainerRuntime()
+    prepared = runtime.prepare(cpu_equiv_side.resolved, environ=os.environ, log=_log)  # built, or reused
+    with runtime.serving(cpu_equiv_side.resolved, prepared, environ=os.environ, log=_log) as server:
         yield server
 
 

@@ -149,7 +149,7 @@ def run_in(image: str, *argv: str) -> str:
 
 
 def states(result: Any) -> list[str]:
-    return [s.cache for s in result.steps]
+    return [s.status for s in result.steps]
 
 
 def verify_row(result: Any) -> Any:
@@ -189,7 +189,7 @@ from imageforge.manifest.resolve import resolve
 import imageforge.docker_engine as de
 r = resolve(load_manifest(sys.argv[1]), None, None, environ={})
 result = build_target(r, environ={}, echo=lambda _line: None)
-print(json.dumps({"calls": calls, "clients": len(de.CLIENTS_MADE), "states": [s.cache for s in result.steps],
+print(json.dumps({"calls": calls, "clients": len(de.CLIENTS_MADE), "states": [s.status for s in result.steps],
                   "paramiko": "paramiko" in sys.modules}))
 """
 
@@ -262,7 +262,7 @@ def test_content_verified_before_is_not_imported_again(project: Path, own_verify
     (project / "overlays" / "extra.py").write_text(f"EXTRA = 'reuse {project.name}'\n")  # content no test built
     first = do_build(project, verify_imports=True)
     verify_row = next(s for s in first.steps if s.stage == "verify")
-    assert verify_row.cache == "BUILT" and "2 imports ok" in verify_row.detail
+    assert verify_row.status == "BUILT" and "2 imports ok" in verify_row.detail
     assert len(own_verify_facts.read_text().split()) == 1
     text = (project / "build.yaml").read_text().replace("- id: value\n", "- id: value-renamed\n")
     (project / "build.yaml").write_text(text)
@@ -276,7 +276,7 @@ def test_content_verified_before_is_not_imported_again(project: Path, own_verify
     text = (project / "build.yaml").read_text().replace('new: "VALUE = 2"', 'new: "VALUE = 4"')
     (project / "build.yaml").write_text(text)
     third = do_build(project, verify_imports=True)
-    assert next(s for s in third.steps if s.stage == "verify").cache == "BUILT"
+    assert next(s for s in third.steps if s.stage == "verify").status == "BUILT"
     assert run_in(third.tags[0], "python3", "-c", "import probepkg; print(probepkg.VALUE)") == "4"
 
 
@@ -305,7 +305,7 @@ def test_imports_are_left_to_the_first_start_unless_verify_imports(project: Path
     (project / "overlays" / "extra.py").write_text(f"EXTRA = 'fixed {project.name}'\n")
     fixed = do_build(project, verify_imports=True)
     row = verify_row(fixed)
-    assert row.cache == "BUILT" and "2 imports ok" in row.detail
+    assert row.status == "BUILT" and "2 imports ok" in row.detail
     assert len(own_verify_facts.read_text().split()) == 1
     # New content built by default, then --verify-imports on the cached layer: checked there, then REUSED.
     edit_manifest(project, 'new: "VALUE = 2"', 'new: "VALUE = 5"')
@@ -315,7 +315,7 @@ def test_imports_are_left_to_the_first_start_unless_verify_imports(project: Path
     assert states(cached) == ["HIT"] * 5 and "2 imports ok" in row.detail and "on the cached layer" in row.detail
     assert len(own_verify_facts.read_text().split()) == 2
     row = verify_row(do_build(project, verify_imports=True))
-    assert row.cache == "HIT" and "imports REUSED (content" in row.detail
+    assert row.status == "HIT" and "imports REUSED (content" in row.detail
     # A server start that reached /health records the content it served (serve/container.py calls this).
     edit_manifest(project, 'new: "VALUE = 5"', 'new: "VALUE = 6"')
     started = do_build(project)
@@ -323,7 +323,7 @@ def test_imports_are_left_to_the_first_start_unless_verify_imports(project: Path
     assert content is not None and content in own_verify_facts.read_text().split()
     assert verify.record_started(docker_client().images.get(started.tags[0]).labels) is None  # once
     row = verify_row(do_build(project, verify_imports=True))
-    assert row.cache == "HIT" and f"imports REUSED (content {content[:12]}" in row.detail
+    assert row.status == "HIT" and f"imports REUSED (content {content[:12]}" in row.detail
 
 
 def test_profile_switch_reuses_shared_layers(project: Path) -> None:

@@ -231,7 +231,7 @@ def test_a_server_on_the_ssh_host_is_reached_through_a_forward_that_is_closed_af
     monkeypatch.setenv("DOCKER_HOST", over_ssh.url)
     de._client_for.cache_clear()
     lines: list[str] = []
-    with serving(cpu_resolved, image=health_image, build_image=False, environ=os.environ,  # type: ignore[arg-type]
+    with serving(cpu_resolved, image=health_image, environ=os.environ,  # type: ignore[arg-type]
                  log=lines.append, startup_timeout=120) as server:
         assert server.forward is not None
         assert server.url == server.forward.url != f"http://127.0.0.1:{server.host_port}"

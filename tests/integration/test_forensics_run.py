@@ -190,13 +190,15 @@ def test_ablate_benches_abab_and_skips_required_steps(planted: Planted, tmp_path
     image fails: the step it drops changes the math."""
     from imageforge.bench import Workload
     from imageforge.forensics.ablate_runner import ablate_target
+    from imageforge.serve.container import ContainerRuntime
     from imageforge.settings import ENV_REUSE_SERVERS
 
     planted.up()
     workload = Workload(requests=4, concurrency=2, prompt_tokens=64, output_tokens=8, duration=120)
     out = tmp_path / "ablate-out"
     lines: list[str] = []
-    run = ablate_target(planted.resolved, workload, steps=["scaled-softmax", "break-hermes"], repeats=2, out=out,
+    run = ablate_target(planted.resolved, workload, ContainerRuntime(), steps=["scaled-softmax", "break-hermes"],
+                        repeats=2, out=out,
                         environ={**os.environ, ENV_REUSE_SERVERS: "1"}, echo=lines.append)
     print("\n".join(lines))
     assert [(v.step, v.dropped) for v in run.plan.variants] == [("scaled-softmax", ("scaled-softmax",))]

@@ -48,7 +48,7 @@ print(json.dumps(rows))
 DRY_RUN_NO_DOCKER = """
 import sys
 from imageforge import app
-app.apply_in_place(app.settings(manifest="/repo/build.yaml"), "cpu", None, dry_run=True, show=print)
+app.apply(app.settings(manifest="/repo/build.yaml"), "cpu", None, dry_run=True, show=print)
 assert "docker" not in sys.modules, sorted(m for m in sys.modules if m.startswith("docker"))
 import importlib.util
 assert importlib.util.find_spec("docker") is not None  # installed: the test means something

@@ -136,7 +136,7 @@ def test_equiv_in_place_against_the_record_of_the_running_server(box: Box) -> No
     assert code == 0, f"no {REF}: test_apply_run_in_place_then_smoke_then_stop records it (run the module)"
     code, out = box.invoke("equiv", "--target", "cpu", "--in-place", "--against", REF, timeout=600)
     assert code == 0, out
-    assert "equiv --in-place on /: 1 server start(s), one at a time" in out, out
+    assert "equiv in place on /: 1 server start(s), one at a time" in out, out
     assert "started pid" in out and "stopped pid" in out, out
     result = json.loads(box.read(out.split("reports: ")[1].split(",")[1].split()[0]))
     assert result["passed"] is True and result["dtype"] == "bfloat16", result

@@ -148,10 +148,10 @@ def test_table_as_text_json_and_csv() -> None:
 
 
 def test_in_place_schedule_is_full_each_variant_full() -> None:
-    from imageforge.forensics.ablate import in_place_slots
+    from imageforge.forensics.ablate import one_at_a_time_slots
 
     plan = plan_ablation(STEPS, ["warps", "libs"], repeats=2)
-    slots = in_place_slots(plan)
+    slots = one_at_a_time_slots(plan)
     assert [(s.role, s.label, s.block) for s in slots] == [
         ("full", "full (before)", None), ("variant", "without libs", 0), ("variant", "without warps", 1),
         ("full", "full (after)", None)]

@@ -428,8 +428,8 @@ SWEEP_MANIFEST = manifest_text("""\
 
 def test_sweep_continues_past_failing_points_and_builds_under_a_sweep_image(
         write_manifest: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from imageforge.build import StepResult
     from imageforge.manifest.load import load_manifest
+    from imageforge.steps import StepResult
 
     manifest = load_manifest(write_manifest(SWEEP_MANIFEST))
     built: list[tuple[str, Any]] = []
@@ -437,14 +437,16 @@ def test_sweep_continues_past_failing_points_and_builds_under_a_sweep_image(
     class Built:
         def __init__(self, image_id: str) -> None:
             self.image_id = image_id
-            self.steps = (StepResult("verify", "verify", "verify", "HIT", "k1", "sha256:v", 0.1),
-                          StepResult("serving-config", "config", "config", "BUILT", "k2", image_id, 0.2))
+            self.steps = (StepResult("verify", "verify", "HIT", "", 0.1, stage="verify", key="k1", image_id="sha256:v"),
+                          StepResult("serving-config", "config", "BUILT", "", 0.2, stage="config", key="k2",
+                                     image_id=image_id))
+            self.built, self.tags = 1, ("test/t-sweep:small",)
 
     def fake_build(resolved: Any, *, environ: Any, echo: Any) -> Built:
         built.append((resolved.target.image, resolved.serving_args()["max-num-seqs"]))
         return Built(f"sha256:{len(built)}")
 
-    def fake_bench(resolved: Any, workload: Workload, **kw: Any) -> BenchResult:
+    def fake_bench(resolved: Any, workload: Workload, runtime: Any, **kw: Any) -> BenchResult:
         seqs = resolved.serving_args()["max-num-seqs"]
         if seqs == 4:
             raise SmokeError("the server of t:small stopped before it was ready", found="exit code 1")
@@ -456,12 +458,15 @@ def test_sweep_continues_past_failing_points_and_builds_under_a_sweep_image(
         b.json_path = tmp_path / f"b{seqs}.json"
         return b
 
-    monkeypatch.setattr(bench_mod.sweeps, "build_target", fake_build)
+    from imageforge.serve import container
+
+    monkeypatch.setattr(container, "build_target", fake_build)  # the container runtime's prepare builds
     monkeypatch.setattr(bench_mod.sweeps, "bench_target", fake_bench)
     lines: list[str] = []
     result = bench_mod.sweep(manifest, "t", None, [("max-num-seqs", [1, 4, 8, 16])],
                              Workload(requests=1, concurrency=16, output_tokens=100, max_error_rate=1.0),
-                             sets=["max-num-batched-tokens=1024"], environ={}, echo=lines.append)
+                             container.ContainerRuntime(), sets=["max-num-batched-tokens=1024"], environ={},
+                             echo=lines.append)
     assert built == [("test/t-sweep", 1), ("test/t-sweep", 4), ("test/t-sweep", 8), ("test/t-sweep", 16)]
     assert [p.status for p in result.points] == ["ok", "no-start", "ok", "ok"]
     assert result.points[0].build == "1 of 2 layers built (serving-config)"
@@ -470,7 +475,8 @@ def test_sweep_continues_past_failing_points_and_builds_under_a_sweep_image(
     assert (result.run_dir / "sweep.json").exists() and (result.run_dir / "sweep.md").exists()
     assert any("build: 1 of 2 layers built (serving-config)" in line for line in lines)
     with pytest.raises(ConfigError, match="unknown key 'max-num-seq'"):
-        bench_mod.sweep(manifest, "t", None, [("max-num-seq", [1])], Workload(), environ={}, echo=lines.append)
+        bench_mod.sweep(manifest, "t", None, [("max-num-seq", [1])], Workload(), container.ContainerRuntime(),
+                        environ={}, echo=lines.append)
 
 
 
@@ -483,7 +489,7 @@ def test_sweep_in_place_serves_each_point_one_at_a_time_and_leaves_the_root_as_b
     from imageforge import inplace
     from imageforge.bench import runner
     from imageforge.serve.container import free_port
-    from imageforge.serve.process import InPlace, running_records
+    from imageforge.serve.process import ProcessRuntime, running_records
     from tests.cli import imageforge
 
     from .test_equiv_record import FAKE_VLLM
@@ -549,7 +555,7 @@ def test_sweep_in_place_serves_each_point_one_at_a_time_and_leaves_the_root_as_b
     # the root as before: the same listing (the patched file and its .pyc back), no journal
     after = list(inplace.listing(root))
     assert ([r for r in after if r not in before], [r for r in before if r not in after]) == ([], [])
-    assert InPlace(root=root, python=sys.executable).applied_state() is None
+    assert ProcessRuntime(root=root, python=sys.executable).applied_state() is None
     assert not (root / "var/lib/imageforge/journal.json").exists()
 
 def test_repeat_reports_the_median_run_and_never_hides_a_failing_one(tmp_path: Path) -> None:

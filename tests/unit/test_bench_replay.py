@@ -534,19 +534,19 @@ def test_bench_in_place_replay_starts_and_stops_its_own_server_in_place(
     """`bench --in-place --replay` applies the target in place, starts its own server as a process, replays on
     it, stops it and leaves the root as before (the claim of tests/integration/test_inplace_serve.py's old bench
     test; its replay now runs there on the module's first server through `bench --url`). The server is the fake
-    vLLM of test_equiv_record, a real process started and stopped through InPlace; the replay's HTTP goes to a
+    vLLM of test_equiv_record, a real process started and stopped by the ProcessRuntime; the replay's HTTP goes to a
     MockTransport at the replay's boundary."""
     import sys
 
     from imageforge import app
     from imageforge.bench import Workload, runner
-    from imageforge.serve.process import InPlace, records, running_records
+    from imageforge.serve.process import ProcessRuntime, records, running_records
 
     from .test_equiv_record import fake_vllm_manifest
 
     manifest = fake_vllm_manifest(tmp_path, write_manifest)
     (tmp_path / "root").mkdir()
-    where = InPlace(root=tmp_path / "root", python=sys.executable)
+    where = ProcessRuntime(root=tmp_path / "root", python=sys.executable)
     sent: list[dict[str, Any]] = []
     up: list[tuple[str, list[dict[str, Any]]]] = []
     real = replay_bench  # the name bench.runner calls
@@ -559,7 +559,7 @@ def test_bench_in_place_replay_starts_and_stops_its_own_server_in_place(
     lines: list[str] = []
     options = ReplayOptions(requests=2, seed=5)
     result = app.bench(app.settings(manifest=str(manifest)), "p", None, [], url=None, port=None,
-                       workload=Workload(), echo=lines.append, replay=options, in_place=where)
+                       workload=Workload(), echo=lines.append, replay=options, runtime=where)
     text = "\n".join(lines)
     assert f"in place on {tmp_path / 'root'}: 1 server start(s), one at a time" in text
     [(url, serving)] = up  # one server, up during the replay, and the replay went to it

@@ -22,6 +22,7 @@ from imageforge.forensics import bisect_runner, raise_for
 from imageforge.forensics.bisect_runner import BisectRun, bisect_target
 from imageforge.manifest.load import load_manifest
 from imageforge.manifest.resolve import resolve
+from imageforge.serve import container
 from imageforge.smoke import run_suite
 
 PORT = 9000  # the fake server of the image after step k answers on 127.0.0.1:PORT+k (no traffic: a MockTransport)
@@ -68,21 +69,23 @@ def fake_docker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *, broken_from:
     """Builds tag the image after step k ``img-k`` (step ``unbuildable`` fails to build); each serves on its port.
     k = 0 is the base image itself (``base=True``, as `run --base` serves it): nothing is built for it."""
 
-    def build(subject: Any, ids: list[str], **kw: Any) -> Any:
+    def build(cut: Any, **kw: Any) -> Any:
+        ids = [s.id for s in cut.steps]
         assert ids, "no image is built for k = 0: the base is served as it is"
         if len(ids) == unbuildable:
             raise BuildError(f"step {ids[-1]!r}: the patch's old text is not in the file")
-        return SimpleNamespace(image_id=f"img-{len(ids)}")
+        return SimpleNamespace(image_id=f"img-{len(ids)}", tags=(f"tag-{len(ids)}",), steps=(), built=0)
 
     @contextlib.contextmanager
     def serving(resolved: Any, *, image: str | None, base: bool, **kw: Any) -> Iterator[Any]:
-        assert base == (image is None), (base, image)
+        assert base == (image == "the-base"), (base, image)
         k = 0 if base else int(str(image).split("-")[1])
         yield SimpleNamespace(url=f"http://127.0.0.1:{PORT + k}", run_id=f"serve-{k}", run_dir=tmp_path / f"serve-{k}",
                               running=lambda: True, describe_state=lambda: "running", logs=lambda n: ["INFO: up"])
 
-    monkeypatch.setattr(bisect_runner, "build_subset", build)
-    monkeypatch.setattr(bisect_runner, "serving", serving)
+    monkeypatch.setattr(container, "build_target", build)  # the container runtime's prepare and serving
+    monkeypatch.setattr(container, "image_for", lambda *a, **kw: "the-base")
+    monkeypatch.setattr(container, "serving", serving)
     monkeypatch.setattr(bisect_runner, "run_suite", functools.partial(
         run_suite, transport=httpx.MockTransport(answer(broken_from))))
 
@@ -92,7 +95,8 @@ def run_bisect(write_manifest: Callable[..., Path], tmp_path: Path) -> tuple[Bis
     resolved = resolve(load_manifest(write_manifest()), "t", "small", environ={})
     assert [s.id for s in resolved.steps] == ["over", "fix"]
     printed: list[str] = []
-    run = bisect_target(resolved, suite_path=str(tmp_path / "probe.yaml"), environ={}, echo=printed.append)
+    run = bisect_target(resolved, container.ContainerRuntime(), suite_path=str(tmp_path / "probe.yaml"), environ={},
+                        echo=printed.append)
     return run, printed
 
 

@@ -344,14 +344,16 @@ def test_equiv_target_builds_the_candidate_serves_both_sides_compares_and_remove
 
     def build(res: Any, **kw: Any) -> Any:
         events.append(("build", (res.target.image, res.serving_args()["dtype"])))
-        return SimpleNamespace(image_id="sha256:cand")
+        return SimpleNamespace(image_id="sha256:cand", tags=("t-equiv:small",), steps=(), built=0)
 
     def start(res: Any, *, base: bool = False, image: str | None = None, run_id: str = "", **kw: Any) -> Any:
         side = "ref" if run_id.endswith("-ref") else "cand"
         events.append(("start", (side, base, image, res.serving_args()["dtype"])))
         return SimpleNamespace(url=f"http://{side}:{1 if side == 'ref' else 2}", side=side)
 
-    monkeypatch.setattr(runner, "build_target", build)
+    from imageforge.serve import container
+
+    monkeypatch.setattr(container, "build_target", build)  # the container runtime's prepare builds
     monkeypatch.setattr(runner, "start_server", start)
     monkeypatch.setattr(runner, "wait_ready", lambda server, **kw: events.append(("ready", server.side)))
     monkeypatch.setattr(runner, "remove_server", lambda server, **kw: events.append(("remove", server.side)))
@@ -361,7 +363,7 @@ def test_equiv_target_builds_the_candidate_serves_both_sides_compares_and_remove
         url, ref, **kw, transport=httpx.MockTransport(servers[url])))
     settings = dataclasses.replace(resolved.target.equiv, prompts=("hello", "abc def"), top_k=3, greedy_tokens=4)
     lines: list[str] = []
-    result = runner.equiv_target(resolved, settings=settings, echo=lines.append)
+    result = runner.equiv_target(resolved, container.ContainerRuntime(), settings=settings, echo=lines.append)
     image = resolved.target.image
     # the candidate is built in float32 under <image>-equiv; the base side is not built; reference started first
     assert events == [("build", (f"{image}-equiv", "float32")), ("start", ("ref", True, None, "float32")),
@@ -394,7 +396,11 @@ def test_equiv_target_removes_both_servers_when_one_never_gets_ready(write_manif
         if server.side == "cand":
             raise SmokeError("the candidate's server did not start")
 
-    monkeypatch.setattr(runner, "build_target", lambda res, **kw: SimpleNamespace(image_id="sha256:cand"))
+    from imageforge.serve import container
+
+    monkeypatch.setattr(container, "build_target", lambda res, **kw: SimpleNamespace(
+        image_id="sha256:cand", tags=("t-equiv:small",), steps=(), built=0))
+
     def start(res: Any, *, run_id: str = "", **kw: Any) -> Any:
         return SimpleNamespace(url="http://x", side="ref" if run_id.endswith("-ref") else "cand")
 
@@ -402,5 +408,5 @@ def test_equiv_target_removes_both_servers_when_one_never_gets_ready(write_manif
     monkeypatch.setattr(runner, "wait_ready", ready)
     monkeypatch.setattr(runner, "remove_server", lambda server, **kw: removed.append(server.side))
     with pytest.raises(SmokeError, match="did not start"):
-        runner.equiv_target(resolved, echo=lambda _: None)
+        runner.equiv_target(resolved, container.ContainerRuntime(), echo=lambda _: None)
     assert removed == ["ref", "cand"]

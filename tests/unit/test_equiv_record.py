@@ -21,7 +21,7 @@ from imageforge.manifest.load import load_manifest
 from imageforge.manifest.resolve import resolve
 from imageforge.manifest.tolerances import EquivSettings
 from imageforge.serve.container import free_port
-from imageforge.serve.process import InPlace, running_records
+from imageforge.serve.process import ProcessRuntime, running_records
 from imageforge.serve.waits import wait_healthy
 
 from .test_equiv import evidence, pos
@@ -171,31 +171,31 @@ def fake_vllm_manifest(tmp_path: Path, write_manifest: Callable[[str], Path]) ->
 def test_record_then_against_one_server_at_a_time(fake_manifest: Path, tmp_path: Path) -> None:
     s = app.settings(manifest=str(fake_manifest))
     (tmp_path / "root").mkdir()
-    where = InPlace(root=tmp_path / "root", python=sys.executable)
+    where = ProcessRuntime(root=tmp_path / "root", python=sys.executable)
     lines: list[str] = []
     ref = tmp_path / "ref.json"
-    assert app.equiv(s, "p", "same", [], record=str(ref), in_place=where, echo=lines.append) is None
+    assert app.equiv(s, "p", "same", [], record=str(ref), runtime=where, echo=lines.append) is None
     rec = load_record(ref)
     assert rec.dtype == "float32" and rec.top_k == 3 and rec.profile == "same"
     assert rec.served.startswith(f"in place: {tmp_path / 'root'}") and rec.flags["dtype"] == "float32"
     assert len(rec.evidence.prompts) == 2 and len(rec.evidence.prompts[0].greedy) == 4
     assert running_records(fake_manifest.parent) == []  # its server was stopped
-    result = app.equiv(s, "p", "retuned", [], against=str(ref), in_place=where, echo=lines.append)
+    result = app.equiv(s, "p", "retuned", [], against=str(ref), runtime=where, echo=lines.append)
     assert result is not None and result.verdict.passed
     assert (result.run_dir / "equiv.json").exists()  # type: ignore[operator]
     with pytest.raises(EquivError) as failed:
-        app.equiv(s, "p", "changed", [], against=str(ref), in_place=where, echo=lines.append)
+        app.equiv(s, "p", "changed", [], against=str(ref), runtime=where, echo=lines.append)
     assert failed.value.exit_code == 4
     assert running_records(fake_manifest.parent) == []
     with pytest.raises(ConfigError, match="served in float32, --dtype says bfloat16"):
-        app.equiv(s, "p", "same", [], against=str(ref), dtype="bfloat16", in_place=where)
+        app.equiv(s, "p", "same", [], against=str(ref), dtype="bfloat16", runtime=where)
     with pytest.raises(ConfigError, match="recorded prompts"):
-        app.equiv(s, "p", "same", [], against=str(ref), top_k=2, in_place=where)
-    both = app.equiv(s, "p", "retuned", [], in_place=where, echo=lines.append)  # record, then compare
+        app.equiv(s, "p", "same", [], against=str(ref), top_k=2, runtime=where)
+    both = app.equiv(s, "p", "retuned", [], runtime=where, echo=lines.append)  # record, then compare
     assert both is not None and both.verdict.passed
-    assert "equiv --in-place on " in "\n".join(lines) and "2 server start(s)" in "\n".join(lines)
+    assert "equiv in place on " in "\n".join(lines) and "2 server start(s)" in "\n".join(lines)
     with pytest.raises(ConfigError, match="the reference is the required steps applied"):
-        app.equiv(s, "p", "same", [], against="changed", in_place=where)
+        app.equiv(s, "p", "same", [], against="changed", runtime=where)
     assert running_records(fake_manifest.parent) == []
 
 
@@ -251,12 +251,12 @@ def test_record_from_a_running_server_starts_nothing_and_says_what_it_read(
     assert not (fake_manifest.parent / ".imageforge").exists()
     # the record compares like any other: the same model passes, a changed one is exit 4
     (tmp_path / "root").mkdir()
-    where = InPlace(root=tmp_path / "root", python=sys.executable)
-    result = app.equiv(s, "p", "same", [], against=str(ref), in_place=where, echo=lines.append)
+    where = ProcessRuntime(root=tmp_path / "root", python=sys.executable)
+    result = app.equiv(s, "p", "same", [], against=str(ref), runtime=where, echo=lines.append)
     assert result is not None and result.verdict.passed and result.verdict.dtype == "float32"
     assert result.labels[1].startswith(f"{ref}: record of running server (--url")
     with pytest.raises(EquivError):
-        app.equiv(s, "p", "changed", [], against=str(ref), in_place=where, echo=lines.append)
+        app.equiv(s, "p", "changed", [], against=str(ref), runtime=where, echo=lines.append)
     # --dtype: the record is in the dtype stated, --prompts/--top-k choose what is recorded
     assert app.equiv(s, "p", None, [], record=str(ref), url=url, dtype="bfloat16", prompts=1, top_k=2,
                      echo=lines.append) is None
@@ -277,10 +277,10 @@ def test_equiv_url_refuses_what_makes_no_sense_with_a_running_server(
         fake_manifest: Path, tmp_path: Path, options: dict[str, Any], message: str, hint: str) -> None:
     s = app.settings(manifest=str(fake_manifest))
     options = dict(options)
-    where = InPlace(root=tmp_path, python=sys.executable) if options.pop("in_place", False) else None
+    where = ProcessRuntime(root=tmp_path, python=sys.executable) if options.pop("in_place", False) else None
     profile, sets = options.pop("profile", None), options.pop("sets", [])
     with pytest.raises(ConfigError, match=message) as info:
-        app.equiv(s, "p", profile, sets, url="http://127.0.0.1:9", in_place=where, **options)
+        app.equiv(s, "p", profile, sets, url="http://127.0.0.1:9", runtime=where, **options)
     assert info.value.exit_code == 2 and hint in (info.value.hint or "")
     assert not (tmp_path / "r.json").exists()
 

@@ -45,7 +45,8 @@ STAGES: tuple[tuple[str, ...], ...] = (
     # the layers; dry runs of the steps, patch-from against an image; flags learnt from an image
     ("build", "patches.check", "patches.from_image", "flags.images"),
     ("inplace",),  # the steps applied to the machine itself through a journal; revert, status
-    ("serve",),  # the server runtime: the container (spec, container), the server as a process (in place)
+    # the server runtime: the one Runtime (runtime), the container (spec, container), the server as a process
+    ("serve",),
     ("smoke", "bench"),  # checks and load against a server (bench: the evaluator replay, its metrics, plots)
     ("equiv", "forensics"),  # teacher-forced comparison; bisect and ablate over the step chain
     ("export", "submission"),  # the deliverables: a saved image; the tree the platform builds

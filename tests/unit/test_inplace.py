@@ -425,7 +425,7 @@ def test_an_in_place_dry_run_never_imports_docker(box: dict[str, Any]) -> None:
         from pathlib import Path
         from imageforge import app
         s = app.settings(manifest={str(box['repo'] / 'build.yaml')!r})
-        app.apply_in_place(s, "t", None, root={str(box['root'])!r}, python=sys.executable, dry_run=True,
+        app.apply(s, "t", None, root={str(box['root'])!r}, python=sys.executable, dry_run=True,
                            show=lambda text: print(text))
         assert "docker" not in sys.modules, sorted(m for m in sys.modules if m.startswith("docker"))
         print("NO-DOCKER")

@@ -88,7 +88,7 @@ def test_the_submission_applier_copies_only_a_file_that_is_its_pin(tmp_path: Pat
     (stage / "apply.py").write_text(applier_source())
     (stage / "00-good.so").write_bytes(built["good"])
     dest = tmp_path / "root" / "site" / "pkg" / NAME
-    spec = {"op": "native", "step": "moe-group", "site": str(tmp_path / "root" / "site"),
+    spec = {"op": "install", "step": "moe-group", "site": str(tmp_path / "root" / "site"),
             "files": [{"source": "00-good.so", "path": str(dest), "sha256": sha(built["good"]), "mode": 0o755}]}
     (stage / "step.json").write_text(json.dumps(spec))
     done = subprocess.run([sys.executable, str(stage / "apply.py"), str(stage / "step.json")],

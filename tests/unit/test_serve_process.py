@@ -24,6 +24,7 @@ from imageforge.serve import process as sp
 from imageforge.serve import process_spec as ps
 from imageforge.serve import procfs
 from imageforge.serve.container import free_port
+from imageforge.serve.runtime import Prepared
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -228,17 +229,18 @@ def fake(tmp_path: Path, write_manifest: Callable[[str], Path]) -> Resolved:
 
 
 def test_serving_starts_records_waits_and_stops_the_process(fake: Resolved, tmp_path: Path) -> None:
-    in_place = sp.InPlace(root=tmp_path / "root", python=sys.executable)
+    runtime = sp.ProcessRuntime(root=tmp_path / "root", python=sys.executable)
     port = free_port()
     environ = {**os.environ, "PYTHONPATH": "/box/own/path"}
-    with in_place.serving(fake, port=port, environ=environ, log=lambda _line: None) as server:
+    prepared = Prepared(served="in place", note="", line="")
+    with runtime.serving(fake, prepared, port=port, environ=environ, log=lambda _line: None) as server:
         assert server.running() and server.startup_seconds is not None
         record = json.loads((server.run_dir / "server.json").read_text())
         assert record["pid"] == server.pid and record["starttime"] == procfs.proc_stat(server.pid).starttime  # type: ignore[union-attr]
         assert record["url"] == f"http://127.0.0.1:{port}" and record["served"].startswith("in place:")
         assert [r["pid"] for r in sp.running_records(fake.manifest.root)] == [server.pid]
         with pytest.raises(InfraError, match=f"still up: pid {server.pid}") as busy:
-            sp.start_process(fake, in_place, port=free_port(), environ=environ, log=lambda _line: None)
+            sp.start_process(fake, runtime, port=free_port(), environ=environ, log=lambda _line: None)
         assert busy.value.exit_code == 5
         pid = server.pid
     assert not procfs.alive(pid, record["starttime"])
@@ -251,7 +253,7 @@ def test_serving_starts_records_waits_and_stops_the_process(fake: Resolved, tmp_
 def test_a_server_that_exits_fails_with_its_log(fake: Resolved, tmp_path: Path) -> None:
     broken = resolve(fake.manifest, "p", "broken", environ={})
     with pytest.raises(SmokeError, match="stopped before it was ready") as info, sp.serving(
-            broken, sp.InPlace(python=sys.executable), port=free_port(), log=lambda _line: None):
+            broken, sp.ProcessRuntime(python=sys.executable), port=free_port(), log=lambda _line: None):
         pass
     assert "import failed" in (info.value.hint or "")
     assert any("No module named" in line for line in info.value.log_tail)
@@ -264,11 +266,11 @@ def test_a_busy_port_names_its_pid(fake: Resolved) -> None:
         port = sock.getsockname()[1]
         assert procfs.port_holder(port) == os.getpid()
         with pytest.raises(InfraError, match=f"port {port} on 127.0.0.1 is already in use by pid {os.getpid()}"):
-            sp.start_process(fake, sp.InPlace(python=sys.executable), port=port, log=lambda _line: None)
+            sp.start_process(fake, sp.ProcessRuntime(python=sys.executable), port=port, log=lambda _line: None)
 
 
 def test_run_detached_then_stop_in_place(fake: Resolved) -> None:
-    server = sp.start_detached(fake, sp.InPlace(python=sys.executable), port=free_port(), timeout=20,
+    server = sp.start_detached(fake, sp.ProcessRuntime(python=sys.executable), port=free_port(), timeout=20,
                                host_address="127.0.0.1", log=lambda _line: None)
     assert server.running()
     server.popen = None  # as `invoke stop --in-place` sees it: another process, only the record
@@ -306,7 +308,7 @@ def test_the_process_path_never_imports_docker(tmp_path: Path) -> None:
         from imageforge import app
         from imageforge.manifest.load import load_manifest
         from imageforge.manifest.resolve import resolve
-        from imageforge.serve.process import InPlace
+        from imageforge.serve.process import ProcessRuntime
         from imageforge.serve.process_spec import process_spec
         r = resolve(load_manifest(Path({str(REPO / "build.yaml")!r})), "cpu", None, environ={{}})
         r = replace(r, manifest=replace(r.manifest, root=Path({str(tmp_path)!r})))
@@ -323,20 +325,21 @@ def test_the_front_door_runs_and_stops_in_place(fake: Resolved) -> None:
     from imageforge import app
 
     s = app.settings(manifest=str(fake.manifest.root / "build.yaml"))
-    where = app.in_place(s, enabled=True, python=sys.executable)
-    assert where == sp.InPlace(Path("/"), sys.executable)
-    assert app.in_place(s, enabled=False) is None
+    where = app.runtime(s, process=True, python=sys.executable)
+    assert where == sp.ProcessRuntime(Path("/"), sys.executable)
+    assert app.runtime(s).where == "in Docker containers" and not app.runtime(s).one_at_a_time
     with pytest.raises(Exception, match="go with --in-place"):
-        app.in_place(s, enabled=False, root="/x")
+        app.runtime(s, root="/x")
     reusing = app.settings(manifest=str(fake.manifest.root / "build.yaml"), reuse_servers=True)
     with pytest.raises(ConfigError, match="--reuse-servers is for servers in Docker containers") as info:
-        app.in_place(reusing, enabled=True)
+        app.runtime(reusing, process=True)
     assert info.value.found == "reuse_servers from cli" and "--url" in (info.value.hint or "")
+    assert app.runtime(reusing, process=True, serves=False).one_at_a_time  # `stop --in-place` starts nothing
     with pytest.raises(Exception, match="--base does not apply"):
-        app.run(s, "p", None, [], base=True, port=None, timeout=20, in_place=where)
-    server = app.run(s, "p", None, [], base=False, port=free_port(), timeout=20, in_place=where)
+        app.run(s, "p", None, [], base=True, port=None, timeout=20, runtime=where)
+    server = app.run(s, "p", None, [], base=False, port=free_port(), timeout=20, runtime=where)
     assert isinstance(server, sp.ProcessServer) and server.running()
-    assert app.stop("p", every=False, s=s, in_place=True) == [str(server.pid)]
+    assert app.stop("p", every=False, s=s, runtime=app.runtime(s, process=True, serves=False)) == [str(server.pid)]
     assert not server.running()
 
 
@@ -346,9 +349,9 @@ def test_run_and_stop_in_place_never_import_docker(fake: Resolved) -> None:
         from imageforge import app
         from imageforge.serve.container import free_port
         s = app.settings(manifest={str(fake.manifest.root / "build.yaml")!r})
-        where = app.in_place(s, enabled=True, python=sys.executable)
-        server = app.run(s, "p", None, [], base=False, port=free_port(), timeout=20, in_place=where)
-        stopped = app.stop("p", every=False, s=s, in_place=True)
+        where = app.runtime(s, process=True, python=sys.executable)
+        server = app.run(s, "p", None, [], base=False, port=free_port(), timeout=20, runtime=where)
+        stopped = app.stop("p", every=False, s=s, runtime=app.runtime(s, process=True, serves=False))
         print(stopped == [str(server.pid)], "docker" in sys.modules)
         """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

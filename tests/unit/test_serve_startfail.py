@@ -200,8 +200,8 @@ def test_an_in_place_process_that_fails_names_the_step(tmp_path: Path,
               "default_profile": "one", "profiles": {"one": {}}, "smoke": {"startup_timeout": 20}}
     text = yaml.safe_dump({"version": 1, "default_target": "p", "targets": {"p": target}}, sort_keys=False)
     resolved = resolve(load_manifest(write_manifest(text)), "p", None, environ={})
-    with pytest.raises(SmokeError) as info, sp.serving(resolved, sp.InPlace(python=sys.executable), port=free_port(),
-                                                        log=lambda _line: None):
+    with pytest.raises(SmokeError) as info, sp.serving(resolved, sp.ProcessRuntime(python=sys.executable),
+                                                        port=free_port(), log=lambda _line: None):
         pass
     err = info.value
     assert err.exit_code == 4

@@ -248,3 +248,20 @@ def test_no_module_outside_steps_branches_on_a_kind_name() -> None:
             if on_kind and names & set(KINDS):
                 found.append(f"{path.relative_to(src)}:{node.lineno}")
     assert found == []
+
+
+def test_the_in_image_step_runtime_knows_ops_by_what_they_do_and_every_op_a_kind_emits() -> None:
+    """``inimage/apply_step`` (a stdlib program in the image: it cannot import the kinds) names its operations by
+    what they do to the tree, never by a step kind; every ``"op"`` a kind's emit writes is one of them."""
+    from imageforge.inimage import apply_step
+
+    ops = set(apply_step._OPS)
+    assert ops and not ops & set(KINDS), ops
+    emitted = set()
+    for path in sorted((REPO / "src" / "imageforge" / "steps").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Dict):
+                for key, value in zip(node.keys, node.values, strict=True):
+                    if isinstance(key, ast.Constant) and key.value == "op" and isinstance(value, ast.Constant):
+                        emitted.add(value.value)
+    assert emitted == ops, (emitted, ops)

@@ -203,7 +203,7 @@ def test_applier_counts_anchors_as_imageforge_does(tmp_path: Path, text: str, st
     os.utime(target, (1600000000, 1600000000))
     expected = apply_patch(text, "NUM = 8", "NUM = 4")
     assert expected.status == status
-    proc = run_applier(tmp_path, {"op": "patch", "step": "my-step", "path": str(target),
+    proc = run_applier(tmp_path, {"op": "edit", "step": "my-step", "path": str(target),
                                   "site": str(tmp_path / "site"), "old": "NUM = 8", "new": "NUM = 4", "count": 1})
     if status in ("applies", "already-applied"):
         assert proc.returncode == 0, proc.stderr
@@ -224,7 +224,7 @@ def test_applier_symlink_glob_and_refusals(tmp_path: Path) -> None:
         (src / name).write_text(name)
     (src / "libdir.so").mkdir()
     into = tmp_path / "into"
-    spec = {"op": "symlink", "step": "links", "glob": f"{src}/lib*.so*", "into": str(into)}
+    spec = {"op": "link", "step": "links", "glob": f"{src}/lib*.so*", "into": str(into)}
     assert run_applier(tmp_path, spec).returncode == 0
     assert sorted(p.name for p in into.iterdir()) == ["liba.so", "libb.so.1"]
     assert os.readlink(into / "liba.so") == f"{src}/liba.so"
@@ -323,7 +323,7 @@ def test_applier_refuses_what_the_engine_refuses(tmp_path: Path, text: str, old:
     target.write_bytes(text.encode())
     expected = apply_patch(text, old, new)
     assert expected.status == status
-    proc = run_applier(tmp_path, {"op": "patch", "step": "my-step", "path": str(target), "python_version": "3.10.12",
+    proc = run_applier(tmp_path, {"op": "edit", "step": "my-step", "path": str(target), "python_version": "3.10.12",
                                   "site": str(tmp_path / "site"), "old": old, "new": new, "count": 1})
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.startswith("imageforge: step my-step failed: ") and message in proc.stderr

@@ -22,6 +22,7 @@ from imageforge.bench import Workload
 from imageforge.errors import ConfigError
 from imageforge.manifest.load import load_manifest
 from imageforge.manifest.resolve import resolve
+from imageforge.serve.container import ContainerRuntime
 from imageforge.settings import Settings
 from imageforge.submission import BaseFacts, write_submission
 from tests.cli import imageforge, without_imageforge_settings
@@ -82,7 +83,7 @@ def test_equiv_options_reach_app_equiv(tasks_ns: Any, monkeypatch: pytest.Monkey
     assert (target, profile, sets) == ("cpu", "conservative", ["max-num-seqs=2", "enforce-eager=true"])
     assert callable(kwargs.pop("show"))  # the result (--json) is shown before the verdict
     assert kwargs == {"against": "aggressive", "dtype": "bfloat16", "top_k": 3, "greedy_tokens": 7, "prompts": 2,
-                      "record": "", "url": "", "in_place": None}
+                      "record": "", "url": "", "runtime": ContainerRuntime()}
     assert s.manifest == Path("other.yaml") and s.host_address == "10.0.0.9" and s.sources["host_address"] == "cli"
     assert "IMAGEFORGE_HOST_ADDRESS" not in os.environ  # the address travels in Settings only
 
@@ -96,7 +97,7 @@ def test_equiv_record_url_reaches_app_equiv_and_its_refusal_is_exit_2(
         run_task(tasks_ns, "equiv", "--target", "cpu", "--record", "ref.json", "--url", "http://127.0.0.1:8000",
                  "--dtype", "bfloat16")
     [(args, kwargs)] = calls
-    assert args[1:] == ("cpu", None, []) and kwargs["in_place"] is None
+    assert args[1:] == ("cpu", None, []) and kwargs["runtime"] == ContainerRuntime()
     assert (kwargs["record"], kwargs["url"], kwargs["dtype"]) == ("ref.json", "http://127.0.0.1:8000", "bfloat16")
     monkeypatch.setattr(app, "equiv", real)  # the real refusal, through the one error root
     refused = run_task(tasks_ns, "equiv", "--target", "cpu", "--record", "ref.json", "--url", "http://127.0.0.1:8000",
@@ -107,9 +108,9 @@ def test_equiv_record_url_reaches_app_equiv_and_its_refusal_is_exit_2(
 
 
 def test_in_place_options_reach_equiv_run_smoke_bench(tasks_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from imageforge.serve.process import InPlace
+    from imageforge.serve.process import ProcessRuntime
 
-    where = InPlace(Path("/box"), "/opt/venv/bin/python3")
+    where = ProcessRuntime(Path("/box"), "/opt/venv/bin/python3")
     for name, argv in (("equiv", ["--record", "ref.json"]), ("run", []), ("smoke", []), ("bench", []),
                        ("ablate", ["--steps", "a,b"]), ("sweep", ["--param", "max-num-seqs=1,2"]),
                        ("bisect", ["--check", "equiv"])):
@@ -119,7 +120,7 @@ def test_in_place_options_reach_equiv_run_smoke_bench(tasks_ns: Any, monkeypatch
             run_task(tasks_ns, name, "--target", "cpu", *argv, "--in-place", "--root", "/box", "--python",
                      "/opt/venv/bin/python3")
         [(_args, kwargs)] = calls
-        assert kwargs["in_place"] == where, name
+        assert kwargs["runtime"] == where, name
         if name == "equiv":
             assert kwargs["record"] == "ref.json"
     calls = []
@@ -127,7 +128,16 @@ def test_in_place_options_reach_equiv_run_smoke_bench(tasks_ns: Any, monkeypatch
     with pytest.raises(Reached):
         run_task(tasks_ns, "stop", "--in-place")
     [(_args, kwargs)] = calls
-    assert kwargs["in_place"] is True
+    assert kwargs["runtime"] == ProcessRuntime()  # `stop --in-place`: the recorded processes, under the manifest
+
+
+def test_base_with_in_place_is_refused_where_the_options_are_read(tasks_ns: Any) -> None:
+    """`run`/`smoke --in-place --base`: the root is served as it is; --base (the base image) is refused, exit 2."""
+    for name in ("run", "smoke"):
+        refused = run_task(tasks_ns, name, "--target", "cpu", "--in-place", "--base",
+                           "--manifest", str(REPO / "build.yaml"))
+        assert refused.returncode == 2, (name, refused.stderr)
+        assert "--in-place serves the files under --root: --base does not apply" in refused.stderr, name
 
 
 def test_reuse_servers_reaches_every_command_that_starts_a_docker_server(
@@ -163,7 +173,7 @@ def test_bisect_options_reach_app_bisect(tasks_ns: Any, monkeypatch: pytest.Monk
     assert args[1:] == ("cpu", None, [])
     assert callable(kwargs.pop("show"))
     assert kwargs == {"check": ["models-lists-served-name", "chat-basic"], "suite": "smoke/evaluator.yaml",
-                      "tags": "dummy-ok,info", "repeat": 3, "flaky": "unknown", "in_place": None}
+                      "tags": "dummy-ok,info", "repeat": 3, "flaky": "unknown", "runtime": ContainerRuntime()}
 
 
 def test_ablate_options_reach_app_ablate(tasks_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -176,7 +186,8 @@ def test_ablate_options_reach_app_ablate(tasks_ns: Any, monkeypatch: pytest.Monk
     [(args, kwargs)] = calls
     assert args[1:] == ("cpu", "conservative", [])
     w = kwargs.pop("workload")
-    assert kwargs == {"steps": "a,b", "repeat": 2, "out": "/tmp/ablate-out", "equiv": False, "in_place": None}
+    assert kwargs == {"steps": "a,b", "repeat": 2, "out": "/tmp/ablate-out", "equiv": False,
+                      "runtime": ContainerRuntime()}
     assert (w.requests, w.concurrency, w.prompt_tokens, w.output_tokens, w.seed, w.warmup, w.repeat) == \
         (6, 2, 64, 8, 5, 0, 1)
     assert (w.shared_prefix, w.duration, w.model) == (Workload().shared_prefix, Workload().duration, None)

@@ -66,7 +66,6 @@ from .runner import bench_target, median_run, replay_report, replay_target, run_
 from .sweeps import (
     SweepPoint,
     SweepResult,
-    build_note,
     combinations,
     parse_params,
     print_sweep,
@@ -103,7 +102,6 @@ __all__ = [
     "Workload",
     "bench_rows",
     "bench_target",
-    "build_note",
     "classify_http",
     "combinations",
     "counter_delta",

@@ -10,12 +10,11 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..cli.progress import progress
 from ..errors import ConfigError, SmokeError
 from ..rundirs import new_run_id
-from ..serve.container import serving
 from ..serve.openai_wire import check_url
 from ..serve.waits import await_until
 from ..workload import Prompt, Workload
@@ -25,6 +24,9 @@ from .plots import NO_PLOTS
 from .replay import replay_bench, replay_verdict, write_replay
 from .report import write_bench
 from .results import BenchResult, RequestResult
+
+if TYPE_CHECKING:
+    from ..serve.runtime import Prepared, Runtime
 
 Log = Callable[[str], None]
 
@@ -207,20 +209,18 @@ def verdict(bench: BenchResult) -> None:
             + (f"; the per-request errors are in {bench.json_path}" if bench.json_path else ""))
 
 
-def bench_target(resolved: Any, workload: Workload, *, environ: Mapping[str, str] | None = None,
-                 echo: Log = print, port: int | None = None, image: str | None = None,
+def bench_target(resolved: Any, workload: Workload, runtime: Runtime, *, environ: Mapping[str, str] | None = None,
+                 echo: Log = print, port: int | None = None, prepared: Prepared | None = None,
                  startup_timeout: float | None = None, params: Mapping[str, Any] | None = None,
-                 host_address: str | None = None, in_place: Any = None) -> BenchResult:
-    """Build (or reuse) TARGET:PROFILE, serve it on ``host_address``, bench it, always remove the server.
-
-    ``in_place`` (a :class:`imageforge.serve.process.InPlace`): served as a process from its root instead."""
-    serve = serving if in_place is None else in_place.serving
-
+                 host_address: str | None = None) -> BenchResult:
+    """Prepare TARGET:PROFILE (unless ``prepared``: built, or applied in place), serve it on ``host_address`` with
+    ``runtime``, bench it, always end the server."""
     workload.validate()
     environ = os.environ if environ is None else environ
     run_id = new_run_id()
-    with serve(resolved, environ=environ, port=port, image=image, run_id=run_id,
-                 startup_timeout=startup_timeout, log=echo, host_address=host_address) as server:
+    prepared = prepared or runtime.prepare(resolved, environ=environ, log=echo)
+    with runtime.serving(resolved, prepared, environ=environ, port=port, run_id=run_id,
+                         startup_timeout=startup_timeout, log=echo, host_address=host_address) as server:
         bench = run_bench(server.url, workload, echo=echo, write=False)
         bench.run_dir = server.run_dir
         bench.target, bench.profile = resolved.target.name, resolved.profile_name
@@ -232,27 +232,25 @@ def bench_target(resolved: Any, workload: Workload, *, environ: Mapping[str, str
         return bench
 
 
-def replay_target(resolved: Any, options: Any, *, environ: Mapping[str, str] | None = None, echo: Log = print,
-                  port: int | None = None, startup_timeout: float | None = None,
-                  host_address: str | None = None, in_place: Any = None) -> Any:
-    """Build (or reuse) TARGET:PROFILE, serve it, replay one at a time (:func:`.replay.replay_bench`), remove it.
-
-    ``in_place`` (a :class:`imageforge.serve.process.InPlace`): served as a process from its root instead.
+def replay_target(resolved: Any, options: Any, runtime: Runtime, *, environ: Mapping[str, str] | None = None,
+                  echo: Log = print, port: int | None = None, startup_timeout: float | None = None,
+                  host_address: str | None = None) -> Any:
+    """Prepare TARGET:PROFILE (built, or applied in place), serve it with ``runtime``, replay one at a time
+    (:func:`.replay.replay_bench`), end the server.
 
     The generated workload is scaled to ``options.max_model_len``, else the server's max_model_len, else the
     target's resolved ``max-model-len``; the target's ``replay:`` gives the time cap (unless --time-cap) and
     the redline sources that gate (:func:`with_target`).
     """
-    serve = serving if in_place is None else in_place.serving
-
     environ = os.environ if environ is None else environ
     if options.max_model_len is None and options.file is None:
         declared = resolved.serving_args().get("max-model-len")
         if isinstance(declared, int):
             options = dataclasses.replace(options, max_model_len=declared)
     options = with_target(options, resolved.target.replay)
-    with serve(resolved, environ=environ, port=port, run_id=new_run_id(), startup_timeout=startup_timeout,
-                 log=echo, host_address=host_address) as server:
+    prepared = runtime.prepare(resolved, environ=environ, log=echo)
+    with runtime.serving(resolved, prepared, environ=environ, port=port, run_id=new_run_id(),
+                         startup_timeout=startup_timeout, log=echo, host_address=host_address) as server:
         result = replay_bench(server.url, options, server.run_dir, echo=echo)
         result.target, result.profile = resolved.target.name, resolved.profile_name
         result.startup_seconds = server.startup_seconds

@@ -17,13 +17,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..build import build_target
 from ..errors import ConfigError, ImageforgeError, SmokeError
 from ..manifest.resolve import resolve
 from ..rundirs import new_run_id
-from ..serve.container import serving
 from ..workload import Workload
 from .metrics import CACHED_WEIGHT, OUTPUT_WEIGHT, PLATEAU_TOLERANCE, UNCACHED_INPUT_WEIGHT, plateau_index
 from .plots import NO_PLOTS, plot_sweep
@@ -31,6 +29,9 @@ from .plots import available as plots_available
 from .report import fmt, make_console, ms, write_bench
 from .results import rounded
 from .runner import bench_target, median_run, run_bench, verdict
+
+if TYPE_CHECKING:
+    from ..serve.runtime import Prepared, Runtime
 
 Log = Callable[[str], None]
 
@@ -280,14 +281,6 @@ def _quiet_log(path: Path) -> Iterator[Log]:
         yield log
 
 
-def build_note(steps: Sequence[Any]) -> str:
-    """``'1 of 10 layers built (serving-config)'`` from a BuildResult's steps."""
-    built = [s.id for s in steps if s.cache != "HIT"]
-    if not built:
-        return f"0 of {len(steps)} layers built (all cached)"
-    return f"{len(built)} of {len(steps)} layers built ({', '.join(built)})"
-
-
 def rotations(points: int, rounds: int) -> list[list[int]]:
     """The interleaved order: round r runs every point once, starting at point ``r % points`` (AB, BA, AB ...;
     ABC, BCA, CAB ...), so no point is always first after an idle server or always last."""
@@ -320,9 +313,9 @@ def _record(point: SweepPoint, bench: Any) -> None:
 
 
 def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequence[tuple[str, Sequence[Any]]],
-          workload: Workload, *, sets: Sequence[str] = (), environ: Mapping[str, str] | None = None,
-          echo: Log = print, startup_timeout: float | None = None, interleave: bool = True,
-          host_address: str | None = None, in_place: Any = None) -> SweepResult:
+          workload: Workload, runtime: Runtime, *, sets: Sequence[str] = (),
+          environ: Mapping[str, str] | None = None, echo: Log = print, startup_timeout: float | None = None,
+          interleave: bool = True, host_address: str | None = None) -> SweepResult:
     """One build + server + bench per combination of ``params``; a point that fails is recorded, not fatal.
 
     ``interleave`` (with ``workload.repeat`` > 1 and more than one point): every point is built first, every
@@ -330,9 +323,9 @@ def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequen
     (:func:`rotations`); each point reports the median of its runs, their spread, and the median paired ratio
     of its score to the first point's in the same round.  Otherwise the points run one after the other (each
     server started, benched ``repeat`` times, removed). Servers are published on and reached at
-    ``host_address`` (default: from ``environ``).  ``in_place`` (a :class:`imageforge.serve.process.InPlace`):
-    one point after the other served as a process on this machine; points whose steps are the same (they differ
-    in serving flags only) reuse the applied files; the root is as before at the end.
+    ``host_address`` (default: from ``environ``).  A ``runtime`` that serves one server at a time (in place): one
+    point after the other; points whose steps are the same (they differ in serving flags only) reuse the applied
+    files; the root is as before at the end.
     """
     workload.validate()
     environ = os.environ if environ is None else environ
@@ -343,7 +336,7 @@ def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequen
     first = resolved_points[0]
     run_id = new_run_id()
     run_dir = first.manifest.root / ".imageforge" / "runs" / run_id
-    interleaved = interleave and workload.repeat > 1 and len(points) > 1 and in_place is None
+    interleaved = interleave and workload.repeat > 1 and len(points) > 1 and not runtime.one_at_a_time
     result = SweepResult(run_id=run_id, target=first.target.name, profile=first.profile_name, base_sets=list(sets),
                          workload=workload, points=[SweepPoint(dict(p)) for p in points], run_dir=run_dir,
                          started_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -358,39 +351,38 @@ def sweep(manifest: Any, target: str | None, profile: str | None, params: Sequen
          + (f"{workload.repeat} interleaved rounds, every point's server up at once" if interleaved
             else f"{workload.repeat} run(s) per point, one point after the other"))
     t0 = time.monotonic()
-    if in_place is not None:
+    if runtime.one_at_a_time:
         applies = len({tuple(s.id for s in r.steps) for r in resolved_points})
-        echo(f"in place on {in_place.root}: {len(points)} server start(s), one at a time; the steps applied "
+        echo(f"{runtime.where}: {len(points)} server start(s), one at a time; the steps applied "
              f"{applies} time(s) (points differing only in serving flags reuse the applied files)")
-        with in_place.kept(first.manifest, environ=environ, log=echo):
-            _sweep_sequential(result, resolved_points, workload, environ=environ, echo=echo,
-                              startup_timeout=startup_timeout, host_address=host_address, in_place=in_place)
-    elif interleaved:
-        _sweep_interleaved(result, resolved_points, workload, environ=environ, echo=echo,
-                           startup_timeout=startup_timeout, host_address=host_address)
-    else:
-        _sweep_sequential(result, resolved_points, workload, environ=environ, echo=echo,
-                          startup_timeout=startup_timeout, host_address=host_address)
+    with runtime.restoring(first.manifest, environ=environ, log=echo):
+        if interleaved:
+            _sweep_interleaved(result, resolved_points, workload, runtime, environ=environ, echo=echo,
+                               startup_timeout=startup_timeout, host_address=host_address)
+        else:
+            _sweep_sequential(result, resolved_points, workload, runtime, environ=environ, echo=echo,
+                              startup_timeout=startup_timeout, host_address=host_address)
     result.seconds = time.monotonic() - t0
     result.write()
     return result
 
 
-def _build_point(i: int, point: SweepPoint, resolved: Any, result: SweepResult, environ: Mapping[str, str],
-                 echo: Log) -> bool:
+def _prepare_point(i: int, point: SweepPoint, resolved: Any, result: SweepResult, runtime: Runtime,
+                   environ: Mapping[str, str], echo: Log) -> Prepared | None:
+    """The point's image built, or its steps applied in place (the same steps as the point before: reused)."""
     label = " ".join(f"{k}={v}" for k, v in point.params.items())
     echo(f"[{i}/{len(result.points)}] {label}")
     with _quiet_log(result.run_dir / f"point-{i}.log") as log:
         try:
-            built = build_target(resolved, environ=environ, echo=log)
+            prepared = runtime.prepare(resolved, environ=environ, log=log, pin=True)
         except ImageforgeError as exc:
             point.status, point.error = "build-error", _first_line(exc)
             echo(f"  build failed: {point.error}")
             result.write()
-            return False
-    point.build, point.image_id = build_note(built.steps), built.image_id
-    echo(f"  build: {point.build}")
-    return True
+            return None
+    point.build, point.image_id = prepared.note, prepared.image_id
+    echo(f"  {prepared.line}")
+    return prepared
 
 
 def _echo_point(point: SweepPoint, echo: Log) -> None:
@@ -402,28 +394,18 @@ def _echo_point(point: SweepPoint, echo: Log) -> None:
          f"{s.get('errors')}/{s.get('requests')}" + (f"  ({point.status}: {point.error})" if point.error else ""))
 
 
-def _sweep_sequential(result: SweepResult, resolved_points: Sequence[Any], workload: Workload, *,
+def _sweep_sequential(result: SweepResult, resolved_points: Sequence[Any], workload: Workload, runtime: Runtime, *,
                       environ: Mapping[str, str], echo: Log, startup_timeout: float | None,
-                      host_address: str | None = None, in_place: Any = None) -> None:
-    applied: tuple[str, ...] | None = None
+                      host_address: str | None = None) -> None:
     for i, (point, resolved) in enumerate(zip(result.points, resolved_points, strict=True), 1):
-        if in_place is not None:
-            echo(f"[{i}/{len(result.points)}] " + " ".join(f"{k}={v}" for k, v in point.params.items()))
-            steps = tuple(s.id for s in resolved.steps)
-            if steps != applied:
-                with _quiet_log(result.run_dir / f"point-{i}.log") as log:
-                    point.build = in_place.apply(resolved, environ=environ, log=log)
-                applied = steps
-            else:
-                point.build = "the applied files reused (serving flags only)"
-            echo(f"  {point.build}")
-        elif not _build_point(i, point, resolved, result, environ, echo):
+        prepared = _prepare_point(i, point, resolved, result, runtime, environ, echo)
+        if prepared is None:
             continue
         with _quiet_log(result.run_dir / f"point-{i}.log") as log:
             try:
-                bench = bench_target(resolved, workload, environ=environ, echo=log, image=point.image_id,
+                bench = bench_target(resolved, workload, runtime, environ=environ, echo=log, prepared=prepared,
                                      startup_timeout=startup_timeout, params=point.params,
-                                     host_address=host_address, in_place=in_place)
+                                     host_address=host_address)
             except ImageforgeError as exc:
                 point.status, point.error = "no-start", _first_line(exc)
                 echo(f"  server failed: {point.error}")
@@ -437,11 +419,12 @@ def _sweep_sequential(result: SweepResult, resolved_points: Sequence[Any], workl
         result.write()
 
 
-def _sweep_interleaved(result: SweepResult, resolved_points: Sequence[Any], workload: Workload, *,
+def _sweep_interleaved(result: SweepResult, resolved_points: Sequence[Any], workload: Workload, runtime: Runtime, *,
                        environ: Mapping[str, str], echo: Log, startup_timeout: float | None,
                        host_address: str | None = None) -> None:
-    built = [i for i, (point, resolved) in enumerate(zip(result.points, resolved_points, strict=True))
-             if _build_point(i + 1, point, resolved, result, environ, echo)]
+    prepared = {i: ready for i, (point, resolved) in enumerate(zip(result.points, resolved_points, strict=True))
+                if (ready := _prepare_point(i + 1, point, resolved, result, runtime, environ, echo)) is not None}
+    built = list(prepared)
     servers: dict[int, Any] = {}
     runs: dict[int, list[Any]] = {i: [] for i in built}
     with contextlib.ExitStack() as stack:
@@ -449,9 +432,9 @@ def _sweep_interleaved(result: SweepResult, resolved_points: Sequence[Any], work
             point = result.points[i]
             log = stack.enter_context(_quiet_log(result.run_dir / f"point-{i + 1}.log"))
             try:
-                servers[i] = stack.enter_context(serving(resolved_points[i], environ=environ, image=point.image_id,
-                                                         run_id=new_run_id(), startup_timeout=startup_timeout,
-                                                         log=log, host_address=host_address))
+                servers[i] = stack.enter_context(runtime.serving(resolved_points[i], prepared[i], environ=environ,
+                                                                 run_id=new_run_id(), startup_timeout=startup_timeout,
+                                                                 log=log, host_address=host_address))
             except ImageforgeError as exc:
                 point.status, point.error = "no-start", _first_line(exc)
                 echo(f"  [{i + 1}] server failed: {point.error}")

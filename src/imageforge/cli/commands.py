@@ -25,7 +25,7 @@ from invoke.tasks import Task
 from .. import __version__, app
 from ..errors import BuildError, ConfigError
 from ..workload import Workload
-from .options import PROFILE_HELP, RESOLVE_HELP, SET_HELP, TARGET_HELP, command
+from .options import PROFILE_HELP, RESOLVE_HELP, SET_HELP, SHARED_HELP, TARGET_HELP, command
 from .output import EXIT_CLOSED_PIPE, Output, closed_pipe_quiet
 
 if TYPE_CHECKING:
@@ -209,12 +209,8 @@ def run(c: Context, cmd: Output, target: str = "", profile: str = "", base: bool
         set_: list[str] | None = None, timeout: float = 0.0) -> None:
     """Start TARGET's server on 127.0.0.1, wait until /health answers, leave it running; prints URL=..."""
     server = app.run(cmd.settings, target or None, profile or None, set_ or [], base=base, port=port or None,
-                     timeout=timeout or None, in_place=cmd.in_place)
-    if cmd.in_place is not None:
-        cmd.log(f"pid {server.name.removeprefix('pid ')} ({server.image}) is serving; log "
-                f"{server.run_dir / 'server.log'}; `imageforge stop --in-place` ends it")
-    else:
-        cmd.log(f"container {server.name} ({server.image}) is serving; `imageforge stop` removes it")
+                     timeout=timeout or None, runtime=cmd.runtime)
+    cmd.log(cmd.runtime.detached_note(server))
     cmd.result(f"URL={server.url}", {"container": server.name, "image": server.image, "url": server.url})
 
 
@@ -223,7 +219,8 @@ def run(c: Context, cmd: Output, target: str = "", profile: str = "", base: bool
                "in_place": "End the server processes `run --in-place` recorded (TERM, then KILL); no Docker"})
 def stop(c: Context, cmd: Output, target: str = "", all: bool = False, in_place: bool = False) -> None:
     """Stop and remove the server containers `imageforge run` started (found by label); --in-place: its processes."""
-    app.stop(target or None, every=all, s=cmd.settings, in_place=in_place)
+    app.stop(target or None, every=all, s=cmd.settings,
+             runtime=app.runtime(cmd.settings, process=in_place, serves=False))
 
 
 @command(json=True, host=True, in_place=True, iterable=["set_", "param"], help={
@@ -250,7 +247,7 @@ def smoke(c: Context, cmd: Output, url: str = "", target: str = "", profile: str
         cmd.result(f"smoke: {report.summary_line()}", report.to_json())
 
     app.smoke(cmd.settings, target or None, profile or None, set_ or [], url=url or None, suite=suite or None,
-              tags=tags or None, base=base, port=port or None, wait=wait, show=show, in_place=cmd.in_place,
+              tags=tags or None, base=base, port=port or None, wait=wait, show=show, runtime=cmd.runtime,
               params=param or [])
 
 
@@ -304,7 +301,7 @@ def bench(c: Context, cmd: Output, url: str = "", target: str = "", profile: str
             cmd.result(None, result.summary())  # text: the table is already on stdout (print_bench)
 
     app.bench(cmd.settings, target or None, profile or None, set_ or [], url=url or None, port=port or None,
-              workload=w, replay=options, show=show, in_place=cmd.in_place)
+              workload=w, replay=options, show=show, runtime=cmd.runtime)
 
 
 @command(json=True, host=True, in_place=True, workload="sweep", iterable=["param", "set_"], help={
@@ -325,7 +322,7 @@ def sweep(c: Context, cmd: Output, target: str = "", profile: str = "", param: l
                             concurrency=w.concurrency or defaults.concurrency)
     result = app.sweep(cmd.settings, target or None, profile or None, param or [], set_ or [], workload=w,
                        interleave=interleave, requests_given=requests_given, concurrency_given=concurrency_given,
-                       in_place=cmd.in_place)
+                       runtime=cmd.runtime)
     cmd.result(None, result.to_json())
 
 
@@ -355,7 +352,7 @@ def equiv(c: Context, cmd: Output, target: str = "", profile: str = "", against:
     FILE compares with it."""
     result = app.equiv(cmd.settings, target or None, profile or None, set_ or [], against=against, dtype=dtype,
                        top_k=top_k, greedy_tokens=greedy_tokens, prompts=prompts, record=record, url=url,
-                       in_place=cmd.in_place, show=lambda r: cmd.result(r.text(), r.to_json(), logged=True))
+                       runtime=cmd.runtime, show=lambda r: cmd.result(r.text(), r.to_json(), logged=True))
     if result is None:  # --record: the evidence file is the result
         cmd.result(f"RECORD={record}", {"record": record})
 
@@ -374,7 +371,7 @@ def bisect(c: Context, cmd: Output, target: str = "", profile: str = "", check: 
            set_: list[str] | None = None) -> None:
     """Find the first step whose image fails --check (or the suite), by binary search over the steps. Exit 4 if one."""
     app.bisect(cmd.settings, target or None, profile or None, set_ or [], check=check or [], suite=suite,
-               tags=tags, repeat=repeat, flaky=flaky, in_place=cmd.in_place,
+               tags=tags, repeat=repeat, flaky=flaky, runtime=cmd.runtime,
                show=lambda r: cmd.result(r.text(), r.to_json(), logged=True))
 
 
@@ -393,7 +390,7 @@ def ablate(c: Context, cmd: Output, target: str = "", profile: str = "", steps: 
 
     --in-place: one server at a time on this machine (full, each variant, full)."""
     result = app.ablate(cmd.settings, target or None, profile or None, set_ or [], workload=workload or Workload(),
-                        steps=steps, repeat=repeat, out=out, equiv=not no_equiv, in_place=cmd.in_place)
+                        steps=steps, repeat=repeat, out=out, equiv=not no_equiv, runtime=cmd.runtime)
     cmd.result(result.text(), result.to_json(), logged=True)
 
 
@@ -464,7 +461,7 @@ def apply(c: Context, cmd: Output, target: str = "", profile: str = "", in_place
     """Apply TARGET:PROFILE's steps to this machine's files (--in-place), journaled; `revert` undoes them."""
     if not in_place:
         raise ConfigError("apply works in place only: give --in-place", hint="images are made by `build`")
-    report = app.apply_in_place(cmd.settings, target or None, profile or None, root=root, python=python,
+    report = app.apply(cmd.settings, target or None, profile or None, root=root, python=python,
                                 steps=_ids(steps), skip=_ids(skip), dry_run=dry_run, imports=not no_imports,
                                 force=force, show=lambda _text: None, log=cmd.log)
     cmd.result(report.text(), report.to_json())
@@ -472,21 +469,23 @@ def apply(c: Context, cmd: Output, target: str = "", profile: str = "", in_place
         raise BuildError(f"{len(report.failed)} step(s) would not apply in place")
 
 
-@command(json=True, in_place=True, help={
+@command(json=True, help={
     "action": "build: run the native step's `build:` here, check and import what it made, rewrite its pins",
     "target": "Target whose native step is built", "step": "The native step's id",
-    "check": "Compare the fresh build's sha256 with the pins only (exit 3 when one differs); rewrite nothing"})
-def native(c: Context, cmd: Output, action: str = "", target: str = "", step: str = "", check: bool = False) -> None:
+    "check": "Compare the fresh build's sha256 with the pins only (exit 3 when one differs); rewrite nothing",
+    "in_place": SHARED_HELP["in_place"], "root": SHARED_HELP["root"], "python": SHARED_HELP["python"]})
+def native(c: Context, cmd: Output, action: str = "", target: str = "", step: str = "", check: bool = False,
+           in_place: bool = False, root: str = "", python: str = "") -> None:
     """Native extensions on the card's machine: `native build --target T --step ID --in-place [--check]`."""
     if action != "build":
         raise ConfigError(f"unknown native action {action!r}", expected="build", found=action or "nothing")
-    if cmd.in_place is None:
+    if not in_place:
         raise ConfigError("native build runs on the machine with the compiler and the device: give --in-place",
                           hint="the image build never compiles: it installs the pinned files")
     if not step:
         raise ConfigError("native build needs --step ID (the native step)")
-    report = app.native_build(cmd.settings, target or None, step, root=str(cmd.in_place.root),
-                              python=cmd.in_place.python, check=check, log=cmd.log)
+    report = app.native_build(cmd.settings, target or None, step, root=root or "/", python=python or "python3",
+                              check=check, log=cmd.log)
     cmd.result(report.text(), report.to_json())
     if not report.ok:
         raise BuildError(f"native step {step}: " + ("a pin differs from the fresh build" if not report.findings

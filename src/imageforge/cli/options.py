@@ -22,6 +22,7 @@ from invoke.tasks import Task
 from invoke.tasks import task as _invoke_task
 
 from .. import app
+from ..errors import ConfigError
 from ..workload import Workload
 from .output import command_io
 
@@ -124,7 +125,7 @@ def command(*, json: bool = False, manifest: bool = True, host: bool = False, wo
         if host:
             shared["host_address"] = ""
             shared["reuse_servers"] = False
-        if in_place:  # the body reads cmd.in_place (an InPlace, or None)
+        if in_place:  # the body reads cmd.runtime (app.runtime made of --in-place, --root and --python)
             shared.update(in_place=False, root="", python="")
         shared["quiet"] = False
         shared["traceback"] = False
@@ -149,8 +150,11 @@ def command(*, json: bool = False, manifest: bool = True, host: bool = False, wo
             with command_io(s.traceback, as_json=bool(given.get("json", False)), quiet=bool(given["quiet"]),
                             settings=s) as out:
                 if in_place:
-                    out.in_place = app.in_place(s, enabled=bool(given["in_place"]), root=str(given["root"]),
-                                                python=str(given["python"]))
+                    if given["in_place"] and options.get("base"):
+                        raise ConfigError("--in-place serves the files under --root: --base does not apply",
+                                          hint="`invoke revert` puts the root back as installed; then --in-place")
+                    out.runtime = app.runtime(s, process=bool(given["in_place"]), root=str(given["root"]),
+                                              python=str(given["python"]))
                 if workload:
                     options["workload"] = Workload(**{**w, "model": w["model"] or None})
                 body(c, out, **options)

@@ -66,7 +66,7 @@ class Output:
     as_json: bool
     quiet: bool
     stdout: TextIO
-    in_place: Any = None  # the command's --in-place [--root] [--python] (an InPlace), None without --in-place
+    runtime: Any = None  # the command's serving Runtime (app.runtime, from --in-place [--root] [--python])
 
     def result(self, text: object, data: object = None, *, logged: bool = False) -> None:
         """The command's result: ``data`` as one JSON document under --json, else ``text`` (None: nothing).

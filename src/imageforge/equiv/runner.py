@@ -33,13 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from ..build import build_target
 from ..docker_engine import image_or_none
 from ..errors import ConfigError
 from ..manifest.resolve import Value, resolve
 from ..manifest.tolerances import DTYPES, Dtype, EquivSettings, Tolerance
 from ..rundirs import new_run_id
-from ..serve.container import remove_server, serving, sigterm_as_interrupt, start_server, wait_ready
+from ..serve.container import remove_server, sigterm_as_interrupt, start_server, wait_ready
 from .client import EquivClient, collect_against, collect_reference
 from .compare import Verdict, compare, gate
 from .evidence import Evidence
@@ -48,7 +47,7 @@ from .record import Record, load_record, make_record, write_record
 if TYPE_CHECKING:
     from ..manifest.resolve import Resolved
     from ..serve.container import Server
-    from ..serve.process import InPlace
+    from ..serve.runtime import Prepared, Runtime
 
 Log = Callable[[str], None]
 EQUIV_SOURCE = "cli:equiv"  # provenance of the dtype both servers get (a variant: never the profile's tags)
@@ -203,11 +202,12 @@ def compare_urls(reference_url: str, candidate_url: str, settings: EquivSettings
     return result
 
 
-def equiv_target(resolved: Resolved, *, against: str = "base", dtype: str | None = None,
+def equiv_target(resolved: Resolved, runtime: Runtime, *, against: str = "base", dtype: str | None = None,
                  settings: EquivSettings | None = None, sets: Sequence[str] = (),
                  environ: Mapping[str, str] | None = None, echo: Log = print,
                  startup_timeout: float | None = None, host_address: str | None = None) -> EquivRun:
-    """Build what is needed, serve both sides at once, compare, write the reports; never raises on a gate."""
+    """Prepare what is needed (``runtime``: one that serves several servers at once), serve both sides at once,
+    compare, write the reports; never raises on a gate."""
     environ = os.environ if environ is None else environ
     settings = settings or resolved.target.equiv
     chosen = check_dtype(dtype or settings.dtype)
@@ -217,13 +217,13 @@ def equiv_target(resolved: Resolved, *, against: str = "base", dtype: str | None
     run_dir = resolved.manifest.root / ".imageforge" / "runs" / run_id
     echo(f"equiv {candidate.label} vs {reference.label}: {len(settings.prompts)} prompts, top-{settings.top_k}, "
          f"{settings.greedy_tokens} greedy tokens, both in {chosen}  run {run_id}")
-    built = build_target(candidate.resolved, environ=environ, echo=echo)
+    built = runtime.prepare(candidate.resolved, environ=environ, log=echo, pin=True)
     ref_image = reference.image
     if not reference.base and ref_image is None:
-        ref_image = build_target(reference.resolved, environ=environ, echo=echo).image_id
+        ref_image = runtime.prepare(reference.resolved, environ=environ, log=echo, pin=True).served
     reference = dataclasses.replace(reference, image=ref_image)
     with serving_pair(candidate, reference, environ=environ, log=echo, run_id=run_id,
-                      startup_timeout=startup_timeout, candidate_image=built.image_id,
+                      startup_timeout=startup_timeout, candidate_image=built.served,
                       host_address=host_address) as (cand, ref):
         result = compare_urls(ref.url, cand.url, settings, chosen, labels=(candidate.label, reference.label),
                               run_dir=run_dir)
@@ -250,60 +250,34 @@ def required_resolved(resolved: Resolved) -> Resolved:
                                profile_steps=tuple(s for s in resolved.profile_steps if s.id in wanted))
 
 
-@contextlib.contextmanager
-def serving_one(side: Side, *, image: str | None, environ: Mapping[str, str], log: Log, run_id: str,
-                startup_timeout: float | None, host_address: str | None, in_place: Any = None) -> Iterator[Any]:
-    """One server for ``side``: its container (Docker), or with ``in_place`` the process serving the root."""
-    if in_place is not None:
-        cm = in_place.serving(side.resolved, environ=environ, run_id=run_id, log=log,
-                              startup_timeout=startup_timeout, host_address=host_address)
-    else:
-        cm = serving(side.resolved, environ=environ, base=side.base, image=image, run_id=run_id, log=log,
-                     startup_timeout=startup_timeout, host_address=host_address)
-    with cm as server:
-        yield server
+def _prepare_side(runtime: Runtime, side: Side, environ: Mapping[str, str], echo: Log) -> Prepared:
+    """What ``side`` serves: its image as given, the base (serving config only), or its steps (built, or applied
+    in place)."""
+    return runtime.prepare(side.resolved, environ=environ, log=echo, base=side.base, image=side.image, pin=True)
 
 
-def _served_id(server: Any, image: str | None, in_place: Any) -> str:
-    if in_place is not None:
-        return str(server.image)
-    found = image_or_none(image or server.image)
-    return str(getattr(found, "id", None) or image or server.image)
-
-
-def _image_of(side: Side, environ: Mapping[str, str], echo: Log) -> str | None:
-    """The image a Docker side runs: given, the base (None: found by ``serving``), or built (or reused)."""
-    if side.image is not None or side.base:
-        return side.image
-    return build_target(side.resolved, environ=environ, echo=echo).image_id
-
-
-def record_reference(resolved: Resolved, path: Path, *, against: str = "base", dtype: str | None = None,
-                     settings: EquivSettings | None = None, sets: Sequence[str] = (),
+def record_reference(resolved: Resolved, path: Path, runtime: Runtime, *, against: str = "base",
+                     dtype: str | None = None, settings: EquivSettings | None = None, sets: Sequence[str] = (),
                      environ: Mapping[str, str] | None = None, echo: Log = print, startup_timeout: float | None = None,
-                     host_address: str | None = None, in_place: Any = None, reference: Side | None = None) -> Record:
+                     host_address: str | None = None, reference: Side | None = None) -> Record:
     """``equiv --record FILE``: serve the reference alone, collect its evidence, write the record.
 
-    Docker: the reference ``--against`` names (default the base image with the serving config). In place:
-    ``reference`` (default: what the root serves now, e.g. the required steps applied).
+    The reference: ``reference``, else the one ``--against`` names (default the base with the serving config).
     """
     environ = os.environ if environ is None else environ
     settings = settings or resolved.target.equiv
     chosen = check_dtype(dtype or settings.dtype)
     check_fits(resolved, settings, chosen)
     if reference is None:
-        if in_place is not None:
-            reference = Side("what the root serves", with_serving_value(resolved, "dtype", chosen))
-        else:
-            reference = sides(resolved, against, dtype=chosen, sets=sets, environ=environ)[1]
+        reference = sides(resolved, against, dtype=chosen, sets=sets, environ=environ)[1]
     echo(f"equiv --record {path}: {reference.label}, {len(settings.prompts)} prompts, top-{settings.top_k}, "
          f"{settings.greedy_tokens} greedy tokens, in {chosen}")
-    image = None if in_place is not None else _image_of(reference, environ, echo)
-    with serving_one(reference, image=image, environ=environ, log=echo, run_id=new_run_id() + "-ref",
-                     startup_timeout=startup_timeout, host_address=host_address, in_place=in_place) as server:
+    prepared = _prepare_side(runtime, reference, environ, echo)
+    with runtime.serving(reference.resolved, prepared, environ=environ, log=echo, run_id=new_run_id() + "-ref",
+                         startup_timeout=startup_timeout, host_address=host_address) as server:
         evidence = collect_reference(server.url, settings.prompts, top_k=settings.top_k,
                                      greedy_tokens=settings.greedy_tokens)
-        served = _served_id(server, image, in_place)
+        served = runtime.identity(server, prepared)
     record = make_record(evidence, settings, chosen, served=served, label=reference.label,
                          target=resolved.target.name,
                          profile="base" if reference.base else reference.resolved.profile_name,
@@ -349,9 +323,9 @@ def record_running(resolved: Resolved, path: Path, url: str, *, dtype: str | Non
     return record
 
 
-def against_record(resolved: Resolved, record: Record, *, dtype: str | None = None,
+def against_record(resolved: Resolved, record: Record, runtime: Runtime, *, dtype: str | None = None,
                    environ: Mapping[str, str] | None = None, echo: Log = print, startup_timeout: float | None = None,
-                   host_address: str | None = None, in_place: Any = None, where: str = "") -> EquivRun:
+                   host_address: str | None = None, where: str = "") -> EquivRun:
     """``equiv --against FILE``: serve the candidate alone, score the recorded sequences, gate in the record's dtype."""
     environ = os.environ if environ is None else environ
     if dtype and dtype != record.dtype:
@@ -368,9 +342,9 @@ def against_record(resolved: Resolved, record: Record, *, dtype: str | None = No
     run_dir = resolved.manifest.root / ".imageforge" / "runs" / run_id
     echo(f"equiv {candidate.label} vs {record.describe()}: {len(record.evidence.prompts)} prompts, "
          f"top-{record.top_k}, in {record.dtype}  run {run_id}")
-    image = None if in_place is not None else _image_of(candidate, environ, echo)
-    with serving_one(candidate, image=image, environ=environ, log=echo, run_id=run_id, startup_timeout=startup_timeout,
-                     host_address=host_address, in_place=in_place) as server:
+    prepared = _prepare_side(runtime, candidate, environ, echo)
+    with runtime.serving(candidate.resolved, prepared, environ=environ, log=echo, run_id=run_id,
+                         startup_timeout=startup_timeout, host_address=host_address) as server:
         cand = collect_against(server.url, record.evidence)
     verdict = gate(compare(record.evidence, cand), settings.tolerance(record.dtype), record.dtype)
     result = EquivRun(verdict, record.evidence, cand, run_dir,
@@ -381,11 +355,11 @@ def against_record(resolved: Resolved, record: Record, *, dtype: str | None = No
     return result
 
 
-def equiv_in_place(resolved: Resolved, in_place: Any, *, record: Path | None = None, against: Path | None = None,
-                   dtype: str | None = None, settings: EquivSettings | None = None,
-                   environ: Mapping[str, str] | None = None, echo: Log = print,
-                   host_address: str | None = None) -> EquivRun | None:
-    """``equiv --in-place``: one server at a time on this machine, the root as before at the end.
+def equiv_one_at_a_time(resolved: Resolved, runtime: Runtime, *, record: Path | None = None,
+                        against: Path | None = None, dtype: str | None = None, settings: EquivSettings | None = None,
+                        environ: Mapping[str, str] | None = None, echo: Log = print,
+                        host_address: str | None = None) -> EquivRun | None:
+    """``equiv --in-place``: one server at a time (``runtime``), what it prepared put back at the end.
 
     * ``record`` only: the reference (the ``required: true`` steps applied: bi100's organisers' baseline; none
       on cpu: the root as installed) served and recorded; None returned;
@@ -399,24 +373,22 @@ def equiv_in_place(resolved: Resolved, in_place: Any, *, record: Path | None = N
     starts = (1 if against is None else 0) + (1 if record is None or against is None else 0)
     if record is not None and against is not None:
         raise ConfigError("equiv: --record FILE and --against FILE are two commands")
-    echo(f"equiv --in-place on {in_place.root}: {starts} server start(s), one at a time")
-    with in_place.kept(resolved.manifest, environ=environ, log=echo):
+    echo(f"equiv {runtime.where}: {starts} server start(s), one at a time")
+    with runtime.restoring(resolved.manifest, environ=environ, log=echo):
         if against is None:
             reference = required_resolved(resolved)
             names = ", ".join(s.id for s in reference.steps) or "none: the root as installed"
-            in_place.apply(reference, environ=environ, log=echo)
             path = record or resolved.manifest.root / ".imageforge" / "runs" / new_run_id() / "reference.json"
             kept = record_reference(
-                resolved, path, dtype=chosen, settings=settings, environ=environ, echo=echo,
-                host_address=host_address, in_place=in_place,
+                resolved, path, runtime, dtype=chosen, settings=settings, environ=environ, echo=echo,
+                host_address=host_address,
                 reference=Side(f"required steps ({names})", with_serving_value(reference, "dtype", chosen)))
             if record is not None:
                 return None
         else:
             kept = load_record(against)
-        in_place.apply(resolved, environ=environ, log=echo)
-        return against_record(resolved, kept, dtype=None if against is None else dtype, environ=environ,
-                              echo=echo, host_address=host_address, in_place=in_place,
+        return against_record(resolved, kept, runtime, dtype=None if against is None else dtype, environ=environ,
+                              echo=echo, host_address=host_address,
                               where=str(against) if against is not None else "reference")
 
 
@@ -440,7 +412,7 @@ __all__ = [
     "check_dtype",
     "check_fits",
     "compare_urls",
-    "equiv_in_place",
+    "equiv_one_at_a_time",
     "equiv_target",
     "load_record",
     "record_reference",
@@ -448,7 +420,6 @@ __all__ = [
     "renamed",
     "required_resolved",
     "served_dtype",
-    "serving_one",
     "serving_pair",
     "settings_from_cli",
     "sides",
@@ -457,12 +428,12 @@ __all__ = [
 
 
 def refuse_url_options(record: str, against: str, profile: str | None, sets: Sequence[str],
-                      in_place: InPlace | None) -> None:
+                       runtime: Runtime | None) -> None:
     """`equiv --url`: only with --record FILE, and nothing that would pick, apply or start what is served."""
     if not record:
         raise ConfigError("equiv --url reads a running server: only --record FILE takes it",
                           hint="equiv --record FILE --url URL, then equiv --against FILE (serves the candidate)")
-    if in_place is not None:
+    if runtime is not None and runtime.one_at_a_time:
         raise ConfigError("equiv --record --url records the server already running: --in-place would apply and "
                           "start one", hint="drop --in-place (nothing is applied, started or stopped with --url), "
                           "or drop --url to serve the reference in place")

@@ -5,7 +5,7 @@ without every step that ``requires:`` it, transitively (:func:`graph.dependents`
 ``required: true`` is listed and skipped, and so is a step whose removal would drop a required
 dependent.  Default choice: every step of the chain (shared, then the profile's).
 
-In place (one server at a time): :func:`in_place_slots` -- full, each variant, full again -- and
+In place (one server at a time): :func:`one_at_a_time_slots` -- full, each variant, full again -- and
 :func:`bracketed_results` pairs each variant with the geometric mean of the full runs before and after it.
 
 Schedule (ABAB): one block per variant; in a block the full image and the
@@ -129,7 +129,7 @@ class ServerSlot:
     block: int | None  # the variant's block (None: a full server)
 
 
-def in_place_slots(plan: AblationPlan) -> tuple[ServerSlot, ...]:
+def one_at_a_time_slots(plan: AblationPlan) -> tuple[ServerSlot, ...]:
     """In place the machine serves one thing at a time: full, each variant, full again (``n + 2`` starts).
 
     Each server gets ``plan.repeats`` bench runs in a row (round r of each server uses the same seed as round r

@@ -4,7 +4,7 @@ Every variant is built first (no build runs between benches); the full image's s
 server is started once for its block; the bench runs alternate full, variant, full, variant ... with the same
 workload (a pair shares its seed; every pair has its own, so no run hits another run's prefix cache); after its
 block each variant is compared with the full image by equiv in the served dtype (both servers are up already).
-In place (:func:`ablate_in_place`): one server at a time -- full, each variant, full again.
+One server at a time (:func:`ablate_one_at_a_time`, in place) -- full, each variant, full again.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from ..equiv.compare import compare, gate
 from ..equiv.runner import compare_urls, served_dtype
 from ..errors import ImageforgeError, SmokeError
 from ..rundirs import new_run_id
-from ..serve.container import serving
 from .ablate import (
     FULL,
     AblationPlan,
@@ -33,15 +32,16 @@ from .ablate import (
     Metrics,
     RunResult,
     bracketed_results,
-    in_place_slots,
+    one_at_a_time_slots,
     plan_ablation,
     summarize,
 )
-from .subsets import build_subset, file_log, first_line, subset_resolved
+from .subsets import file_log, first_line, subset_resolved
 
 if TYPE_CHECKING:
     from ..bench import BenchResult, Workload
     from ..manifest.resolve import Resolved
+    from ..serve.runtime import Prepared, Runtime
 
 Log = Callable[[str], None]
 
@@ -108,24 +108,26 @@ def _ablation_start(resolved: Resolved, workload: Workload, steps: Sequence[str]
     return start
 
 
-def ablate_target(resolved: Resolved, workload: Workload, *, steps: Sequence[str] | None = None, repeats: int = 3,
+def ablate_target(resolved: Resolved, workload: Workload, runtime: Runtime, *, steps: Sequence[str] | None = None,
+                  repeats: int = 3,
                   out: Path | None = None, equiv: bool = True, environ: Mapping[str, str] | None = None,
                   echo: Log = print, startup_timeout: float | None = None,
                   host_address: str | None = None) -> AblationRun:
-    """Build every variant, then bench full/variant ABAB per block, equiv each variant; table + JSON/CSV.
+    """Prepare every variant (``runtime``: one that serves several servers at once), then bench full/variant ABAB
+    per block, equiv each variant; table + JSON/CSV.
 
     Every server is published on and reached at ``host_address`` (default: from ``environ``).
     """
     environ, plan, run_id, out, started_at, t0 = _ablation_start(resolved, workload, steps, repeats, out, environ,
                                                                  echo)
-    images: dict[str, str] = {}
+    images: dict[str, Prepared] = {}
     builds: dict[str, str] = {}
     for name, keep in [(FULL, plan.full), *((v.step, v.steps) for v in plan.variants)]:
         try:
-            built = build_subset(resolved, keep, suffix="ablate", environ=environ,
-                                 log=file_log(out / "build.log"))
-            images[name] = built.image_id
-            builds[name] = f"{built.built} of {len(built.steps)} layers built"
+            built = runtime.prepare(subset_resolved(resolved, keep, suffix="ablate"), environ=environ,
+                                    log=file_log(out / "build.log"), pin=True)
+            images[name] = built
+            builds[name] = f"{built.built} of {built.layers} layers built"
         except ImageforgeError as exc:
             if name == FULL:
                 raise
@@ -151,8 +153,9 @@ def ablate_target(resolved: Resolved, workload: Workload, *, steps: Sequence[str
         return metrics
 
     full_resolved = subset_resolved(resolved, plan.full, suffix="ablate")
-    with serving(full_resolved, environ=environ, image=images[FULL], run_id=f"{run_id}-full",
-                 startup_timeout=startup_timeout, log=file_log(out / "servers.log"), host_address=host_address) as full:
+    with runtime.serving(full_resolved, images[FULL], environ=environ, run_id=f"{run_id}-full",
+                         startup_timeout=startup_timeout, log=file_log(out / "servers.log"),
+                         host_address=host_address) as full:
         echo(f"  full image serving at {full.url} "
              + (f"({full.name} reused)" if full.reused else f"(ready after {full.startup_seconds or 0:.0f}s)"))
         for block, variant in enumerate(plan.variants):
@@ -164,10 +167,9 @@ def ablate_target(resolved: Resolved, workload: Workload, *, steps: Sequence[str
                 continue
             echo(f"  block {block + 1}/{len(plan.variants)}: without {', '.join(variant.dropped)}")
             try:
-                with serving(subset_resolved(resolved, variant.steps, suffix="ablate"), environ=environ,
-                             image=images[variant.step], run_id=f"{run_id}-v{block}",
-                             startup_timeout=startup_timeout, log=file_log(out / "servers.log"),
-                             host_address=host_address) as other:
+                with runtime.serving(subset_resolved(resolved, variant.steps, suffix="ablate"), images[variant.step],
+                                     environ=environ, run_id=f"{run_id}-v{block}", startup_timeout=startup_timeout,
+                                     log=file_log(out / "servers.log"), host_address=host_address) as other:
                     for r in runs:
                         results.append(RunResult(r, bench_one(full.url if r.role == "full" else other.url, r)))
                     if equiv:
@@ -187,20 +189,20 @@ def ablate_target(resolved: Resolved, workload: Workload, *, steps: Sequence[str
     return result
 
 
-def ablate_in_place(resolved: Resolved, workload: Workload, in_place: Any, *, steps: Sequence[str] | None = None,
-                    repeats: int = 3, out: Path | None = None, equiv: bool = True,
-                    environ: Mapping[str, str] | None = None, echo: Log = print,
-                    startup_timeout: float | None = None, host_address: str | None = None) -> AblationRun:
-    """``ablate --in-place``: one server at a time on this machine -- full, each variant, full again.
+def ablate_one_at_a_time(resolved: Resolved, workload: Workload, runtime: Runtime, *,
+                         steps: Sequence[str] | None = None, repeats: int = 3, out: Path | None = None,
+                         equiv: bool = True, environ: Mapping[str, str] | None = None, echo: Log = print,
+                         startup_timeout: float | None = None, host_address: str | None = None) -> AblationRun:
+    """``ablate --in-place``: one server at a time (``runtime``) -- full, each variant, full again.
 
-    Each server: its steps applied under the root, served as a process, ``repeats`` bench runs, stopped. equiv of a
+    Each server: its steps prepared (applied under the root), served, ``repeats`` bench runs, stopped. equiv of a
     variant is against the evidence the first full server gave (in the served dtype). The root is as before at the
     end. The table is the ABAB one's, each variant paired with the full runs around it (:func:`bracketed_results`).
     """
     environ, plan, run_id, out, started_at, t0 = _ablation_start(resolved, workload, steps, repeats, out, environ,
                                                                  echo)
-    slots = in_place_slots(plan)
-    echo(f"ablate --in-place on {in_place.root}: {len(slots)} server starts, one at a time: "
+    slots = one_at_a_time_slots(plan)
+    echo(f"ablate {runtime.where}: {len(slots)} server starts, one at a time: "
          + ", ".join(slot.label for slot in slots))
     load_before = list(os.getloadavg())
     seeds = [workload.seed + r for r in range(plan.repeats)]
@@ -210,16 +212,17 @@ def ablate_in_place(resolved: Resolved, workload: Workload, in_place: Any, *, st
     reference = None
     settings = resolved.target.equiv
     dtype = served_dtype(resolved)
-    with in_place.kept(resolved.manifest, environ=environ, log=echo):
+    with runtime.restoring(resolved.manifest, environ=environ, log=echo):
         for slot in slots:
             runs: list[Metrics | None] = []
             measured[slot.index] = runs
             subset = subset_resolved(resolved, slot.steps, suffix="ablate")
             try:
-                served[slot.label] = in_place.apply(subset, environ=environ, log=file_log(out / "apply.log"))
-                with in_place.serving(subset, environ=environ, run_id=f"{run_id}-s{slot.index}",
-                                      startup_timeout=startup_timeout, log=file_log(out / "servers.log"),
-                                      host_address=host_address) as server:
+                prepared = runtime.prepare(subset, environ=environ, log=file_log(out / "apply.log"))
+                served[slot.label] = prepared.note
+                with runtime.serving(subset, prepared, environ=environ, run_id=f"{run_id}-s{slot.index}",
+                                     startup_timeout=startup_timeout, log=file_log(out / "servers.log"),
+                                     host_address=host_address) as server:
                     echo(f"  [{slot.index + 1}/{len(slots)}] {slot.label}: up after "
                          f"{server.startup_seconds or 0:.0f}s")
                     for r in range(plan.repeats):

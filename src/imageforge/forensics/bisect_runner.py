@@ -25,7 +25,6 @@ from ..equiv.compare import compare, gate
 from ..equiv.runner import EquivRun, check_dtype, compare_urls, renamed, with_serving_value
 from ..errors import ConfigError, ImageforgeError, SmokeError
 from ..rundirs import new_run_id
-from ..serve.container import serving
 from ..serve.openai_wire import short
 from ..smoke import (
     DEFAULT_TAGS,
@@ -43,12 +42,13 @@ from ..smoke.results import truncate
 from ..smoke.table import FIRST_FAILURE
 from ..steps import kind
 from .search import BisectResult, FlakyPolicy, Outcome, bisect, probe_bound
-from .subsets import build_subset, file_log, first_line, step_label, subset_resolved
+from .subsets import file_log, first_line, step_label, subset_resolved
 
 if TYPE_CHECKING:
     from ..manifest.model import Step
     from ..manifest.resolve import Resolved
     from ..serve.container import Server
+    from ..serve.runtime import Runtime
     from ..smoke import SmokeReport, Suite
 
 Log = Callable[[str], None]
@@ -195,16 +195,16 @@ class BisectRun:
         return {"k": k, **evidence.to_json(), "log": str(self.log_of(k))}
 
 
-def bisect_target(resolved: Resolved, *, checks: Sequence[str] = (), suite_path: str | None = None,
+def bisect_target(resolved: Resolved, runtime: Runtime, *, checks: Sequence[str] = (), suite_path: str | None = None,
                   tags: Sequence[str] | None = None, repeat: int = 1, flaky: FlakyPolicy = "fail",
                   environ: Mapping[str, str] | None = None, echo: Log = print,
-                  startup_timeout: float | None = None, host_address: str | None = None,
-                  in_place: Any = None) -> BisectRun:
-    """Binary search over the images after step k for the first one failing the selected checks.
+                  startup_timeout: float | None = None, host_address: str | None = None) -> BisectRun:
+    """Binary search over the cuts after step k (each prepared by ``runtime``: its image built, or its steps
+    applied in place) for the first one failing the selected checks.
 
-    Every server is published on and reached at ``host_address`` (default: from ``environ``).  ``in_place``:
-    each cut's steps applied under its root and served as a process, one at a time (equiv: the base's evidence is
-    recorded first, then each cut is compared with it); the root is as before at the end.
+    Every server is published on and reached at ``host_address`` (default: from ``environ``).  A runtime that
+    serves one server at a time (in place): the equiv base's evidence is recorded first, then each cut is compared
+    with it; what was prepared is put back at the end.
     """
     environ = os.environ if environ is None else environ
     steps = resolved.steps
@@ -219,16 +219,11 @@ def bisect_target(resolved: Resolved, *, checks: Sequence[str] = (), suite_path:
         raise ConfigError("bisect: --check equiv cannot be combined with smoke checks", found=", ".join(checks))
     reports: dict[int, list[str]] = {}
 
-    def build_cut(k: int, log: Log, subject: Resolved) -> str:
-        return build_subset(subject, [s.id for s in steps[:k]], suffix="bisect", environ=environ, log=log).image_id
-
-    probing = _Probing(build_cut, run_dir, reports, environ, echo, startup_timeout, host_address, in_place)
-    if in_place is not None:
+    probing = _Probing(runtime, run_dir, reports, environ, echo, startup_timeout, host_address)
+    if runtime.one_at_a_time:
         bound = probe_bound(len(steps)) * repeat + (1 if use_equiv else 0)
-        echo(f"bisect --in-place on {in_place.root}: at most {bound} server starts, one at a time")
-    with contextlib.ExitStack() as stack:
-        if in_place is not None:
-            stack.enter_context(in_place.kept(resolved.manifest, environ=environ, log=echo))
+        echo(f"bisect {runtime.where}: at most {bound} server starts, one at a time")
+    with runtime.restoring(resolved.manifest, environ=environ, log=echo):
         result, selection = _bisect_search(resolved, steps, checks, suite_path, tags, repeat, flaky, use_equiv,
                                            probing, run_id)
     run = BisectRun(result, steps, labels, run_dir, selection, reports)
@@ -247,8 +242,8 @@ def _bisect_search(resolved: Resolved, steps: Sequence[Step], checks: Sequence[s
     if use_equiv:
         selection = "--check equiv (accuracy gate against the base)"
         with _equiv_reference(resolved, environ=environ, echo=echo, run_id=run_id, startup_timeout=startup_timeout,
-                              host_address=host_address, in_place=probing.in_place) as (ref_url, subject, settings,
-                                                                                        dtype):
+                              host_address=host_address, runtime=probing.runtime) as (ref_url, subject, settings,
+                                                                                      dtype):
 
             def probe(k: int) -> Outcome:
                 return _equiv_probe(k, subject, ref_url, settings, dtype, probing)
@@ -272,44 +267,31 @@ def _bisect_search(resolved: Resolved, steps: Sequence[Step], checks: Sequence[s
 
 @dataclass(frozen=True)
 class _Probing:
-    """What every bisect probe shares: how a cut is built, where its logs and reports go, how it is served."""
+    """What every bisect probe shares: the runtime that prepares and serves a cut, where its logs and reports go."""
 
-    build_cut: Callable[[int, Log, Resolved], str]
+    runtime: Runtime
     run_dir: Path
     reports: dict[int, list[str]]
     environ: Mapping[str, str]
     echo: Log
     startup_timeout: float | None
     host_address: str | None
-    in_place: Any = None  # an imageforge.serve.process.InPlace: apply the cut under its root, serve a process
 
 
-def _probe_cut(k: int, build_as: Resolved, serve_as: Resolved, p: _Probing, *, what: str, no_server: str,
+def _probe_cut(k: int, whole: Resolved, p: _Probing, *, what: str, no_server: str,
                measure: Callable[[Server, Log], Outcome]) -> Outcome:
-    """Build the image after step ``k``, serve it, ``measure`` it: a build or start failure is a failing cut."""
+    """Prepare the cut after step ``k`` of ``whole`` (built, or applied in place), serve it, ``measure`` it: a
+    failure to prepare or start is a failing cut."""
     log = file_log(p.run_dir / f"cut-{k}.log")
     p.echo(f"bisect: probing k={k}{what} (log {p.run_dir / f'cut-{k}.log'})")
-    if p.in_place is not None:
-        cut = subset_resolved(build_as, [s.id for s in build_as.steps[:k]], suffix="bisect")
-        try:
-            p.in_place.apply(cut, environ=p.environ, log=log)
-        except ImageforgeError as exc:
-            return Outcome(False, f"the steps up to {k} did not apply in place: {first_line(exc)}")
-        try:
-            with p.in_place.serving(cut, environ=p.environ, startup_timeout=p.startup_timeout, log=log,
-                                    host_address=p.host_address) as process:
-                return measure(process, log)
-        except SmokeError as exc:
-            return Outcome(False, f"{no_server.format(k=k)}: {first_line(exc)}")
-    image: str | None = None
-    if k > 0:  # no step yet: the base image itself, served with the serving arguments as `run --base` serves it
-        try:
-            image = p.build_cut(k, log, build_as)
-        except ImageforgeError as exc:
-            return Outcome(False, f"the image after step {k} did not build: {first_line(exc)}")
+    cut = subset_resolved(whole, [s.id for s in whole.steps[:k]], suffix="bisect")
+    try:  # k = 0, no step yet: the base with the serving arguments, as `run --base` serves it
+        prepared = p.runtime.prepare(cut, environ=p.environ, log=log, base=k == 0, pin=True)
+    except ImageforgeError as exc:
+        return Outcome(False, f"{p.runtime.prepare_failed(f'after step {k}')}: {first_line(exc)}")
     try:
-        with serving(serve_as, environ=p.environ, image=image, base=k == 0, startup_timeout=p.startup_timeout,
-                     log=log, host_address=p.host_address) as server:
+        with p.runtime.serving(cut, prepared, environ=p.environ, startup_timeout=p.startup_timeout, log=log,
+                               host_address=p.host_address) as server:
             return measure(server, log)
     except SmokeError as exc:
         return Outcome(False, f"{no_server.format(k=k)}: {first_line(exc)}")
@@ -332,31 +314,29 @@ def _smoke_probe(k: int, resolved: Resolved, suite: Suite, p: _Probing) -> Outco
         names = ", ".join(r.check.id for r in failed)
         return Outcome(False, f"{report.summary_line()} ({names})\n{text}", Evidence.of_smoke(report))
 
-    serve_as = subset_resolved(resolved, [s.id for s in resolved.steps[:k]], suffix="bisect")
-    return _probe_cut(k, resolved, serve_as, p, what="", measure=measure,
+    return _probe_cut(k, resolved, p, what="", measure=measure,
                       no_server="the server of the image after step {k} did not start")
 
 
 @contextlib.contextmanager
 def _equiv_reference(resolved: Resolved, *, environ: Mapping[str, str], echo: Log, run_id: str,
                      startup_timeout: float | None, host_address: str | None = None,
-                     in_place: Any = None) -> Iterator[tuple[Any, Resolved, Any, Any]]:
-    """The base reference server, started once for a whole equiv bisect (in place: its evidence, recorded first)."""
+                     runtime: Runtime) -> Iterator[tuple[Any, Resolved, Any, Any]]:
+    """The base reference server, started once for a whole equiv bisect and kept up beside each cut's (one server
+    at a time: its evidence, recorded first)."""
     settings = resolved.target.equiv
     dtype = check_dtype(settings.dtype)
     subject = renamed(with_serving_value(resolved, "dtype", dtype), "equiv")
-    if in_place is not None:
-        base = subset_resolved(subject, [], suffix="bisect")
-        in_place.apply(base, environ=environ, log=echo)
-        with in_place.serving(base, environ=environ, run_id=f"{run_id}-ref", startup_timeout=startup_timeout,
-                              log=echo, host_address=host_address) as ref:
-            evidence = collect_reference(ref.url, settings.prompts, top_k=settings.top_k,
-                                         greedy_tokens=settings.greedy_tokens)
-        yield evidence, subject, settings, dtype
-        return
-    with serving(subject, environ=environ, base=True, run_id=f"{run_id}-ref", startup_timeout=startup_timeout,
-                 log=echo, host_address=host_address) as ref:
-        yield ref.url, subject, settings, dtype
+    base = subset_resolved(subject, [], suffix="bisect")
+    prepared = runtime.prepare(base, environ=environ, log=echo, base=True)
+    with runtime.serving(base, prepared, environ=environ, run_id=f"{run_id}-ref", startup_timeout=startup_timeout,
+                         log=echo, host_address=host_address) as ref:
+        if not runtime.one_at_a_time:
+            yield ref.url, subject, settings, dtype
+            return
+        evidence = collect_reference(ref.url, settings.prompts, top_k=settings.top_k,
+                                     greedy_tokens=settings.greedy_tokens)
+    yield evidence, subject, settings, dtype
 
 
 def _equiv_probe(k: int, subject: Resolved, ref_url: Any, settings: Any, dtype: Any, p: _Probing) -> Outcome:
@@ -372,5 +352,5 @@ def _equiv_probe(k: int, subject: Resolved, ref_url: Any, settings: Any, dtype: 
         return Outcome(result.verdict.passed, "" if result.verdict.passed else result.verdict.text(),
                        Evidence(out / "equiv.json"))
 
-    return _probe_cut(k, subject, subject, p, what=" with equiv", measure=measure,
+    return _probe_cut(k, subject, p, what=" with equiv", measure=measure,
                       no_server="the image after step {k}")

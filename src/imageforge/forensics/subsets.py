@@ -11,16 +11,14 @@ Verification imports only the listed modules the kept steps still provide: a lis
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..build import build_target
 from ..errors import ConfigError, ImageforgeError
 from ..steps import kind
 
 if TYPE_CHECKING:
-    from ..build import BuildResult
     from ..manifest.model import Step
     from ..manifest.resolve import Resolved
 
@@ -60,11 +58,6 @@ def subset_resolved(resolved: Resolved, keep: Sequence[str], *, suffix: str) -> 
         shared_steps=tuple(s for s in resolved.shared_steps if s.id in wanted),
         profile_steps=tuple(s for s in resolved.profile_steps if s.id in wanted),
     )
-
-
-def build_subset(resolved: Resolved, keep: Sequence[str], *, suffix: str, environ: Mapping[str, str],
-                 log: Log) -> BuildResult:
-    return build_target(subset_resolved(resolved, keep, suffix=suffix), environ=environ, echo=log)
 
 
 def step_label(step: Step, k: int) -> str:

@@ -57,7 +57,7 @@ def _guard(step: str, site: str, path: str) -> None:
                         f"({current} -> {_os.readlink(current)})")
 
 
-def _op_patch(spec: dict[str, Any], here: str) -> None:
+def _op_edit(spec: dict[str, Any], here: str) -> None:
     step, path = spec["step"], spec["path"]
     _guard(step, spec["site"], path)
     if not _os.path.lexists(path):
@@ -95,7 +95,7 @@ def _check_python(step: str, path: str, text: str, spec: dict[str, Any], lines: 
         _fail(step, f"step {step!r} breaks {path}: line {problem.line:d}: {problem.error}\n{problem.context}")
 
 
-def _op_overlay(spec: dict[str, Any], here: str) -> None:
+def _op_place(spec: dict[str, Any], here: str) -> None:
     step, path = spec["step"], spec["path"]
     _guard(step, spec["site"], path)
     if path.endswith(".py"):
@@ -118,7 +118,7 @@ def _op_overlay(spec: dict[str, Any], here: str) -> None:
     print(f"imageforge: step {step}: {'replaced' if existed else 'added'} {path} (mode {spec['mode']:o})")
 
 
-def _op_symlink(spec: dict[str, Any], here: str) -> None:
+def _op_link(spec: dict[str, Any], here: str) -> None:
     step = spec["step"]
     if "glob" in spec:
         directory, name_glob = _posixpath.split(spec["glob"])
@@ -168,7 +168,7 @@ def _op_tree(spec: dict[str, Any], here: str) -> None:
     print(f"imageforge: step {spec['step']}: {len(spec['entries']):d} entries of {dest} set")
 
 
-def _op_native(spec: dict[str, Any], here: str) -> None:
+def _op_install(spec: dict[str, Any], here: str) -> None:
     """A native step's pinned files: each copied only when its sha256 is its pin (never loaded), mode, root, mtime."""
     step = spec["step"]
     for entry in spec["files"]:
@@ -190,7 +190,9 @@ def _op_native(spec: dict[str, Any], here: str) -> None:
         print(f"imageforge: step {step}: installed {path} (sha256 {digest[:12]}, its pin)")
 
 
-_OPS = {"patch": _op_patch, "overlay": _op_overlay, "symlink": _op_symlink, "tree": _op_tree, "native": _op_native}
+#: The file operations this program knows, by what they do to the tree (a step kind's ``emit`` names the one it
+#: needs: this stdlib program cannot import the kinds, and names none of them).
+_OPS = {"edit": _op_edit, "place": _op_place, "link": _op_link, "tree": _op_tree, "install": _op_install}
 
 
 def _main(argv: list[str]) -> None:

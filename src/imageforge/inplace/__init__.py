@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..manifest.resolve import Resolved
-from .apply import ApplyReport, StepResult, apply, select_steps
+from .apply import ApplyReport, apply, select_steps
 from .journal import JOURNAL_DIR, Journal
 from .localfs import LocalFS
 from .package import LocalPackage, discover_local
@@ -47,7 +47,6 @@ __all__ = [
     "LocalPackage",
     "RevertReport",
     "StatusReport",
-    "StepResult",
     "applied",
     "apply",
     "discover_local",

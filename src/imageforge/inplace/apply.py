@@ -32,7 +32,7 @@ from typing import Any
 from ..errors import BuildError, ConfigError
 from ..manifest.model import Step
 from ..manifest.resolve import Resolved
-from ..steps import ApplyContext, Changes, ScriptSpec, kind
+from ..steps import ApplyContext, Changes, ScriptSpec, StepResult, kind
 from . import changescan
 from .changescan import ChangeScan
 from .interrupts import deferred, interruptible
@@ -42,7 +42,7 @@ from .package import LocalPackage, discover_local, without_own
 from .runner import LocalRunner
 from .safety import expand, guard_path, root_lock, scan_tops, under
 from .undo import recover, same_state, settle_drift, undo_step
-from .verify import VERIFY_STEP, InPlaceVerify, changed_in_journal, check, spec_in_place, verify_step
+from .verify import VERIFY_STEP, InPlaceVerify, changed_in_journal, check, spec_of_root, verify_step
 
 Log = Callable[[str], None]
 
@@ -55,18 +55,9 @@ def _quiet(_line: str) -> None:
     return None
 
 
-@dataclass(frozen=True)
-class StepResult:
-    id: str
-    kind: str
-    status: str  # applied | already applied | undone | ran | verified
-    detail: str
-    paths: int = 0
-    seconds: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "kind": self.kind, "status": self.status, "detail": self.detail, "paths": self.paths,
-                "seconds": round(self.seconds, 3)}
+def _step_json(s: StepResult) -> dict[str, Any]:
+    return {"id": s.id, "kind": s.kind, "status": s.status, "detail": s.detail, "paths": s.paths,
+            "seconds": round(s.seconds, 3)}
 
 
 @dataclass(frozen=True)
@@ -90,7 +81,7 @@ class ApplyReport:
         return {"target": self.target, "profile": self.profile, "root": self.root, "site": self.site,
                 "version": self.version, "python": self.python, "python_why": self.python_why,
                 "nothing_to_do": self.nothing_to_do,
-                "undone": list(self.undone), "steps": [s.to_json() for s in self.steps], "journal": self.journal,
+                "undone": list(self.undone), "steps": [_step_json(s) for s in self.steps], "journal": self.journal,
                 "seconds": round(self.seconds, 3), "verify": dict(self.verify), "drift_kept": list(self.drift_kept)}
 
     def text(self) -> str:
@@ -176,13 +167,11 @@ class _Applier:
         journal.save()  # write-ahead: every path's original and new state before the first write
         for action in todo:
             action()
-        for key_ in journal.touched_by(step.id):  # what the disk holds now (mtimes, made directories)
-            top = journal.paths[key_]["stack"][-1]
-            top["state"] = state_of(Path(key_))
+        journal.settle(step.id)  # what the disk holds now (mtimes, made directories)
         journal.complete(step.id, key, changes.detail)
         status = "applied" if todo else "already applied"
-        return StepResult(step.id, step.kind, status, changes.summary, len(journal.touched_by(step.id)),
-                          time.monotonic() - t0)
+        return StepResult(step.id, step.kind, status, changes.summary, time.monotonic() - t0,
+                          paths=len(journal.touched_by(step.id)))
 
     def _plan_changes(self, step: Step, changes: Changes) -> list[Callable[[], None]]:
         todo: list[Callable[[], None]] = []
@@ -255,8 +244,8 @@ class _Applier:
         snapshot_file.write_text(json.dumps(snapshot))
         for key_ in [str(r) for r in roots] + [k for k, s in snapshot.items() if s["type"] == "absent"]:
             folder = Path(key_).parent  # the declared trees' directories: their mtimes come back with them
-            if os.path.lexists(folder) and str(folder) not in journal.data["dirs"] and str(folder) not in journal.paths:
-                journal.data["dirs"][str(folder)] = state_of(folder)
+            if os.path.lexists(folder):
+                journal.note_dir(str(folder))
         journal.begin(step.id, key, snapshot=str(snapshot_file), roots=[str(r) for r in roots])
         journal.save()
         scan = self._change_scan(roots)
@@ -289,23 +278,20 @@ class _Applier:
             now = state_of(path)
             old = snapshot.get(key_, dict(ABSENT))
             if now["type"] == "dir" and old["type"] == "dir" and now.get("mode") == old.get("mode"):
-                if now.get("mtime_ns") != old.get("mtime_ns") and key_ not in journal.paths:
-                    journal.data["dirs"].setdefault(key_, old)  # only its mtime moved (a file made and removed)
+                if now.get("mtime_ns") != old.get("mtime_ns"):
+                    journal.note_dir(key_, old)  # only its mtime moved (a file made and removed)
                 continue
             if same_state(now, old):
                 continue
             if now["type"] == "file":
                 now["sha256"] = journal.keep(path)
-            parent = str(path.parent)
-            if parent not in journal.data["dirs"] and parent not in journal.paths:
-                journal.data["dirs"][parent] = snapshot.get(parent) or state_of(path.parent)
-            journal.note_original(path, old)
-            journal.paths[key_]["stack"].append({"step": step.id, "state": now})
+            journal.note_dir(str(path.parent), snapshot.get(str(path.parent)))
+            journal.push(path, step.id, now, original=old)
             count += 1
         journal.complete(step.id, key, changes.detail)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(snapshot_file)
-        return StepResult(step.id, step.kind, "ran", changes.detail, count, time.monotonic() - t0)
+        return StepResult(step.id, step.kind, "ran", changes.detail, time.monotonic() - t0, paths=count)
 
     def _change_scan(self, roots: Sequence[Path]) -> ChangeScan:
         """The undeclared-change scan's "before", taken right before the script (:mod:`.changescan`): exact
@@ -314,7 +300,7 @@ class _Applier:
         journal = self.journal
         ways = {str(p) for r in roots for p in r.parents if any(t in p.parents for t in tops)}
         scan = ChangeScan(tops, [*roots, journal.directory], deep, journal.directory,
-                          exact=[Path(k) for k in [*journal.paths, *journal.data["dirs"]] if k not in ways],
+                          exact=[Path(k) for k in [*journal.journaled(), *journal.directories()] if k not in ways],
                           loose=[Path(k) for k in sorted(ways)], clock=changescan.KernelClock())
         scan.before()
         return scan
@@ -350,13 +336,13 @@ def apply(resolved: Resolved, *, root: Path = Path("/"), python: str = "python3"
         if journal is not None:
             recover(journal, log)
             kept = settle_drift(journal, force, "apply")
-        applied = [(a["id"], a["key"]) for a in journal.data["applied"]] if journal else []
+        applied = journal.applied() if journal else []
         nothing = applied == keys
         if not nothing:
             if journal is None:
                 journal = Journal.create(root, header)
             else:
-                journal.data.update(header)
+                journal.update_header(header)
             prefix = 0
             while prefix < min(len(applied), len(keys)) and applied[prefix] == keys[prefix]:
                 prefix += 1
@@ -369,7 +355,7 @@ def apply(resolved: Resolved, *, root: Path = Path("/"), python: str = "python3"
             for step_id, key in keys[prefix:]:
                 try:
                     if step_id == VERIFY_STEP and step_id not in by_id:
-                        spec = spec_in_place(chosen, resolved.target, pkg, environ,
+                        spec = spec_of_root(chosen, resolved.target, pkg, environ,
                                              changed_in_journal(journal, pkg), imports=imports)
                         verified = verify_step(journal, pkg, environ, spec, key)
                         v = verified.verdict()
@@ -380,20 +366,20 @@ def apply(resolved: Resolved, *, root: Path = Path("/"), python: str = "python3"
                             + (f", {len(v['dead'])} dead (listed, not compiled): " + ", ".join(v["dead"][:8])
                                + (f" and {len(v['dead']) - 8} more (--json lists them)" if len(v["dead"]) > 8
                                   else "") if v["dead"] else ""),
-                            len(journal.touched_by(VERIFY_STEP)), verified.seconds))
+                            verified.seconds, paths=len(journal.touched_by(VERIFY_STEP))))
                     elif kind(by_id[step_id].kind).runs_process:
                         results.append(applier.script_step(by_id[step_id], key))
                     else:
                         results.append(applier.file_step(by_id[step_id], key))
                 except BaseException:
                     with deferred():
-                        if journal.data.get("in_progress"):
+                        if journal.in_progress():
                             undo_step(journal, step_id)
                     raise
                 log(f"  {results[-1].status:<8} {step_id}: {results[-1].detail}")
     if verified is None:  # verify applied before: check the tree as it is (nothing written)
         changed = changed_in_journal(journal, pkg) if journal is not None else []
-        verified = check(pkg, environ, spec_in_place(chosen, resolved.target, pkg, environ, changed, imports=imports))
+        verified = check(pkg, environ, spec_of_root(chosen, resolved.target, pkg, environ, changed, imports=imports))
     outcome = verified.to_json()
     report = ApplyReport(resolved.target.name, resolved.profile_name, str(root), pkg.site, pkg.version, pkg.python,
                          tuple(results), tuple(undone), nothing, str(journal_dir(root)), time.monotonic() - t0,

@@ -14,6 +14,7 @@ writers of the root; :func:`restore` puts a recorded state back (bytes, mode, ow
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -146,7 +147,7 @@ class Journal:
     """The journal of one root, loaded in memory; :meth:`save` writes it atomically and fsyncs it."""
 
     root: Path
-    data: dict[str, Any] = field(default_factory=dict)
+    _data: dict[str, Any] = field(default_factory=dict)  # changed only through the methods below
 
     # -- files -------------------------------------------------------------
 
@@ -196,7 +197,7 @@ class Journal:
         return journal
 
     def save(self) -> None:
-        text = json.dumps(self.data, indent=1, sort_keys=True)
+        text = json.dumps(self._data, indent=1, sort_keys=True)
         tmp = self.path.with_name("journal.json" + TMP_SUFFIX)
         with critical():
             with tmp.open("w") as fh:
@@ -238,9 +239,51 @@ class Journal:
     # -- recording -----------------------------------------------------------
 
     @property
-    def paths(self) -> dict[str, Any]:
-        paths: dict[str, Any] = self.data["paths"]
+    def _paths(self) -> dict[str, Any]:
+        paths: dict[str, Any] = self._data["paths"]
         return paths
+
+    # -- reading -------------------------------------------------------------
+
+    def get(self, name: str) -> Any:
+        """A header value (``target``, ``profile``, ``dist_info``, ...), None when absent."""
+        return self._data.get(name)
+
+    def record(self) -> dict[str, Any]:
+        """The whole journal as JSON data (a copy: `status` shows it)."""
+        return copy.deepcopy(self._data)
+
+    def applied(self) -> list[tuple[str, str]]:
+        """(step id, key) of every applied step, in order."""
+        return [(str(a["id"]), str(a["key"])) for a in self._data["applied"]]
+
+    def in_progress(self) -> dict[str, Any] | None:
+        """The step left in progress (its id, key, and a script's snapshot and roots), or None."""
+        progress = self._data.get("in_progress")
+        return dict(progress) if progress else None
+
+    def journaled(self) -> list[str]:
+        """Every path the journal holds, sorted."""
+        return sorted(self._paths)
+
+    def holds(self, key: str) -> bool:
+        return key in self._paths
+
+    def known(self, key: str) -> bool:
+        """``key`` is journaled as a path or as a directory whose metadata comes back."""
+        return key in self._paths or key in self._data["dirs"]
+
+    def directories(self) -> list[str]:
+        return sorted(self._data["dirs"])
+
+    def originals(self) -> dict[str, State]:
+        """Every journaled path's original state (what revert puts back)."""
+        return {k: dict(e["original"]) for k, e in self._paths.items()}
+
+    def before_last(self, key: str) -> State:
+        """What ``key`` held before the last step that changed it: the state below the top, else its original."""
+        stack = self._paths[key]["stack"]
+        return dict(stack[-2]["state"]) if len(stack) > 1 else dict(self._paths[key]["original"])
 
     def capture(self, path: Path) -> State:
         """The state at ``path`` now, its bytes kept (a file)."""
@@ -252,17 +295,17 @@ class Journal:
     def note_original(self, path: Path, original: State | None = None) -> None:
         """Remember ``path``'s original state (first change only) and its directory's mode/owner/mtime."""
         key = str(path)
-        if key not in self.paths:
-            self.paths[key] = {"original": original if original is not None else self.capture(path), "stack": []}
+        if key not in self._paths:
+            self._paths[key] = {"original": original if original is not None else self.capture(path), "stack": []}
         parent = str(path.parent)
-        if parent not in self.data["dirs"] and parent not in self.paths:
-            self.data["dirs"][parent] = state_of(path.parent)
+        if parent not in self._data["dirs"] and parent not in self._paths:
+            self._data["dirs"][parent] = state_of(path.parent)
 
     def note_pycache(self, cache: Path) -> None:
         """Remember the ``.pyc`` names in ``cache`` (a ``__pycache__`` imageforge writes into) before its first
         write there: revert removes every ``.pyc`` that appeared in it since (an import after apply compiles the
         patched sources, or modules next to them; none of that bytecode was there before)."""
-        caches: dict[str, list[str] | None] = self.data.setdefault("pycache", {})
+        caches: dict[str, list[str] | None] = self._data.setdefault("pycache", {})
         key = str(cache)
         if key not in caches:
             caches[key] = sorted(n for n in os.listdir(cache) if n.endswith(".pyc")) if cache.is_dir() else None
@@ -271,38 +314,71 @@ class Journal:
         """Remove the ``.pyc`` files that appeared, since apply, in the ``__pycache__`` folders imageforge wrote
         into and that no journaled path accounts for (those are put back by :meth:`restore`)."""
         removed: list[str] = []
-        for key, before in sorted(self.data.get("pycache", {}).items()):
+        for key, before in sorted(self._data.get("pycache", {}).items()):
             cache = Path(key)
             if not cache.is_dir():
                 continue
             kept = set(before or ())
             for name in sorted(os.listdir(cache)):
                 path = cache / name
-                if name.endswith(".pyc") and name not in kept and str(path) not in self.paths and path.is_file():
+                if name.endswith(".pyc") and name not in kept and str(path) not in self._paths and path.is_file():
                     with critical():
                         os.unlink(path)
                     removed.append(str(path))
         return removed
 
-    def push(self, path: Path, step: str, state: State) -> None:
-        self.note_original(path)
-        self.paths[str(path)]["stack"].append({"step": step, "state": state})
+    def push(self, path: Path, step: str, state: State, original: State | None = None) -> None:
+        self.note_original(path, original)
+        self._paths[str(path)]["stack"].append({"step": step, "state": state})
+
+    def note_dir(self, key: str, state: State | None = None) -> None:
+        """Remember a directory's mode/owner/mtime (``state``, else read now) unless it or a journaled path at
+        ``key`` is known already, so revert puts it back."""
+        if not self.known(key):
+            self._data["dirs"][key] = state if state is not None else state_of(Path(key))
+
+    def note_dirs(self, states: Mapping[str, State]) -> None:
+        """Directories' metadata, recorded (replacing what was there)."""
+        self._data["dirs"].update(states)
+
+    def settle(self, step: str) -> None:
+        """The paths ``step`` changed last recorded as the disk holds them now (mtimes, made directories)."""
+        for key in self.touched_by(step):
+            self._paths[key]["stack"][-1]["state"] = state_of(Path(key))
+
+    def update_header(self, header: Mapping[str, Any]) -> None:
+        self._data.update(header)
+
+    def pop(self, key: str) -> None:
+        """``key``'s last change forgotten (it was undone)."""
+        self._paths[key]["stack"].pop()
+
+    def drop(self, step: str) -> None:
+        """``step`` leaves ``applied`` (and ``in_progress`` when it is the one there)."""
+        self._data["applied"] = [a for a in self._data["applied"] if a["id"] != step]
+        progress = self._data.get("in_progress")
+        if progress and progress.get("id") == step:
+            self._data["in_progress"] = None
+
+    def clear(self) -> None:
+        """Nothing applied and no path held any more (revert keeping the journal's folder)."""
+        self._data["applied"], self._data["paths"], self._data["in_progress"] = [], {}, None
 
     def expected(self, key: str) -> State:
         """What the disk should hold at ``key`` now: the top of its stack, else its original."""
-        entry = self.paths[key]
+        entry = self._paths[key]
         return dict(entry["stack"][-1]["state"]) if entry["stack"] else dict(entry["original"])
 
     def begin(self, step: str, key: str, **extra: Any) -> None:
-        self.data["in_progress"] = {"id": step, "key": key, **extra}
+        self._data["in_progress"] = {"id": step, "key": key, **extra}
 
     def complete(self, step: str, key: str, detail: str) -> None:
-        self.data["applied"].append({"id": step, "key": key, "detail": detail})
-        self.data["in_progress"] = None
+        self._data["applied"].append({"id": step, "key": key, "detail": detail})
+        self._data["in_progress"] = None
         self.save()
 
     def touched_by(self, step: str) -> list[str]:
-        return [k for k, e in self.paths.items() if e["stack"] and e["stack"][-1]["step"] == step]
+        return [k for k, e in self._paths.items() if e["stack"] and e["stack"][-1]["step"] == step]
 
     # -- restoring -------------------------------------------------------------
 
@@ -342,17 +418,17 @@ class Journal:
     def restore_dirs(self, keys: Iterable[str]) -> None:
         """Directories' original mode/owner/mtime, deepest first (after their entries were put back)."""
         for key in sorted(keys, key=lambda k: -k.count("/")):
-            state = self.data["dirs"].get(key)
+            state = self._data["dirs"].get(key)
             if state is not None:
                 set_dir_meta(Path(key), state)
 
     def remove(self) -> None:
         """Remove the journal and the directories made for it (their parents' mtimes put back)."""
         shutil.rmtree(self.directory, ignore_errors=True)
-        for made in sorted(self.data.get("made", []), key=lambda k: -k.count("/")):
+        for made in sorted(self._data.get("made", []), key=lambda k: -k.count("/")):
             with contextlib.suppress(OSError):
                 Path(made).rmdir()
-        for key, state in sorted(self.data.get("made_parents", {}).items(), key=lambda kv: -kv[0].count("/")):
+        for key, state in sorted(self._data.get("made_parents", {}).items(), key=lambda kv: -kv[0].count("/")):
             set_dir_meta(Path(key), state)
         parent = self.directory.parent
         if parent.is_dir():

@@ -66,17 +66,17 @@ def revert(root: Path = Path("/"), *, force: bool = False, log: Log = _quiet) ->
             return RevertReport(str(root), 0, (), time.monotonic() - t0, nothing=True)
         recovered = recover(journal, log)
         kept = settle_drift(journal, force, "revert")
-        steps = tuple(a["id"] for a in journal.data["applied"])
+        steps = tuple(step for step, _ in journal.applied())
         with deferred():
-            targets = {k: dict(e["original"]) for k, e in journal.paths.items()}
+            targets = journal.originals()
             journal.drop_new_bytecode()  # first: a __pycache__ apply made is then empty when its absence is restored
             for key in restore_order(list(targets), targets):
                 journal.restore(key, targets[key])
-            dirs = set(journal.data["dirs"]) | {k for k, s in targets.items() if s["type"] == "dir"}
-            journal.data["dirs"].update({k: s for k, s in targets.items() if s["type"] == "dir"})
+            dirs = set(journal.directories()) | {k for k, s in targets.items() if s["type"] == "dir"}
+            journal.note_dirs({k: s for k, s in targets.items() if s["type"] == "dir"})
             journal.restore_dirs(dirs)
             if kept:  # the drifted copies stay in the journal's folder: keep it, emptied of the rest
-                journal.data["applied"], journal.data["paths"], journal.data["in_progress"] = [], {}, None
+                journal.clear()
                 journal.save()
             else:
                 journal.remove()
@@ -158,12 +158,12 @@ def status(root: Path = Path("/"), *, dist_info: str | None = None) -> StatusRep
     root = root.resolve()
     journal = Journal.load(root)
     drift = tuple(d.text() for d in find_drift(journal)) if journal else ()
-    info = dist_info or (journal.data.get("dist_info") if journal else None)
+    info = dist_info or (journal.get("dist_info") if journal else None)
     checked, bad = record_mismatches(Path(info)) if info else (0, [])
-    journaled = set(journal.paths) if journal else set()
+    journaled = set(journal.journaled()) if journal else set()
     changed = tuple(p for p in bad if p in journaled)
     foreign = tuple(p for p in bad if p not in journaled)
-    return StatusReport(str(root), journal.data if journal else None, drift, checked, changed, foreign)
+    return StatusReport(str(root), journal.record() if journal else None, drift, checked, changed, foreign)
 
 
 def listing(top: Path) -> list[tuple[Any, ...]]:

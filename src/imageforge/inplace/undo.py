@@ -30,12 +30,11 @@ def undo_step(journal: Journal, step_id: str) -> int:
 
     A step interrupted before its Changes were diffed (a script) also has its snapshot put back.
     """
-    progress = journal.data.get("in_progress") or {}
+    progress = journal.in_progress() or {}
     keys = journal.touched_by(step_id)
     targets: dict[str, State] = {}
     for key in keys:
-        stack = journal.paths[key]["stack"]
-        targets[key] = dict(stack[-2]["state"]) if len(stack) > 1 else dict(journal.paths[key]["original"])
+        targets[key] = journal.before_last(key)
     snapshot_file = progress.get("snapshot") if progress.get("id") == step_id else None
     snapshot: dict[str, State] = {}
     if snapshot_file and Path(snapshot_file).exists():
@@ -53,10 +52,8 @@ def undo_step(journal: Journal, step_id: str) -> int:
     for key in sorted((k for k, s in snapshot.items() if s["type"] == "dir"), key=lambda k: -k.count("/")):
         set_dir_meta(Path(key), snapshot[key])
     for key in keys:
-        journal.paths[key]["stack"].pop()
-    journal.data["applied"] = [a for a in journal.data["applied"] if a["id"] != step_id]
-    if progress.get("id") == step_id:
-        journal.data["in_progress"] = None
+        journal.pop(key)
+    journal.drop(step_id)
     if snapshot_file:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(snapshot_file)
@@ -72,7 +69,7 @@ def same_state(a: State, b: State) -> bool:
 
 def recover(journal: Journal, log: Log) -> str | None:
     """A step left in progress (SIGKILL, a power cut) is rolled back; returns its id."""
-    progress = journal.data.get("in_progress")
+    progress = journal.in_progress()
     if not progress:
         return None
     with deferred():
@@ -103,7 +100,7 @@ def describe(state: State) -> str:
 def find_drift(journal: Journal) -> list[Drift]:
     """Journaled paths whose content differs from what the journal says is there."""
     out: list[Drift] = []
-    for key in sorted(journal.paths):
+    for key in journal.journaled():
         want = journal.expected(key)
         if want["type"] == "file" and want.get("sha256") is None:
             continue

@@ -25,7 +25,7 @@ from ..manifest.model import Step, Target
 from ..patches.compiled import Compiled
 from ..steps import kind
 from ..verify import IN_IMAGE, MARK, VerifySpec, failures_of, verdict, verify_facts
-from .journal import Journal, state_of
+from .journal import Journal
 from .package import LocalPackage, image_path
 
 VERIFY_STEP = "verify"
@@ -36,7 +36,7 @@ STOPS = ("missing", "syntax")
 def changed_in_journal(journal: Journal, pkg: LocalPackage) -> list[str]:
     """Image paths of the ``.py`` files the journal holds as written by a step (``__pycache__`` left out)."""
     out: list[str] = []
-    for key in sorted(journal.paths):
+    for key in journal.journaled():
         if key.endswith(".py") and "/__pycache__/" not in key and journal.expected(key)["type"] == "file":
             try:
                 out.append(image_path(pkg.root, key))
@@ -45,7 +45,7 @@ def changed_in_journal(journal: Journal, pkg: LocalPackage) -> list[str]:
     return out
 
 
-def spec_in_place(steps: Sequence[Step], target: Target, pkg: LocalPackage, environ: Mapping[str, str],
+def spec_of_root(steps: Sequence[Step], target: Target, pkg: LocalPackage, environ: Mapping[str, str],
                   changed: Sequence[str], *, imports: bool) -> VerifySpec:
     """The verify spec of ``steps`` on this machine (image paths; :meth:`VerifySpec.to_json` puts the root)."""
     spec = verify_facts([(s, kind(s.kind).inputs(s, environ)) for s in steps], target, pkg.site, changed, environ)
@@ -133,8 +133,7 @@ def verify_step(journal: Journal, pkg: LocalPackage, environ: Mapping[str, str],
     journal.save()
     result = run_program(pkg, environ, [json.dumps(spec.to_json(root))])
     unplanned = sorted(set(result["compiled"]) - {c for _, c in planned["pycs"]})
-    for key_ in journal.touched_by(VERIFY_STEP):
-        journal.paths[key_]["stack"][-1]["state"] = state_of(Path(key_))
+    journal.settle(VERIFY_STEP)
     if unplanned:
         raise BuildError("verify wrote .pyc files it had not announced (the tree changed while verifying)",
                          log_tail=unplanned[:20], hint="run apply again")

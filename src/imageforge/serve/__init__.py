@@ -1,5 +1,8 @@
 """Serving a target: the server runtime, in a container or as a process on this machine (in-place mode).
 
+* :mod:`.runtime`: the one serving ``Runtime`` a command gets (prepare: the image build or the journaled apply in
+  place; serving; restoring) and its ``Prepared``; its two implementations are ``container.ContainerRuntime`` and
+  ``process.ProcessRuntime``;
 * :mod:`.spec`: what a serving container is (the docker SDK's ``containers.create`` arguments), pure;
 * :mod:`.container`: the container runtime: ``start_server``, ``wait_ready``, ``serving``, ``start_detached``,
   ``stop_servers``;

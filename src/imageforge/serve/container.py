@@ -10,6 +10,8 @@
   always stopped and removed (errors and Ctrl-C included), its log kept in the run directory.
 * :func:`start_detached` is ``invoke run``: start, wait, leave running.
 * :func:`stop_servers` removes what ``invoke run`` left running, found by label.
+* :class:`ContainerRuntime` is the container implementation of :class:`imageforge.serve.runtime.Runtime`: its
+  ``prepare`` builds (or reuses) the image; nothing here builds while serving.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, ClassVar, TypedDict
 
 from typing_extensions import Unpack
 
@@ -48,6 +50,7 @@ from ..labels import L_KIND, L_RUN, L_RUN_SPEC, L_STARTED_BY, L_TARGET, L_TOOL, 
 from ..manifest.resolve import Resolved
 from ..rundirs import new_run_id, run_dir
 from ..verify import record_started
+from .runtime import Prepared, Runtime
 from .spec import KIND_SERVER, container_port, container_spec, run_spec_digest
 from .startfail import start_error
 from .waits import Health, poll_health
@@ -201,14 +204,12 @@ class Server:
         return ", ".join(parts)
 
 
-def image_for(resolved: Resolved, environ: Mapping[str, str], log: Log, *, base: bool, build_image: bool) -> str:
-    """The image to run: the base image, or ``<image>:<profile>`` (built or reused first)."""
+def image_for(resolved: Resolved, environ: Mapping[str, str], log: Log, *, base: bool) -> str:
+    """The image to run when none is given: the base image, or ``<image>:<profile>`` as it is (never built here:
+    :meth:`ContainerRuntime.prepare` builds)."""
     if base:
         with daemon_errors("finding the base image"):
             return base_reference(resolved, environ, log, make=True).ref
-    if build_image:
-        result = build_target(resolved, environ=environ, echo=log)
-        return str(result.tags[0])
     tag = f"{resolved.target.image}:{resolved.profile_name}"
     if image_or_none(tag) is None:
         raise InfraError(f"image {tag} does not exist",
@@ -223,7 +224,6 @@ class StartOptions(TypedDict, total=False):
     environ: Mapping[str, str] | None  # default os.environ
     base: bool  # serve the base image with the serving config mounted, not the built image
     port: int | None  # the host port (default: a free one)
-    build_image: bool  # build (or reuse) the image first (default true)
     image: str | None  # serve this image instead
     run_id: str | None
     labels: Mapping[str, str] | None  # extra container labels
@@ -242,7 +242,7 @@ def start_server(resolved: Resolved, *, log: Log = print, **options: Unpack[Star
     environ = options.get("environ")
     environ = os.environ if environ is None else environ
     base, port, image = options.get("base", False), options.get("port"), options.get("image")
-    build_image, run_id, labels = options.get("build_image", True), options.get("run_id"), options.get("labels")
+    run_id, labels = options.get("run_id"), options.get("labels")
     host_address = options.get("host_address") or default_host_address(environ)
     ensure_daemon(log=log)
     run_id = run_id or new_run_id()
@@ -253,7 +253,7 @@ def start_server(resolved: Resolved, *, log: Log = print, **options: Unpack[Star
             raise ConfigError("--port must be 1-65535", found=str(port))
         if local and not reuse and port_in_use(port, host_address):  # reusing, the port may be the reused one's
             raise port_taken_error(port, host_address)
-    ref = image or image_for(resolved, environ, log, base=base, build_image=build_image)
+    ref = image or image_for(resolved, environ, log, base=base)
     cli = client()
     import docker.errors
 
@@ -501,7 +501,7 @@ def serving(resolved: Resolved, *, startup_timeout: float | None = None, wait: b
 
 
 def start_detached(resolved: Resolved, *, base: bool, port: int | None, timeout: float | None,
-                   host_address: str, log: Log = print) -> Server:
+                   host_address: str, image: str | None = None, log: Log = print) -> Server:
     """``invoke run``: start, wait until ready, leave running. A failed start is removed again.
 
     Without ``port`` (and with a local daemon) the target's ``run.port`` is used when it is free.
@@ -512,7 +512,7 @@ def start_detached(resolved: Resolved, *, base: bool, port: int | None, timeout:
         port = None if port_in_use(configured, host_address) else configured
         if port is None:
             log(f"port {configured} is taken: picking a free one")
-    server = start_server(resolved, base=base, port=port, log=log, labels={L_STARTED_BY: STARTED_BY_RUN},
+    server = start_server(resolved, base=base, image=image, port=port, log=log, labels={L_STARTED_BY: STARTED_BY_RUN},
                           host_address=host_address, detach_forward=True, port_is_preference=preference)
     try:
         wait_ready(server, timeout=timeout or resolved.target.smoke.startup_timeout, log=log, resolved=resolved)
@@ -561,3 +561,68 @@ def stop_servers(target: str | None = None, *, every: bool = False, log: Log = p
     if not names:
         log("no imageforge server containers" + (f" of target {target}" if target else ""))
     return names
+
+
+def build_note(steps: Sequence[Any]) -> str:
+    """``'1 of 10 layers built (serving-config)'`` from a BuildResult's steps."""
+    built = [s.id for s in steps if s.status != "HIT"]
+    if not built:
+        return f"0 of {len(steps)} layers built (all cached)"
+    return f"{len(built)} of {len(steps)} layers built ({', '.join(built)})"
+
+
+@dataclass(frozen=True)
+class ContainerRuntime(Runtime):
+    """The target served from its image in a container (see :mod:`imageforge.serve.runtime`)."""
+
+    one_at_a_time: ClassVar[bool] = False
+
+    @property
+    def where(self) -> str:
+        return "in Docker containers"
+
+    def prepare(self, resolved: Resolved, *, environ: Mapping[str, str] | None = None, log: Log = print,
+                base: bool = False, image: str | None = None, pin: bool = False) -> Prepared:
+        """The image: ``image`` as given, the base image (``base``: found or made, the serving config mounted at
+        the start), else built (or reused) from ``resolved``."""
+        environ = os.environ if environ is None else environ
+        if image is not None:
+            return Prepared(served=image, note=f"image {image}", line=f"image {image}", base=base)
+        if base:
+            ref = image_for(resolved, environ, log, base=True)
+            return Prepared(served=ref, note=f"base image {ref}", line=f"base image {ref}", base=True)
+        result = build_target(resolved, environ=environ, echo=log)
+        note = build_note(result.steps)
+        return Prepared(served=result.image_id if pin else str(result.tags[0]), note=note, line=f"build: {note}",
+                        image_id=result.image_id, built=result.built, layers=len(result.steps))
+
+    def prepare_failed(self, what: str) -> str:
+        return f"the image {what} did not build"
+
+    def serving(self, resolved: Resolved, prepared: Prepared, *, environ: Mapping[str, str] | None = None,
+                log: Log = print, run_id: str | None = None, port: int | None = None,
+                startup_timeout: float | None = None, host_address: str | None = None,
+                wait: bool = True) -> contextlib.AbstractContextManager[Server]:
+        return serving(resolved, environ=environ, base=prepared.base, image=prepared.served, run_id=run_id,
+                       port=port, startup_timeout=startup_timeout, log=log, host_address=host_address, wait=wait)
+
+    def identity(self, server: Any, prepared: Prepared) -> str:
+        found = image_or_none(prepared.served or server.image)
+        return str(getattr(found, "id", None) or prepared.served or server.image)
+
+    @contextlib.contextmanager
+    def restoring(self, manifest: Any, *, environ: Mapping[str, str] | None = None,
+                  log: Log = print) -> Iterator[None]:
+        yield  # an image is never changed by serving it: nothing to put back
+
+    def start_detached(self, resolved: Resolved, *, base: bool, port: int | None, timeout: float | None,
+                       host_address: str, environ: Mapping[str, str] | None = None, log: Log = print) -> Server:
+        prepared = self.prepare(resolved, environ=environ, log=log, base=base)
+        return start_detached(resolved, base=base, image=prepared.served, port=port, timeout=timeout,
+                              host_address=host_address, log=log)
+
+    def detached_note(self, server: Any) -> str:
+        return f"container {server.name} ({server.image}) is serving; `imageforge stop` removes it"
+
+    def stop(self, target: str | None, *, every: bool, root: Path, log: Log = print) -> list[str]:
+        return stop_servers(target, every=every, log=log)

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .. import inplace, settings
 from ..errors import ConfigError, InfraError, SmokeError
@@ -40,6 +40,7 @@ from ..rundirs import new_run_id, run_dir, runs_dir
 from .container import Progress, exit_hint, free_port, port_in_use, sigterm_as_interrupt
 from .process_spec import ProcessSpec, parse_size, process_spec
 from .procfs import alive, group_members, port_holder, proc_stat
+from .runtime import Prepared, Runtime
 from .startfail import start_error
 from .waits import Health, poll_health
 
@@ -54,52 +55,85 @@ LOG_TAIL = 50
 # --------------------------------------------------------------------------- where and with what
 
 
-@dataclass(frozen=True)
-class InPlace:
-    """In-place mode: the target's files live under ``root`` and its interpreter is ``python``.
+@dataclass
+class ProcessRuntime(Runtime):
+    """The target's files live under ``root`` and its interpreter is ``python``: served as a process on this
+    machine, one server at a time (``--in-place``; see :mod:`imageforge.serve.runtime`).
 
-    :meth:`apply` puts exactly a resolved step list on the root (through :mod:`imageforge.inplace`'s journal);
-    :meth:`kept` puts the root back as it was when the command began (reverted, or the earlier apply again).
+    :meth:`prepare` puts exactly a resolved step list on the root (through :mod:`imageforge.inplace`'s journal);
+    :meth:`restoring` puts the root back as it was when the command began (reverted, or the earlier apply again).
     """
 
     root: Path = Path("/")
     python: str = "python3"  # the target interpreter (on the caller's PATH unless a path)
     imports: bool = True  # verify's import check after an apply (off where the target cannot import)
+    #: ((target, profile, step ids), what the root served then) of this runtime's last apply
+    _applied: tuple[tuple[str, str, tuple[str, ...]], str] | None = field(default=None, repr=False, compare=False)
 
-    def serving(self, resolved: Resolved, **options: Any) -> contextlib.AbstractContextManager[ProcessServer]:
-        """:func:`serving` with this root and interpreter (the shape of :func:`imageforge.serve.container.serving`)."""
-        return serving(resolved, self, **options)
+    one_at_a_time: ClassVar[bool] = True
+
+    @property
+    def where(self) -> str:
+        return f"in place on {self.root}"
 
     def applied_state(self) -> tuple[str, str, tuple[str, ...]] | None:
         """(target, profile, step ids) the root's journal holds, or None (nothing applied)."""
         journal = Journal.load(self.root)
-        if journal is None or not journal.data.get("applied"):
+        if journal is None or not journal.applied():
             return None
-        data = journal.data
-        ids = tuple(str(a["id"]) for a in data["applied"] if a["id"] != VERIFY_STEP)
-        return str(data.get("target")), str(data.get("profile")), ids
+        ids = tuple(step for step, _ in journal.applied() if step != VERIFY_STEP)
+        return str(journal.get("target")), str(journal.get("profile")), ids
 
-    def apply(self, resolved: Resolved, *, environ: Mapping[str, str] | None = None, log: Log = print) -> str:
-        """Exactly ``resolved.steps`` applied under the root (none: reverted); what the root serves now."""
-        ids = [s.id for s in resolved.steps]
+    def prepare(self, resolved: Resolved, *, environ: Mapping[str, str] | None = None, log: Log = print,
+                base: bool = False, image: str | None = None, pin: bool = False) -> Prepared:
+        """Exactly ``resolved.steps`` applied under the root (none, ``base``: reverted); what the root serves now.
+
+        Steps this runtime applied last, the root unchanged since (its journal's digest the same: a sweep's points
+        that differ in serving flags only), are not applied again.
+        """
+        if image is not None:
+            raise ConfigError(f"--in-place serves the files under the root: image {image} does not apply")
+        ids = () if base else tuple(s.id for s in resolved.steps)
+        wanted = (resolved.target.name, resolved.profile_name, ids)
+        if self._applied is not None and self._applied == (wanted, served_identity(self.root)):
+            note = "the applied files reused (serving flags only)"
+            return Prepared(served=self._applied[1], note=note, line=note, base=base)
+        self._applied = None
         t0 = time.monotonic()
         if ids:
-            report = inplace.apply(resolved, root=self.root, python=self.python, environ=environ, steps=ids,
+            report = inplace.apply(resolved, root=self.root, python=self.python, environ=environ, steps=list(ids),
                                    imports=self.imports, log=_quiet)
             what = "nothing to change" if report.nothing_to_do else "changed"
             log(f"applied {len(ids)} step(s) in place ({what}) in {time.monotonic() - t0:.1f}s: {', '.join(ids)}")
         else:
             done = inplace.revert(self.root, log=_quiet)
             log("no steps: the root reverted as installed" if not done.nothing else "no steps: nothing applied")
-        return served_identity(self.root)
+        served = served_identity(self.root)
+        self._applied = (wanted, served)
+        return Prepared(served=served, note=served, line=served, base=base)
+
+    def prepare_failed(self, what: str) -> str:
+        return f"the files {what} did not apply in place"
+
+    def serving(self, resolved: Resolved, prepared: Prepared, *, environ: Mapping[str, str] | None = None,
+                log: Log = print, run_id: str | None = None, port: int | None = None,
+                startup_timeout: float | None = None, host_address: str | None = None,
+                wait: bool = True) -> contextlib.AbstractContextManager[ProcessServer]:
+        return serving(resolved, self, environ=environ, log=log, run_id=run_id, port=port,
+                       startup_timeout=startup_timeout, host_address=host_address, wait=wait)
+
+    def identity(self, server: Any, prepared: Prepared) -> str:
+        return str(server.image)
 
     @contextlib.contextmanager
-    def kept(self, manifest: Any, *, environ: Mapping[str, str] | None = None, log: Log = print) -> Iterator[None]:
+    def restoring(self, manifest: Any, *, environ: Mapping[str, str] | None = None,
+                  log: Log = print) -> Iterator[None]:
         """Run the block, then put the root back as it was before it (also after an error)."""
         before = self.applied_state()
         try:
             yield
         finally:
+            self._applied = None
             if self.applied_state() != before:
                 if before is None:
                     inplace.revert(self.root, log=_quiet)
@@ -110,6 +144,23 @@ class InPlace:
                     inplace.apply(again, root=self.root, python=self.python, environ=environ, steps=ids,
                                   imports=self.imports, log=_quiet)
                     log(f"root re-applied as it was before this command: {target}:{profile} ({len(ids)} steps)")
+
+    def start_detached(self, resolved: Resolved, *, base: bool, port: int | None, timeout: float | None,
+                       host_address: str, environ: Mapping[str, str] | None = None,
+                       log: Log = print) -> ProcessServer:
+        """``run --in-place`` serves the root as applied (``apply --in-place`` changes it; nothing is prepared)."""
+        if base:
+            raise ConfigError("--in-place serves the files under --root: --base does not apply",
+                              hint="`invoke revert` puts the root back as installed; then run --in-place")
+        return start_detached(resolved, self, port=port, timeout=timeout, host_address=host_address,
+                              environ=environ, log=log)
+
+    def detached_note(self, server: Any) -> str:
+        return (f"pid {server.name.removeprefix('pid ')} ({server.image}) is serving; log "
+                f"{server.run_dir / 'server.log'}; `imageforge stop --in-place` ends it")
+
+    def stop(self, target: str | None, *, every: bool, root: Path, log: Log = print) -> list[str]:
+        return [str(pid) for pid in stop_processes(root, target, log=log)]
 
 
 def _quiet(_line: str) -> None:
@@ -260,7 +311,7 @@ def refuse_if_busy(root: Path, host: str, port: int | None) -> None:
         )
 
 
-def start_process(resolved: Resolved, in_place: InPlace, *, environ: Mapping[str, str] | None = None,
+def start_process(resolved: Resolved, runtime: ProcessRuntime, *, environ: Mapping[str, str] | None = None,
                   port: int | None = None, run_id: str | None = None, host_address: str | None = None,
                   log: Log = print, record: Mapping[str, Any] | None = None) -> ProcessServer:
     """Render, check (shm, one server, port), start in a new session, record; no waiting."""
@@ -275,7 +326,7 @@ def start_process(resolved: Resolved, in_place: InPlace, *, environ: Mapping[str
     check_shm(resolved)
     run_id = run_id or new_run_id()
     directory = run_dir(root, run_id)
-    spec = process_spec(resolved, host=host, port=port, run_directory=directory, python=in_place.python,
+    spec = process_spec(resolved, host=host, port=port, run_directory=directory, python=runtime.python,
                         environ=environ)
     directory.mkdir(parents=True, exist_ok=True)
     if spec.config is not None and spec.config_path is not None:
@@ -289,8 +340,8 @@ def start_process(resolved: Resolved, in_place: InPlace, *, environ: Mapping[str
                              hint="check --python and the target's serving.command") from None
     stat = proc_stat(popen.pid)
     server = ProcessServer(popen, popen.pid, stat.starttime if stat else 0, run_id, spec.url, port,
-                           resolved.target.name, resolved.profile_name, served_identity(in_place.root), directory)
-    write_record(server, spec, environ, root=str(in_place.root), python=in_place.python, **dict(record or {}))
+                           resolved.target.name, resolved.profile_name, served_identity(runtime.root), directory)
+    write_record(server, spec, environ, root=str(runtime.root), python=runtime.python, **dict(record or {}))
     log(f"started pid {server.pid} ({' '.join(spec.argv[:4])} ...) on {server.url}; log {server.log_path}")
     return server
 
@@ -391,17 +442,13 @@ def stop_processes(root: Path, target: str | None = None, *, log: Log = print,
 
 
 @contextlib.contextmanager
-def serving(resolved: Resolved, in_place: InPlace, *, startup_timeout: float | None = None, wait: bool = True,
+def serving(resolved: Resolved, runtime: ProcessRuntime, *, startup_timeout: float | None = None, wait: bool = True,
             log: Log = print, environ: Mapping[str, str] | None = None, port: int | None = None,
-            run_id: str | None = None, host_address: str | None = None, **unused: Any) -> Iterator[ProcessServer]:
+            run_id: str | None = None, host_address: str | None = None) -> Iterator[ProcessServer]:
     """Start the process server, wait for ``/health``, yield it; always stop it (errors and Ctrl-C included).
 
-    Container-only options (``base``, ``image``, ``build_image``, ``labels``) are refused when set.
     """
-    bad = sorted(k for k, v in unused.items() if v and k in ("base", "image"))
-    if bad:
-        raise ConfigError(f"--in-place serves the files under the root: {', '.join(bad)} does not apply")
-    server = start_process(resolved, in_place, environ=environ, port=port, run_id=run_id,
+    server = start_process(resolved, runtime, environ=environ, port=port, run_id=run_id,
                            host_address=host_address, log=log)
     try:
         with sigterm_as_interrupt():
@@ -413,10 +460,10 @@ def serving(resolved: Resolved, in_place: InPlace, *, startup_timeout: float | N
         stop_server(server, log=log)
 
 
-def start_detached(resolved: Resolved, in_place: InPlace, *, port: int | None, timeout: float | None,
+def start_detached(resolved: Resolved, runtime: ProcessRuntime, *, port: int | None, timeout: float | None,
                    host_address: str, environ: Mapping[str, str] | None = None, log: Log = print) -> ProcessServer:
     """``invoke run --in-place``: start, wait until ready, leave running (a failed start is stopped again)."""
-    server = start_process(resolved, in_place, environ=environ, port=port, host_address=host_address, log=log,
+    server = start_process(resolved, runtime, environ=environ, port=port, host_address=host_address, log=log,
                            record={"started_by": "invoke-run"})
     try:
         wait_process_ready(server, timeout=timeout or resolved.target.smoke.startup_timeout, log=log,
@@ -428,7 +475,7 @@ def start_detached(resolved: Resolved, in_place: InPlace, *, port: int | None, t
 
 
 __all__ = [
-    "InPlace",
+    "ProcessRuntime",
     "ProcessServer",
     "check_shm",
     "end_group",

@@ -7,11 +7,10 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, SmokeError
 from ..rundirs import new_run_id
-from ..serve.container import serving
 from ..serve.openai_wire import check_url
 from ..serve.waits import probe_health, wait_healthy
 from .report import LOG_TAIL, interesting_lines, print_failures, write_reports
@@ -19,6 +18,9 @@ from .results import SKIP, CheckResult, SmokeReport
 from .runner import Runner, ServerHooks
 from .suite import DEFAULT_TAGS, Suite, load_suite
 from .table import LiveTable
+
+if TYPE_CHECKING:
+    from ..serve.runtime import Runtime
 
 Log = Callable[[str], None]
 
@@ -151,26 +153,24 @@ def _wait_for_url(url: str, timeout: float, echo: Log) -> None:
         echo(f"{url}/health did not answer 200 within {timeout:.0f}s; running the suite anyway")
 
 
-def smoke_target(resolved: Any, *, environ: Mapping[str, str] | None = None, suite_path: Path | None = None,
-                 tags: Sequence[str] | None = None, echo: Log = print, base: bool = False,
-                 build_image: bool = True, port: int | None = None, live: bool | None = None,
+def smoke_target(resolved: Any, runtime: Runtime, *, environ: Mapping[str, str] | None = None,
+                 suite_path: Path | None = None, tags: Sequence[str] | None = None, echo: Log = print,
+                 base: bool = False, port: int | None = None, live: bool | None = None,
                  startup_timeout: float | None = None, host_address: str | None = None,
-                 in_place: Any = None, params: Sequence[str] = ()) -> SmokeReport:
-    """``invoke smoke --target T --profile P``: build if needed, serve, run the suite, always remove.
+                 params: Sequence[str] = ()) -> SmokeReport:
+    """``invoke smoke --target T --profile P``: prepare (build, or apply in place), serve, run the suite, always
+    end the server (``runtime``: a container, or a process serving the files under a root).
 
     The server is published on and reached at ``host_address`` (default: from ``environ``, else 127.0.0.1).
-    ``in_place`` (a :class:`imageforge.serve.process.InPlace`): the target's serving command as a process on
-    this machine, serving the files under its root, instead of a container.
     """
-    serve = serving if in_place is None else in_place.serving
-
     environ = os.environ if environ is None else environ
     suite = load_suite(suite_for(resolved, str(suite_path) if suite_path else None))
     suite.resolve_params(params)  # an unknown or refused --param: exit 2 before any build or start
     selected_tags = tuple(tags) if tags else (tuple(resolved.target.smoke.tags) or DEFAULT_TAGS)
     run_id = new_run_id()
-    with serve(resolved, environ=environ, base=base, port=port, build_image=build_image, run_id=run_id,
-                 startup_timeout=startup_timeout, log=echo, host_address=host_address) as server:
+    prepared = runtime.prepare(resolved, environ=environ, log=echo, base=base)
+    with runtime.serving(resolved, prepared, environ=environ, port=port, run_id=run_id,
+                         startup_timeout=startup_timeout, log=echo, host_address=host_address) as server:
 
         def alive() -> str | None:
             return None if server.running() else f"container {server.name}: {server.describe_state()}"

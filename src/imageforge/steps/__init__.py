@@ -18,6 +18,7 @@ from .core import (
     LinkChange,
     StepKind,
     StepProblem,
+    StepResult,
     kind,
     one_file,
 )
@@ -33,4 +34,4 @@ for _module in pkgutil.iter_modules(__path__):
 
 __all__ = ["KINDS", "SERVING_CONFIG", "ApplyContext", "Changes", "ContainerFS", "DictFS", "Entry", "Facts",
            "FileChange", "FileMeta", "ImageFS", "LinkChange", "OverlaySpec", "PatchSpec", "ScriptSpec",
-           "ServingConfig", "StepKind", "StepProblem", "SymlinkSpec", "kind", "one_file"]
+           "ServingConfig", "StepKind", "StepProblem", "StepResult", "SymlinkSpec", "kind", "one_file"]

@@ -44,6 +44,26 @@ RowStatus = Literal[
 
 
 @dataclass(frozen=True)
+class StepResult:
+    """What one step did where it was applied: a layer of an image (the build) or the files in place.
+
+    ``status``: in an image HIT, BUILT, SKIPPED (already applied), REUSED (verify: the imports passed on this content
+    before); in place applied, already applied, undone, ran, verified. ``stage``, ``key`` and ``image_id`` are the
+    layer's (in an image); ``paths`` is how many paths the journal holds for the step (in place).
+    """
+
+    id: str
+    kind: str
+    status: str
+    detail: str = ""
+    seconds: float = 0.0
+    stage: str = ""
+    key: str = ""
+    image_id: str = ""
+    paths: int = 0
+
+
+@dataclass(frozen=True)
 class FileChange:
     """A regular file the step writes: bytes, mode, owner and mtime (None: the fixed mtime of written layers)."""
 

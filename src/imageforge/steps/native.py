@@ -275,7 +275,7 @@ class Native(StepKind):
             files[f"{ctx.step_dir}/{name}"] = host_file(root / ext.file)
             entries.append({"source": name, "path": resolve_image_path(ext.dest, ctx.base.site),
                             "sha256": ext.sha256, "mode": MODE})
-        spec = {"op": "native", "step": step.id, "site": ctx.base.site, "files": entries}
+        spec = {"op": "install", "step": step.id, "site": ctx.base.site, "files": entries}
         instructions, context = applier_group(ctx, spec, files)
         return Emitted((header(ctx, step.id, step.kind, step.why), *instructions), context)
 

@@ -157,7 +157,7 @@ class Overlay(OneFileKind):
         mode = overlay_mode(step)
         uid, gid = overlay_owner(step)
         name = posixpath.basename(OverlaySpec.of(step).source)
-        spec = {"op": "overlay", "step": step.id, "path": dest, "site": ctx.base.site, "source": name,
+        spec = {"op": "place", "step": step.id, "path": dest, "site": ctx.base.site, "source": name,
                 "mode": mode, "uid": uid, "gid": gid, "python_version": ctx.base.python_version}
         instructions, files = applier_group(ctx, spec, {f"{ctx.step_dir}/{name}": host_file(step.source)})
         return Emitted((header(ctx, step.id, step.kind, step.why), *instructions), files)

@@ -152,7 +152,7 @@ class Patch(OneFileKind):
     def emit(self, step: Step, ctx: EmitContext) -> Emitted:
         path = self.row_path(step, ctx.base.site)
         patch = PatchSpec.of(step)
-        spec = {"op": "patch", "step": step.id, "path": path, "site": ctx.base.site, "old": patch.old,
+        spec = {"op": "edit", "step": step.id, "path": path, "site": ctx.base.site, "old": patch.old,
                 "new": patch.new, "count": patch.count, "python_version": ctx.base.python_version}
         instructions, files = applier_group(ctx, spec)
         return Emitted((header(ctx, step.id, step.kind, step.why), *instructions), files)

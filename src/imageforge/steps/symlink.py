@@ -168,7 +168,7 @@ class Symlink(StepKind):
         """One link, or one link per glob match (matched at build time, in the image, as the engine does)."""
         s = SymlinkSpec.of(step)
         first, second = s.ends()
-        spec: dict[str, Any] = {"op": "symlink", "step": step.id, "replace": s.replace,
+        spec: dict[str, Any] = {"op": "link", "step": step.id, "replace": s.replace,
                                 "replace_directory": s.replace_directory}
         if s.globbed:
             pattern, _, _ = glob_parts(step)
