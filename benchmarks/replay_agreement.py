@@ -1,5 +1,5 @@
-"""Does `bench --replay` measure what a second, independent client measures on the same server? (issue 33;
-bench/RESULTS.md, "Replay metrics against a second client")
+"""Does `bench --replay` measure what a second, independent client measures on the same server? (bench/RESULTS.md,
+"Replay and A/A")
 
 Usage: .venv/bin/python benchmarks/replay_agreement.py --url http://127.0.0.1:PORT [--requests 12] [--seed 4]
        [--rounds 7] [--warmup-rounds 1] [--out FILE]

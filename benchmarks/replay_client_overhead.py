@@ -1,5 +1,5 @@
-"""How much time does the replay's client itself add to TTFT? (issue 33; bench/RESULTS.md, "Replay and A/A" and
-"The replay's synchronous client")
+"""How much time does the replay's client itself add to TTFT? (bench/RESULTS.md,
+"Replay and A/A")
 
 Usage: .venv/bin/python benchmarks/replay_client_overhead.py [--url URL] [--rounds 8] [--requests 10] [--words 3000]
        [--out FILE]

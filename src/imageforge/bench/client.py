@@ -326,7 +326,7 @@ def stream_request_sync(http: Any, endpoint: str, body: dict[str, Any], *,
                         clock: Callable[[], float] = time.perf_counter, deadline: float | None = None,
                         timeout: float | None = None) -> Streamed:
     """:func:`stream_request` on a blocking ``httpx.Client`` (no event loop: the replay sends one request at a
-    time, and an asyncio client adds ~30 ms to TTFT on a loaded machine; bench/RESULTS.md).
+    time, and the asyncio client it replaced added ~30 ms to TTFT on a loaded machine; bench/RESULTS.md).
 
     ``deadline`` (a ``clock`` value): the stream is abandoned once a chunk comes after it (``out.cut``), and no
     read waits past it (the read timeout is ``timeout`` or the time left, whichever is shorter).  Never
