@@ -354,9 +354,10 @@ def test_equiv_target_builds_the_candidate_serves_both_sides_compares_and_remove
     from imageforge.serve import container
 
     monkeypatch.setattr(container, "build_target", build)  # the container runtime's prepare builds
-    monkeypatch.setattr(runner, "start_server", start)
-    monkeypatch.setattr(runner, "wait_ready", lambda server, **kw: events.append(("ready", server.side)))
-    monkeypatch.setattr(runner, "remove_server", lambda server, **kw: events.append(("remove", server.side)))
+    monkeypatch.setattr(container, "image_for", lambda res, environ, log, base=False: "vllm-base:1")
+    monkeypatch.setattr(container, "start_server", start)
+    monkeypatch.setattr(container, "wait_ready", lambda server, **kw: events.append(("ready", server.side)))
+    monkeypatch.setattr(container, "remove_server", lambda server, **kw: events.append(("remove", server.side)))
     monkeypatch.setattr(runner, "collect_reference", lambda url, *a, **kw: collect_reference(
         url, *a, **kw, transport=httpx.MockTransport(servers[url])))
     monkeypatch.setattr(runner, "collect_against", lambda url, ref, **kw: collect_against(
@@ -366,7 +367,7 @@ def test_equiv_target_builds_the_candidate_serves_both_sides_compares_and_remove
     result = runner.equiv_target(resolved, container.ContainerRuntime(), settings=settings, echo=lines.append)
     image = resolved.target.image
     # the candidate is built in float32 under <image>-equiv; the base side is not built; reference started first
-    assert events == [("build", (f"{image}-equiv", "float32")), ("start", ("ref", True, None, "float32")),
+    assert events == [("build", (f"{image}-equiv", "float32")), ("start", ("ref", True, "vllm-base:1", "float32")),
                       ("start", ("cand", False, "sha256:cand", "float32")), ("ready", "ref"), ("ready", "cand"),
                       ("remove", "ref"), ("remove", "cand")]
     assert result.reference.url == "http://ref:1" and result.candidate.url == "http://cand:2"
@@ -404,9 +405,10 @@ def test_equiv_target_removes_both_servers_when_one_never_gets_ready(write_manif
     def start(res: Any, *, run_id: str = "", **kw: Any) -> Any:
         return SimpleNamespace(url="http://x", side="ref" if run_id.endswith("-ref") else "cand")
 
-    monkeypatch.setattr(runner, "start_server", start)
-    monkeypatch.setattr(runner, "wait_ready", ready)
-    monkeypatch.setattr(runner, "remove_server", lambda server, **kw: removed.append(server.side))
+    monkeypatch.setattr(container, "image_for", lambda res, environ, log, base=False: "vllm-base:1")
+    monkeypatch.setattr(container, "start_server", start)
+    monkeypatch.setattr(container, "wait_ready", ready)
+    monkeypatch.setattr(container, "remove_server", lambda server, **kw: removed.append(server.side))
     with pytest.raises(SmokeError, match="did not start"):
         runner.equiv_target(resolved, container.ContainerRuntime(), echo=lambda _: None)
     assert removed == ["ref", "cand"]

@@ -22,11 +22,10 @@ The orchestration over the pure core (:mod:`.client`, :mod:`.compare`):
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,7 +37,6 @@ from ..errors import ConfigError
 from ..manifest.resolve import Value, resolve
 from ..manifest.tolerances import DTYPES, Dtype, EquivSettings, Tolerance
 from ..rundirs import new_run_id
-from ..serve.container import remove_server, sigterm_as_interrupt, start_server, wait_ready
 from .client import EquivClient, collect_against, collect_reference
 from .compare import Verdict, compare, gate
 from .evidence import Evidence
@@ -46,7 +44,6 @@ from .record import Record, load_record, make_record, write_record
 
 if TYPE_CHECKING:
     from ..manifest.resolve import Resolved
-    from ..serve.container import Server
     from ..serve.runtime import Prepared, Runtime
 
 Log = Callable[[str], None]
@@ -137,30 +134,6 @@ def sides(resolved: Resolved, against: str, *, dtype: Dtype, sets: Sequence[str]
     return cand, Side(f"image {against}", cand.resolved, base=True, image=against)
 
 
-@contextlib.contextmanager
-def serving_pair(candidate: Side, reference: Side, *, environ: Mapping[str, str] | None = None, log: Log = print,
-                 run_id: str | None = None, startup_timeout: float | None = None,
-                 candidate_image: str | None = None,
-                 host_address: str | None = None) -> Iterator[tuple[Server, Server]]:
-    """Start both servers at once (distinct free ports on ``host_address``), wait for both, always remove both."""
-    environ = os.environ if environ is None else environ
-    run_id = run_id or new_run_id()
-    started: list[Server] = []
-    try:
-        with sigterm_as_interrupt():
-            for side, suffix, image in ((reference, "ref", reference.image), (candidate, "cand",
-                                                                               candidate_image or candidate.image)):
-                started.append(start_server(side.resolved, environ=environ, base=side.base, image=image,
-                                            run_id=f"{run_id}-{suffix}", log=log, host_address=host_address))
-            for side, server in zip((reference, candidate), started, strict=True):
-                wait_ready(server, timeout=startup_timeout or side.resolved.target.smoke.startup_timeout, log=log,
-                           resolved=side.resolved)
-            yield started[1], started[0]
-    finally:
-        for server in started:
-            remove_server(server, log=log)
-
-
 # --------------------------------------------------------------------------- comparing two running servers
 
 
@@ -218,13 +191,14 @@ def equiv_target(resolved: Resolved, runtime: Runtime, *, against: str = "base",
     echo(f"equiv {candidate.label} vs {reference.label}: {len(settings.prompts)} prompts, top-{settings.top_k}, "
          f"{settings.greedy_tokens} greedy tokens, both in {chosen}  run {run_id}")
     built = runtime.prepare(candidate.resolved, environ=environ, log=echo, pin=True)
-    ref_image = reference.image
-    if not reference.base and ref_image is None:
-        ref_image = runtime.prepare(reference.resolved, environ=environ, log=echo, pin=True).served
-    reference = dataclasses.replace(reference, image=ref_image)
-    with serving_pair(candidate, reference, environ=environ, log=echo, run_id=run_id,
-                      startup_timeout=startup_timeout, candidate_image=built.served,
-                      host_address=host_address) as (cand, ref):
+    if reference.base or reference.image is not None:
+        ref_prepared = runtime.prepare(reference.resolved, environ=environ, log=echo, base=reference.base,
+                                       image=reference.image)
+    else:
+        ref_prepared = runtime.prepare(reference.resolved, environ=environ, log=echo, pin=True)
+    with runtime.serving_together([(reference.resolved, ref_prepared, f"{run_id}-ref"),
+                                   (candidate.resolved, built, f"{run_id}-cand")], environ=environ, log=echo,
+                                  startup_timeout=startup_timeout, host_address=host_address) as (ref, cand):
         result = compare_urls(ref.url, cand.url, settings, chosen, labels=(candidate.label, reference.label),
                               run_dir=run_dir)
     echo(result.text())
@@ -420,7 +394,6 @@ __all__ = [
     "renamed",
     "required_resolved",
     "served_dtype",
-    "serving_pair",
     "settings_from_cli",
     "sides",
     "with_serving_value",

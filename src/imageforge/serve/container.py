@@ -606,6 +606,27 @@ class ContainerRuntime(Runtime):
         return serving(resolved, environ=environ, base=prepared.base, image=prepared.served, run_id=run_id,
                        port=port, startup_timeout=startup_timeout, log=log, host_address=host_address, wait=wait)
 
+    @contextlib.contextmanager
+    def serving_together(self, servings: Sequence[tuple[Resolved, Prepared, str]], *,
+                         environ: Mapping[str, str] | None = None, log: Log = print,
+                         startup_timeout: float | None = None,
+                         host_address: str | None = None) -> Iterator[list[Server]]:
+        environ = os.environ if environ is None else environ
+        started: list[Server] = []
+        try:
+            with sigterm_as_interrupt():
+                for resolved, prepared, run_id in servings:
+                    started.append(start_server(resolved, environ=environ, base=prepared.base,
+                                                image=prepared.served or None, run_id=run_id, log=log,
+                                                host_address=host_address))
+                for (resolved, _prepared, _run_id), server in zip(servings, started, strict=True):
+                    wait_ready(server, timeout=startup_timeout or resolved.target.smoke.startup_timeout, log=log,
+                               resolved=resolved)
+                yield started
+        finally:
+            for server in started:
+                remove_server(server, log=log)
+
     def identity(self, server: Any, prepared: Prepared) -> str:
         found = image_or_none(prepared.served or server.image)
         return str(getattr(found, "id", None) or prepared.served or server.image)

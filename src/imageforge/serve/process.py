@@ -26,7 +26,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -121,6 +121,13 @@ class ProcessRuntime(Runtime):
                 wait: bool = True) -> contextlib.AbstractContextManager[ProcessServer]:
         return serving(resolved, self, environ=environ, log=log, run_id=run_id, port=port,
                        startup_timeout=startup_timeout, host_address=host_address, wait=wait)
+
+    def serving_together(self, servings: Sequence[tuple[Resolved, Prepared, str]], *,
+                         environ: Mapping[str, str] | None = None, log: Log = print,
+                         startup_timeout: float | None = None,
+                         host_address: str | None = None) -> contextlib.AbstractContextManager[list[Any]]:
+        raise ConfigError(f"{len(servings)} servers at once {self.where}: one server at a time owns the card",
+                          hint="a command that compares servers runs them one after the other in place")
 
     def identity(self, server: Any, prepared: Prepared) -> str:
         return str(server.image)

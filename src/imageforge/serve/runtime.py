@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -70,6 +70,14 @@ class Runtime(abc.ABC):
                 startup_timeout: float | None = None, host_address: str | None = None,
                 wait: bool = True) -> contextlib.AbstractContextManager[Any]:
         """Start the server of ``prepared``, wait for ``/health`` (unless not ``wait``), yield it; always end it."""
+
+    @abc.abstractmethod
+    def serving_together(self, servings: Sequence[tuple[Resolved, Prepared, str]], *,
+                         environ: Mapping[str, str] | None = None, log: Log = print,
+                         startup_timeout: float | None = None,
+                         host_address: str | None = None) -> contextlib.AbstractContextManager[list[Any]]:
+        """Start every ``(resolved, prepared, run_id)`` at once (distinct free ports), wait until each answers
+        ``/health``, yield the servers in that order; always end them all. A ``one_at_a_time`` runtime refuses."""
 
     @abc.abstractmethod
     def identity(self, server: Any, prepared: Prepared) -> str:
