@@ -71,7 +71,6 @@ BROKEN = manifest_text("""\
 RUN_SH = """\
 #!/bin/bash
 set -euo pipefail
-cd /workspace/scripts || exit 1
 cp notes.txt /workspace/out.txt
 """
 
@@ -123,7 +122,10 @@ def test_a_clean_target_passes_and_changes_nothing(tmp_path: Path, env: dict[str
 
 def test_every_planted_defect_is_a_finding_of_one_run(tmp_path: Path, env: dict[str, Any]) -> None:
     repo = _repo(tmp_path, BROKEN)
-    (repo / "scripts/run.sh").write_text(RUN_SH + 'cp fused.so "${SCRIPT_DIR}/lib/"\n')  # never set
+    (repo / "scripts/run.sh").write_text(RUN_SH + 'cp fused.so "${SCRIPT_DIR}/lib/"\n'  # never set
+                                         + "python3 check.py\npython3 - <<'EOF'\nimport os\nprint(os.sep\nEOF\n")
+    (repo / "scripts/check.py").write_text("import sys\n\ndef ok(:\n    return 0\n")  # the script runs it
+    (repo / "scripts/dead.py").write_text("def never(:\n")  # nothing runs or imports it: not compiled
     (repo / "scripts/fused.so").write_bytes(b"not elf")
     (repo / "scripts/env.sh").write_bytes(b"export A=1\r\nexport B=2\r\n")
     record = {"format": 1, "python": sys.version.split()[0], "versions": {"vllm": "0.9"}, "modules": {},
@@ -140,7 +142,9 @@ def test_every_planted_defect_is_a_finding_of_one_run(tmp_path: Path, env: dict[
     broken = [f for f in by_check.get("py-syntax", []) + by_check["step"] if "broken.py" in (f["path"] + f["message"])]
     assert broken, doc["findings"]
     [unset] = [f for f in by_check["shellcheck"] if "SCRIPT_DIR" in f["message"]]
-    assert unset["path"].endswith("run.sh") and unset["line"] == 5 and unset["step"] == "ops"
+    assert unset["path"].endswith("run.sh") and unset["line"] == 4 and unset["step"] == "ops"
+    syntax = {(f["path"], f["line"], f["step"]) for f in by_check["py-syntax"]}
+    assert syntax == {("/workspace/scripts/check.py", 3, "ops"), ("/workspace/scripts/run.sh", 8, "ops")}, syntax
     [crlf] = by_check["crlf"]
     assert crlf["path"].endswith("env.sh") and crlf["step"] == "ops"
     assert any("fused.so" in f["path"] for f in by_check["pin-missing"])
@@ -205,3 +209,19 @@ def test_an_in_place_preflight_never_imports_docker(tmp_path: Path, env: dict[st
                           cwd=repo)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "NO-DOCKER True" in done.stdout
+
+
+def test_without_the_package_the_scripts_are_still_read(tmp_path: Path, env: dict[str, Any]) -> None:
+    """A --python that has no such distribution: that is a finding, and the checks that need no package (the
+    shipped scripts read statically) still run in the same report."""
+    repo = _repo(tmp_path, CLEAN)
+    (repo / "scripts/run.sh").write_text(RUN_SH + 'echo "${NEVER_SET}"\n')
+    empty = tmp_path / "empty-site"
+    empty.mkdir()
+    proc = _preflight(repo, {**env, "env": {"PYTHONPATH": str(empty)}})
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    [missing] = [f for f in doc["findings"] if f["check"] == "step"]
+    assert "vllm is not installed" in missing["message"]
+    assert [f["line"] for f in doc["findings"] if f["check"] == "shellcheck"] == [4]
+    assert any("could not be read" in n for n in doc["notes"]), doc["notes"]

@@ -39,6 +39,7 @@ from .shell import (
     cp_sources,
     crlf,
     pins,
+    python_heredocs,
     run_exit_codes,
     shell_scripts,
     shellcheck,
@@ -50,8 +51,8 @@ Log = Callable[[str], None]
 #: The Docker run's phases an in-place run leaves out, each with why (one note line each in the report).
 SKIPPED: dict[str, str] = {
     "python": "imports, vendor names and call arities over the final tree: not checked in place (the final tree "
-              "holds what the script steps write, and they are not run); the file steps' .py files are compiled "
-              "by the target interpreter (steps)",
+              "holds what the script steps write, and they are not run); the .py files the file steps write and "
+              "the script steps run are compiled by the target interpreter",
     "flags": "serving flags against the patched parser: not checked in place (the parser is learnt from the tree "
              "after every step, script steps included)",
     "submission": "the submission tree: not rendered in place (it needs the base image's facts from Docker)",
@@ -121,9 +122,41 @@ def _names_set(steps: Mapping[str, Step], environ: Mapping[str, str]) -> Callabl
     return names
 
 
+def _shipped_python(folders: Sequence[ShippedFolder], pkg: LocalPackage,
+                    environ: Mapping[str, str]) -> tuple[list[Finding], str | None, int]:
+    """Every ``.py`` a script step's folder runs or imports (the dead-file rule: ``scripts.deadfiles``) and every
+    ``python - <<EOF`` body of its shell scripts, compiled by the target interpreter in one call: the findings,
+    a note when that interpreter did not run the compile, and how many were compiled."""
+    from ..inplace.verify import compile_sources
+    from ..scripts.deadfiles import live_files
+
+    sources: list[tuple[str, str, str]] = []
+    for folder in folders:
+        dest = folder.dest.rstrip("/")
+        for rel in live_files(folder.host, folder.command):
+            if rel.endswith(".py") and (folder.host / rel).is_file():
+                sources.append((f"{dest}/{rel}", (folder.host / rel).read_text(encoding="utf-8", errors="replace"),
+                                folder.step))
+    for sc in shell_scripts(folders):
+        sources += [(sc.image_path, text, sc.folder.step) for _, text in python_heredocs(sc)]
+    if not sources:
+        return [], None, 0
+    compiled = compile_sources(pkg, environ, [(path, text) for path, text, _ in sources])
+    if compiled is None:
+        return [], (f"the script steps' .py files: not compiled (the target interpreter {pkg.python} did not run "
+                    "the compile)"), 0
+    out = [Finding("py-syntax", message, sources[i][0], line, column, step=sources[i][2],
+                   expected=f"compiles with the target's Python {compiled.python}", found=text.strip() or None,
+                   hint="a script step runs this file on the card: it aborts there (or, under try/except, a "
+                        "feature is silently off)")
+           for i, message, line, column, text in compiled.errors]
+    return out, None, len(sources)
+
+
 def _shipped_findings(manifest: Manifest, resolved: Resolved, folders: Sequence[ShippedFolder], root: Path,
-                      pkg: LocalPackage, api: VendorApi | None, environ: Mapping[str, str]) -> list[Finding]:
-    """The shipped folders' scripts and files, read on this machine (the Docker run's "scripts" phase)."""
+                      pkg: LocalPackage | None, api: VendorApi | None, environ: Mapping[str, str]) -> list[Finding]:
+    """The shipped folders' scripts and files, read on this machine (the Docker run's "scripts" phase); the shared
+    objects only with the target's package (``pkg``: its site directory, its interpreter)."""
     from ..inplace import LocalFS
     from ..inplace.package import image_path
 
@@ -133,11 +166,14 @@ def _shipped_findings(manifest: Manifest, resolved: Resolved, folders: Sequence[
         out += bash_n(sc) + shellcheck(sc, names) + cp_sources(sc) + build_device_imports(sc)
     for folder in folders:
         out += pins(folder)
-    interpreter = image_path(root, pkg.python) if Path(pkg.python).is_relative_to(root) else None
-    library_path = [d for d in resolved.serving_env().get("LD_LIBRARY_PATH", "").split(":") if d.startswith("/")]
-    out += shipped_so_findings(folders, LocalFS(root), site=pkg.site, interpreter=interpreter,
-                               library_path=library_path, api=api)
-    overlays = [(st.source_path, resolve_image_path(one_file(st) or "", pkg.site), st.id) for st in resolved.steps
+    if pkg is not None:
+        interpreter = image_path(root, pkg.python) if Path(pkg.python).is_relative_to(root) else None
+        library_path = [d for d in resolved.serving_env().get("LD_LIBRARY_PATH", "").split(":")
+                        if d.startswith("/")]
+        out += shipped_so_findings(folders, LocalFS(root), site=pkg.site, interpreter=interpreter,
+                                   library_path=library_path, api=api)
+    site = pkg.site if pkg is not None else "<site>"
+    overlays = [(st.source_path, resolve_image_path(one_file(st) or "", site), st.id) for st in resolved.steps
                 if st.source_path is not None and one_file(st)]
     out += crlf(folders, [(p, shown, sid) for p, shown, sid in overlays if p is not None])
     dockerfiles = {manifest.root / "Dockerfile", *(f.host.parent / "Dockerfile" for f in folders)}
@@ -195,8 +231,8 @@ def run_local_preflight(load: Callable[[], Manifest], validate: Callable[[Manife
         dry = inplace.dry_run(resolved, root=root, python=python, environ=environ)
     except ImageforgeError as exc:
         findings += problem_findings(exc, "step")
-        notes.append("the target interpreter's package could not be read: the steps, the vendor API versions and "
-                     "the shared objects were not checked")
+        notes.append("the target interpreter's package could not be read: the steps, the vendor API versions, the "
+                     "shipped shared objects and the compile of the scripts' .py files were not checked")
         pkg = dry = None  # nothing below the package can be told
     steps = list(resolved.steps)
     scripts = _script_steps(steps)
@@ -222,10 +258,13 @@ def run_local_preflight(load: Callable[[], Manifest], validate: Callable[[Manife
                                      where="the target interpreter's")
         mark("vendor-api")
     folders = shipped_folders(steps, environ)
+    findings += _shipped_findings(manifest, resolved, folders, root, pkg, api, environ)
     if pkg is not None:
-        findings += _shipped_findings(manifest, resolved, folders, root, pkg, api, environ)
-        stats["scripts"] = len(shell_scripts(folders))
-        mark("scripts")
+        shipped_py, why, stats["scripts' .py compiled"] = _shipped_python(folders, pkg, environ)
+        findings += shipped_py
+        notes += [why] if why else []
+    stats["scripts"] = len(shell_scripts(folders))
+    mark("scripts")
     findings += manifest_env_findings(manifest, target, resolved)
     findings += run_file_findings([manifest.root / RUN_FILE, *(f.host.parent / RUN_FILE for f in folders)])
     mark("run-env")
