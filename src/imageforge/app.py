@@ -156,16 +156,24 @@ def check_patches(s: Settings, target: str | None, profile: str | None, *, diff:
 
 
 def preflight(s: Settings, target: str | None, profile: str | None, *, strict: bool = False,
-              allow_dirty: bool = False, show: Callable[[PreflightReport], None],
-              log: Log = _quiet) -> PreflightReport:
+              allow_dirty: bool = False, root: Path | None = None, python: str = "python3",
+              show: Callable[[PreflightReport], None], log: Log = _quiet) -> PreflightReport:
     """`preflight`: ``show`` every finding of one run, then fail (exit 3) when an error (``strict``: a warning)
-    is among them."""
+    is among them. With ``root``: the phases that need no Docker, over the files under ``root`` with the target
+    interpreter ``python`` (nothing written, script steps not run)."""
     from .errors import BuildError
     from .manifest.resolve import validate_all
-    from .preflight import run_preflight
 
-    report = run_preflight(lambda: load(s), validate_all, target, profile, environ=s.environ, strict=strict,
-                           allow_dirty=allow_dirty, log=log)
+    if root is not None:
+        from .preflight.local import run_local_preflight
+
+        report = run_local_preflight(lambda: load(s), validate_all, target, profile, root=root, python=python,
+                                     environ=s.environ, strict=strict, allow_dirty=allow_dirty, log=log)
+    else:
+        from .preflight import run_preflight
+
+        report = run_preflight(lambda: load(s), validate_all, target, profile, environ=s.environ, strict=strict,
+                               allow_dirty=allow_dirty, log=log)
     show(report)
     if not report.ok:
         first = report.failing[0]

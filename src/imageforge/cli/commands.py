@@ -114,12 +114,20 @@ def check_patches(c: Context, cmd: Output, target: str = "", profile: str = "", 
 @command(json=True, help={
     "target": TARGET_HELP, "profile": "Profile whose steps are checked (default: the target's default profile)",
     "strict": "Warnings fail the run too",
-    "allow_dirty": "Go on when files the submission ships are untracked or modified in git (then warnings)"})
+    "allow_dirty": "Go on when files the submission ships are untracked or modified in git (then warnings)",
+    "in_place": "No Docker: the phases that need none, over this machine's files (file steps as `apply --in-place "
+                "--dry-run`, script steps read, never run); nothing is written",
+    "root": "With --in-place: the root the target's files live under (default /)",
+    "python": "With --in-place: the target's interpreter (default: python3 on PATH)"})
 def preflight(c: Context, cmd: Output, target: str = "", profile: str = "", strict: bool = False,
-              allow_dirty: bool = False) -> None:
+              allow_dirty: bool = False, in_place: bool = False, root: str = "", python: str = "") -> None:
     """Every check that needs no card, one run, every finding: validate, the steps (scripts in a sandbox), the
-    final tree's Python/imports/vendor API, scripts, pins, CRLF, flags, the submission tree, git. Exit 3 on an error."""
+    final tree's Python/imports/vendor API, scripts, pins, CRLF, flags, the submission tree, git. Exit 3 on an error.
+    --in-place: the same report from the phases that need no Docker (the card's machine)."""
+    if (root or python) and not in_place:
+        raise ConfigError("--root and --python are for preflight --in-place", hint="add --in-place")
     app.preflight(cmd.settings, target or None, profile or None, strict=strict, allow_dirty=allow_dirty,
+                  root=Path(root or "/") if in_place else None, python=python or "python3",
                   show=lambda report: cmd.result(report.text(), report.to_json()), log=cmd.log)
 
 

@@ -10,7 +10,8 @@
 * :mod:`.binaries` -- every shared object a script step ships, checked as the loader would (vendor_api.elfcheck);
 * :mod:`.runfile` -- diagnostic-only variables in the serving env (the target's, a run file's);
 * :mod:`.gitstate` -- what git would ship;
-* :mod:`.run` -- the run against the daemon (check-patches' sandbox, flags, the submission tree).
+* :mod:`.run` -- the run against the daemon (check-patches' sandbox, flags, the submission tree);
+* :mod:`.local` -- ``preflight --in-place``: the phases that need no Docker, over a root's files (the card's machine).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ CHECKS: dict[str, Check] = {c.id: c for c in (
     Check("validate", "error", "the manifest: YAML, schema, files, profiles (imageforge validate)"),
     Check("step", "error", "a step does not apply on the base image (check-patches)"),
     Check("script-failed", "error", "a script step exits non-zero in the sandbox (network off)"),
+    Check("script-not-run", "info", "script steps an in-place preflight reads but does not run (it changes nothing)"),
     Check("final-state", "error", "a changed file fails what verify checks without importing"),
     Check("package-version", "error", "the base's package version differs from the manifest"),
     Check("flags", "error", "a serving flag the patched parser does not accept"),

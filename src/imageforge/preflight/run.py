@@ -67,7 +67,7 @@ from .tree import FinalTree, ShippedFolder, TreeFile, listing_from
 Log = Callable[[str], None]
 
 
-def _problem_findings(exc: ImageforgeError, check: str) -> list[Finding]:
+def problem_findings(exc: ImageforgeError, check: str) -> list[Finding]:
     problems: Sequence[Problem] = exc.problems or (Problem(exc.message, exc.location, exc.key_path, exc.expected,
                                                            exc.found, exc.hint),)
     out = []
@@ -188,7 +188,7 @@ def _folder_snapshot(folders: Sequence[ShippedFolder]) -> dict[str, str]:
             for rel, p in f.files().items()}
 
 
-def _file_step_producers(steps: Sequence[Step], site: str) -> dict[str, str]:
+def file_step_producers(steps: Sequence[Step], site: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for step in steps:
         written = one_file(step)
@@ -197,7 +197,7 @@ def _file_step_producers(steps: Sequence[Step], site: str) -> dict[str, str]:
     return out
 
 
-def _host_inputs(manifest: Manifest, steps: Sequence[Step], environ: Mapping[str, str],
+def host_inputs(manifest: Manifest, steps: Sequence[Step], environ: Mapping[str, str],
                  vendor_api: Path | None) -> list[tuple[Path, str | None]]:
     files: list[tuple[Path, str | None]] = [(manifest.path, None)]
     if vendor_api is not None:
@@ -237,12 +237,12 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
     try:
         manifest = load()
     except ConfigError as exc:
-        return PreflightReport(target_name or "?", profile_name, tuple(_problem_findings(exc, "validate")), strict,
+        return PreflightReport(target_name or "?", profile_name, tuple(problem_findings(exc, "validate")), strict,
                                ("validate",), seconds=time.monotonic() - start)
     try:
         validate(manifest)
     except ConfigError as exc:
-        findings += _problem_findings(exc, "validate")
+        findings += problem_findings(exc, "validate")
     mark("validate")
     target = manifest.target(target_name)
     profile = profile_name or target.default_profile
@@ -255,7 +255,7 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
             daemon_errors("preflight: reading the base image"), \
             script_sandbox(s.base_id, s.target, environ, keep_failed=True) as sandbox:
         steps = [*s.shared, *(s.profiles.get(profile, ()) if profile else ())]
-        folders = _folders(steps, environ)
+        folders = shipped_folders(steps, environ)
         snapshot = _folder_snapshot(folders)
         runner = _Runner(sandbox)
         finals: dict[str, Overlay] = {}
@@ -288,7 +288,7 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
         mark("final-state")
         roots, listing = _roots_and_listing(sandbox, s.python, [f.dest for f in folders])
         roots = tuple(dict.fromkeys([*roots, s.site]))
-        producers = {**runner.producer, **_file_step_producers(steps, s.site)}
+        producers = {**runner.producer, **file_step_producers(steps, s.site)}
         tree = FinalTree(site=s.site, python_version=_grammar(s.python_version, api),
                          package=target.package.import_name, roots=roots,
                          listing=listing | listing_from(final.files), reader=final.read, folders=tuple(folders))
@@ -358,7 +358,7 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
         findings += dead_files(tree, checks.scan.imported, run_texts, live)
         mark("python")
         if api is not None:
-            findings += _version_findings(api, s.version, s.python_version, target.package.distribution)
+            findings += version_findings(api, s.version, s.python_version, target.package.distribution)
             mark("vendor-api")
         image_env = _image_env(sandbox.image)
         names_set = _NamesSet(sandbox, image_env, {st.id: st for st in steps})
@@ -388,7 +388,7 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
         mark("run-env")
         findings += _submission_findings(manifest, target.name, profile, s, environ, folders, snapshot)
         mark("submission")
-    findings += git_findings(_host_inputs(manifest, steps, environ, target.vendor_api), allow_dirty=allow_dirty)
+    findings += git_findings(host_inputs(manifest, steps, environ, target.vendor_api), allow_dirty=allow_dirty)
     mark("git")
     return PreflightReport(target.name, profile, tuple(findings), strict, tuple(ran), tuple(notes),
                            time.monotonic() - start, stats, phases)
@@ -464,7 +464,7 @@ def _grammar(base: str, api: VendorApi | None) -> str:
     return api.python if ours is None or (card is not None and card < ours) else base
 
 
-def _folders(steps: Sequence[Step], environ: Mapping[str, str]) -> list[ShippedFolder]:
+def shipped_folders(steps: Sequence[Step], environ: Mapping[str, str]) -> list[ShippedFolder]:
     from ..steps.script import ScriptSpec
 
     out: list[ShippedFolder] = []
@@ -478,15 +478,18 @@ def _folders(steps: Sequence[Step], environ: Mapping[str, str]) -> list[ShippedF
     return out
 
 
-def _version_findings(api: VendorApi, version: str, python: str, distribution: str) -> list[Finding]:
+def version_findings(api: VendorApi, version: str, python: str, distribution: str,
+                     where: str = "the base's") -> list[Finding]:
+    """The record's package and Python versions against those ``where`` has (the base's, or the target
+    interpreter's in place)."""
     out: list[Finding] = []
     recorded = api.versions.get(distribution)
     if recorded and recorded != version:
-        out.append(Finding("vendor-versions", f"the base's {distribution} is {version}, the record was taken on "
+        out.append(Finding("vendor-versions", f"{where} {distribution} is {version}, the record was taken on "
                            f"{recorded}", api.source, expected=recorded, found=version,
                            hint="take the record again on the card: imageforge probe --in-place"))
     if python and api.python and python.split(".")[:2] != api.python.split(".")[:2]:
-        out.append(Finding("vendor-versions", f"the base's Python is {python}, the record's {api.python}",
+        out.append(Finding("vendor-versions", f"{where} Python is {python}, the record's {api.python}",
                            api.source, expected=api.python, found=python))
     return out
 
@@ -527,7 +530,7 @@ def _submission_findings(manifest: Manifest, name: str, profile: str | None, s: 
         files = render_tree(plan, environ=environ, base_ref=s.base_ref,
                             base=BaseFacts(s.site, s.python, (), s.python_version))
     except ImageforgeError as exc:
-        return _problem_findings(exc, "submission")
+        return problem_findings(exc, "submission")
     out: list[Finding] = []
     with tempfile.TemporaryDirectory(prefix="imageforge-preflight-") as tmp:
         dockerfile = Path(tmp) / "Dockerfile"
