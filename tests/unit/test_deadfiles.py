@@ -72,3 +72,18 @@ def test_a_python_command_and_the_image_paths(tmp_path: Path) -> None:
                          "/workspace/qwen3_6_scripts")
     assert live == {"/workspace/qwen3_6_scripts/common.py": "imported by patch_model_runner.py",
                     "/workspace/qwen3_6_scripts/patch_model_runner.py": "run by the step's command"}
+
+
+def test_an_absolute_cd_into_the_folder_keeps_its_files_live(tmp_path: Path) -> None:
+    """`cd /workspace/qwen3_6_scripts` (the folder's own place when the command runs) before running its patchers
+    leaves them live; a cd out of the folder leaves relative names unresolved, an absolute path into it resolves."""
+    folder = _folder(tmp_path)
+    (folder / "run.sh").write_text("set -e\ncd /workspace/qwen3_6_scripts\npython3 patch_model_runner.py\n"
+                                   "cd /opt\npython3 patch_xformers_sdpa_seq.py\n"
+                                   "python3 /workspace/qwen3_6_scripts/tool_parser_patch/__main__.py\n")
+    live = live_in_image(folder, "/workspace/qwen3_6_scripts", ["bash", "run.sh"], "/workspace/qwen3_6_scripts")
+    assert set(live) == {"/workspace/qwen3_6_scripts/" + rel for rel in
+                         ("patch_model_runner.py", "common.py", "tool_parser_patch/__main__.py")}
+    # in place the folder runs where it is: an absolute cd to that place is the folder too
+    (folder / "here.sh").write_text(f"cd {folder}\npython3 patch_model_runner.py\n")
+    assert "patch_model_runner.py" in live_files(folder, ["bash", "here.sh"])

@@ -313,7 +313,7 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
         # the dead-file rule (as verify's): a folder's .py that its command neither runs nor imports is listed as
         # dead by dead_files below, never compiled (the organisers' dead patcher with a syntax error builds fine)
         live = {f"{folder.dest.rstrip('/')}/{rel}" for folder in folders
-                for rel in live_files(folder.host, folder.command)}
+                for rel in live_files(folder.host, folder.command, dest=folder.dest)}
         for folder in folders:
             for rel, host in folder.files().items():
                 if f"{folder.dest.rstrip('/')}/{rel}" not in live:

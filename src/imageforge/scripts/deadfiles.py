@@ -95,8 +95,9 @@ def _strip(words: list[str]) -> list[str]:
 
 
 class _Reader:
-    def __init__(self, folder: Path, cwd: str) -> None:
+    def __init__(self, folder: Path, cwd: str, dest: str) -> None:
         self.folder = folder
+        self.dest = posixpath.normpath(dest)  # where the folder is when the command runs (absolute)
         self.cwd = cwd.strip("/")
         self.py = {p.relative_to(folder).as_posix() for p in folder.rglob("*.py") if p.is_file()}
         self.live: dict[str, str] = {}
@@ -108,10 +109,20 @@ class _Reader:
             name = posixpath.basename(word)
             hits = sorted(p for p in self.py | self._files() if posixpath.basename(p) == name)
             return hits[0] if len(hits) == 1 else None
-        rel = posixpath.normpath(posixpath.join(cwd, word)) if not word.startswith("/") else None
-        if rel is None or rel.startswith(".."):
+        rel = self.relative(posixpath.join(cwd, word))
+        if rel is None:
             return None
         return rel if (self.folder / rel).is_file() else None
+
+    def relative(self, path: str) -> str | None:
+        """``path`` (relative to the folder, or absolute) as a path inside the folder, or None outside it."""
+        if path.startswith("/"):
+            path = posixpath.normpath(path)
+            if path != self.dest and not path.startswith(self.dest.rstrip("/") + "/"):
+                return None
+            path = posixpath.relpath(path, self.dest)
+        rel = posixpath.normpath(path)
+        return None if rel.startswith("..") else rel
 
     def _files(self) -> set[str]:
         return {p.relative_to(self.folder).as_posix() for p in self.folder.rglob("*.sh") if p.is_file()}
@@ -215,22 +226,28 @@ class _Reader:
         for line, body in _logical_lines(text):
             for words in _commands(line):
                 if words and words[0] == "cd" and len(words) > 1 and "$" not in words[1]:
-                    cwd = posixpath.normpath(posixpath.join(cwd, words[1]))
+                    # an absolute cd into the folder (`cd /workspace/scripts`) stays inside it; one outside it
+                    # leaves relative names unresolved
+                    cwd = self.relative(posixpath.join(cwd, words[1])) or OUTSIDE
                     continue
                 self.command(words, cwd, rel, body)
 
 
-def live_files(folder: Path, command: Sequence[str], cwd: str = ".") -> dict[str, str]:
+OUTSIDE = "../outside-the-folder"
+
+
+def live_files(folder: Path, command: Sequence[str], cwd: str = ".", dest: str | None = None) -> dict[str, str]:
     """The ``.py`` files of ``folder`` (paths relative to it) that ``command``, run in ``cwd`` (relative to the
-    folder), runs or imports, each with why ("run by patch_ops.sh", "imported by x.py"); the rest are dead."""
-    reader = _Reader(folder, cwd)
+    folder), runs or imports, each with why ("run by patch_ops.sh", "imported by x.py"); the rest are dead.
+    ``dest``: where the folder is when the command runs (default: where it is here), for absolute paths."""
+    reader = _Reader(folder, cwd, dest or str(folder.resolve()))
     reader.command(command, posixpath.normpath(cwd), "the step's command")
     return dict(sorted(reader.live.items()))
 
 
-def dead_files(folder: Path, command: Sequence[str], cwd: str = ".") -> tuple[str, ...]:
+def dead_files(folder: Path, command: Sequence[str], cwd: str = ".", dest: str | None = None) -> tuple[str, ...]:
     """The ``.py`` files of ``folder`` that ``command`` neither runs nor imports (see :func:`live_files`)."""
-    live = live_files(folder, command, cwd)
+    live = live_files(folder, command, cwd, dest)
     return tuple(sorted(p for p in (q.relative_to(folder).as_posix() for q in folder.rglob("*.py") if q.is_file())
                         if p not in live))
 
@@ -238,4 +255,4 @@ def dead_files(folder: Path, command: Sequence[str], cwd: str = ".") -> tuple[st
 def live_in_image(folder: Path, dest: str, command: Sequence[str], workdir: str | None) -> Mapping[str, str]:
     """:func:`live_files` of a folder copied to ``dest`` in the image, as image paths."""
     cwd = posixpath.relpath(workdir, dest) if workdir and (workdir == dest or workdir.startswith(dest + "/")) else "."
-    return {posixpath.join(dest, rel): why for rel, why in live_files(folder, command, cwd).items()}
+    return {posixpath.join(dest, rel): why for rel, why in live_files(folder, command, cwd, dest).items()}
