@@ -103,7 +103,7 @@ KILL_SUITE = textwrap.dedent("""\
         serial: true
         request:
           endpoint: /v1/completions
-          body: {model: "${model}", prompt: "long", max_tokens: 1900, ignore_eos: true, n: 4}
+          body: {model: "${model}", prompt: "long", max_tokens: 1900, ignore_eos: true, n: 16}
           timeout: 120
         expect: {status: 200}
       - {id: after-1, request: {endpoint: /health}, expect: {status: 200}}
@@ -121,7 +121,8 @@ def kill_mid_suite(server: Any, suite_dir: Path, echo: Callable[[str], None]) ->
     suite_path.write_text(KILL_SUITE)
 
     def kill_when_generating() -> None:
-        # The gauge can lag on a quiet machine; 4 x 1900 tokens take far longer than this deadline.
+        # The gauge can lag on a quiet machine; 16 x 1900 tokens take far longer than this deadline (4 x 1900
+        # finished inside it once on an idle machine, and the suite passed unkilled).
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline:
             metrics = httpx.get(f"{server.url}/metrics", timeout=5).text
