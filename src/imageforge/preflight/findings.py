@@ -8,6 +8,7 @@ with ``--strict``; infos never.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -155,3 +156,23 @@ class PreflightReport:
 def summary_line(findings: Sequence[Finding]) -> str:
     c = Counter(f.level for f in findings)
     return f"{c['error']} error(s), {c['warning']} warning(s)"
+
+
+class PhaseClock:
+    """A preflight run's clock: the phases done, in order, each with its seconds, and the run's total."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.ran: list[str] = []
+        self.phases: dict[str, float] = {}
+        self._last = self.start
+
+    def mark(self, phase: str) -> None:
+        """A phase done: its name in ``ran``, its seconds in ``phases``."""
+        now = time.monotonic()
+        self.ran.append(phase)
+        self.phases[phase] = round(now - self._last, 2)
+        self._last = now
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import re
 import shlex
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from ..patches.check import CheckReport
 from ..steps import one_file
 from ..vendor_api import VendorApi, load_record
 from .binaries import shipped_so_findings
-from .findings import Finding, PreflightReport
+from .findings import Finding, PhaseClock, PreflightReport
 from .gitstate import git_findings
 from .run import file_step_producers, host_inputs, problem_findings, shipped_folders, version_findings
 from .runfile import RUN_FILE, manifest_env_findings, run_file_findings
@@ -188,23 +187,15 @@ def run_local_preflight(load: Callable[[], Manifest], validate: Callable[[Manife
     """The report of the in-place phases (the caller prints it and fails with exit 3 when it is not ok)."""
     from .. import inplace
 
-    start = time.monotonic()
+    clock = PhaseClock()
+    mark = clock.mark
     findings: list[Finding] = []
-    ran: list[str] = []
     notes: list[str] = []
-    phases: dict[str, float] = {}
     stats: dict[str, int] = {}
-    last = [start]
-
-    def mark(phase: str) -> None:
-        now = time.monotonic()
-        ran.append(phase)
-        phases[phase] = round(now - last[0], 2)
-        last[0] = now
 
     def report(target: str, profile: str | None) -> PreflightReport:
-        return PreflightReport(target, profile, tuple(findings), strict, tuple(ran), tuple(notes),
-                               time.monotonic() - start, stats, phases)
+        return PreflightReport(target, profile, tuple(findings), strict, tuple(clock.ran), tuple(notes),
+                               clock.elapsed(), stats, clock.phases)
     try:
         manifest = load()
     except ConfigError as exc:

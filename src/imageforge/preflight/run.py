@@ -43,7 +43,7 @@ from ..scripts.deadfiles import live_files
 from ..steps import ContainerFS, kind, one_file
 from ..vendor_api import VendorApi, load_record
 from .binaries import shared_objects, shipped_so_findings
-from .findings import Finding, PreflightReport
+from .findings import Finding, PhaseClock, PreflightReport
 from .gitstate import git_findings
 from .python import PyFile, PythonChecks, dead_files
 from .runfile import RUN_FILE, manifest_env_findings, run_file_findings
@@ -221,24 +221,15 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
                   profile_name: str | None, *, environ: Mapping[str, str], strict: bool = False,
                   allow_dirty: bool = False, log: Log) -> PreflightReport:
     """The report (the caller prints it and fails with exit 3 when it is not ok)."""
-    start = time.monotonic()
+    clock = PhaseClock()
+    mark = clock.mark
     findings: list[Finding] = []
-    ran: list[str] = []
     notes: list[str] = []
-    phases: dict[str, float] = {}
-    last = [start]
-
-    def mark(phase: str) -> None:
-        """A phase done: its name in ``ran``, its seconds in the report's phases."""
-        now = time.monotonic()
-        ran.append(phase)
-        phases[phase] = round(now - last[0], 2)
-        last[0] = now
     try:
         manifest = load()
     except ConfigError as exc:
         return PreflightReport(target_name or "?", profile_name, tuple(problem_findings(exc, "validate")), strict,
-                               ("validate",), seconds=time.monotonic() - start)
+                               ("validate",), seconds=clock.elapsed())
     try:
         validate(manifest)
     except ConfigError as exc:
@@ -390,8 +381,8 @@ def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], A
         mark("submission")
     findings += git_findings(host_inputs(manifest, steps, environ, target.vendor_api), allow_dirty=allow_dirty)
     mark("git")
-    return PreflightReport(target.name, profile, tuple(findings), strict, tuple(ran), tuple(notes),
-                           time.monotonic() - start, stats, phases)
+    return PreflightReport(target.name, profile, tuple(findings), strict, tuple(clock.ran), tuple(notes),
+                           clock.elapsed(), stats, clock.phases)
 
 
 def _image_env(image: str) -> dict[str, str]:
