@@ -79,16 +79,22 @@ def image_ids() -> set[str]:
 
 
 @contextlib.contextmanager
-def removes_what_it_builds() -> Iterator[list[str]]:
-    """Yields a list to put plain-build layer ids in; afterwards removes those, and the new images of target bi100."""
+def removes_what_it_builds(vendor: str) -> Iterator[list[str]]:
+    """Yields a list to put plain-build layer ids in; afterwards removes those, and the new images that
+    ``imageforge build --target bi100`` made on ``vendor``.
+
+    Only the build's own images: those labelled with the target *and* the vendor image as their base. The other
+    worker's ``preflight`` / ``check-patches`` sandbox images are labelled with the target too (not with a base),
+    and removing one of those while it reads it fails that run with "an image disappeared"."""
     before = image_ids()
     layers: list[str] = []
+    base_id = client().images.get(vendor).id
     try:
         yield layers
     finally:
         c = client()
-        fresh = [i for i in c.api.images(all=True, filters={"label": "org.imageforge.target=bi100"})
-                 if i["Id"] not in before]
+        labels = ["org.imageforge.target=bi100", f"org.imageforge.base-id={base_id}"]
+        fresh = [i for i in c.api.images(all=True, filters={"label": labels}) if i["Id"] not in before]
         for raw in sorted(fresh, key=lambda i: -int(i.get("Created") or 0)):
             with contextlib.suppress(docker.errors.APIError):
                 c.api.remove_image(raw["Id"], force=True)
@@ -119,7 +125,7 @@ def test_a_breaking_step_fails_check_patches_build_and_the_plain_docker_build_al
     scripts, message = scripts_variant(tmp_path, name)
     status = VARIANTS[name][1]
     env = {"IMAGEFORGE_BI100_BASE": vendor, "IMAGEFORGE_BI100_SCRIPTS": str(scripts)}
-    with removes_what_it_builds() as layers:
+    with removes_what_it_builds(vendor) as layers:
         check = invoke("check-patches", "--target", "bi100", env=env)
         assert_clean_failure(check, 3)
         row = next(ln for ln in check.stdout.splitlines() if ln.split()[1:2] == ["sorted-moe-call"])
