@@ -1,22 +1,22 @@
 """Does a sampled replay's interval hold the full replay's weighted_tps? (bench/RESULTS.md, "Replay and A/A")
 
 Usage: .venv/bin/python benchmarks/replay_sampling.py --url http://127.0.0.1:PORT [--requests 120] [--seed 7]
-       [--sample 30] [--seeds 10] [--out FILE]
+       [--sample 30] [--seeds 10] [--every 2] [--passes 3] [--out FILE]
 
 One running server. The workload is imageforge's generated replay (``--requests`` from ``--seed``). Runs are
 interleaved: the full replay, then the sampled replays of seeds 0..``--seeds``-1 (``--sample`` requests of whole
-sessions each: :func:`imageforge.bench.sampling.choose`), with a full replay again after every ``--every`` of them
-(default 2) and at the end, so slow drift of the shared machine reaches both sides. Every run starts from a cold
-prefix cache of its own: its requests' first system message starts with the run's own tag (a few tokens), so no run
-reads another's cache while the sharing inside a run (sessions, shared heads) stays as it is. The A/A is the full
-replays against each other. Per seed: the predicted interval and whether it holds the full replays' mean
-weighted_tps. Prints one JSON object (and writes it to ``--out``).
+sessions each: :func:`imageforge.bench.sampling.choose`, each run ``--passes`` times as ``bench --passes`` runs it),
+with a full replay again after every ``--every`` of them (default 2) and at the end, so slow drift of the shared
+machine reaches both sides. Every run starts from a cold prefix cache of its own: its requests' first system message
+starts with the run's own tag (a few tokens), so no run reads another's cache while the sharing inside a run
+(sessions, shared heads) stays as it is. The A/A is the full replays against each other. Per seed: the predicted
+interval and whether it holds the full replays' mean weighted_tps. Prints one JSON object (and writes it to
+``--out``).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import statistics
@@ -30,18 +30,7 @@ from replay_common import add_server_options, emit, server_workload
 from imageforge.bench.evaluator import evaluate
 from imageforge.bench.replay import run_replay
 from imageforge.bench.replay_workload import ReplayRequest
-from imageforge.bench.sampling import choose, predict, sessions
-
-
-def tagged(requests: Sequence[ReplayRequest], tag: str) -> list[ReplayRequest]:
-    """The requests with ``tag`` in front of their first system message: a prefix cache of their own."""
-    out = []
-    for r in requests:
-        body = copy.deepcopy(r.body)
-        first = next(m for m in body["messages"] if m.get("role") == "system")
-        first["content"] = f"[{tag}] {first['content']}"
-        out.append(ReplayRequest(body, r.meta, r.source))
-    return out
+from imageforge.bench.sampling import Pass, choose, cold_cache, predict, sessions
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -50,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, default=30)
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--every", type=int, default=2, help="a full replay after every N samples")
+    parser.add_argument("--passes", type=int, default=3, help="each sample runs R times (bench --passes R)")
     args = parser.parse_args(argv)
     model, requests, workload = server_workload(args.url, args.requests, args.seed)
     population = sessions(requests)
@@ -59,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def replay(chosen_requests: Sequence[ReplayRequest]) -> Any:
         nonlocal runs
         runs += 1
-        return run_replay(tagged(chosen_requests, f"run {runs} {started}"), args.url, time_cap=86400.0)
+        return run_replay(cold_cache(chosen_requests, f"run {runs} {started}"), args.url, time_cap=86400.0)
 
     full: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
@@ -74,11 +64,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     full_run()
     for seed in range(args.seeds):
         chosen = choose(population, args.sample, seed)
-        run = replay([requests[i] for s in chosen for i in s.requests])
-        p = predict(chosen, population, run.records, run.wall_s)
+        passes = [replay([requests[i] for s in chosen for i in s.requests]) for _ in range(args.passes)]
+        p = predict(chosen, population, [Pass(one.records, one.wall_s) for one in passes])
         samples.append({"seed": seed, "requests": p["requests_sampled"], "sessions": p["sessions_sampled"],
                         "weighted_tps": p["weighted_tps"], "wall_time_s": p["wall_time_s"],
                         "head_corrections": p["head_corrections"], "interval_groups": p["interval_groups"],
+                        "passes_weighted_tps": p["passes_weighted_tps"],
                         "load": round(os.getloadavg()[0], 2)})
         print(json.dumps({"sample": samples[-1]}), file=sys.stderr)
         if (seed + 1) % args.every == 0 or seed + 1 == args.seeds:
@@ -88,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         s["holds"] = s["weighted_tps"]["low"] <= truth <= s["weighted_tps"]["high"]
         s["half_width"] = round((s["weighted_tps"]["high"] - s["weighted_tps"]["low"]) / 2 / truth, 4)
     result = {"started": started, "url": args.url, "model": model, "workload": workload["stats"],
-              "sessions": len(population), "sample": args.sample, "cpus": os.cpu_count(),
+              "sessions": len(population), "sample": args.sample, "passes": args.passes, "cpus": os.cpu_count(),
               "full": full, "full_mean_weighted_tps": truth,
               "full_spread": [min(f["weighted_tps"] for f in full) / truth,
                               max(f["weighted_tps"] for f in full) / truth],

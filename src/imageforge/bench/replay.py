@@ -44,7 +44,7 @@ from .plots import plot_replay
 from .redlines import SOURCE_TEXT, failing, gated_sources
 from .replay_loading import dataset_format, load_jsonl, server_counter
 from .replay_workload import ReplayRequest, ReplaySpec, generate, stats, write_jsonl
-from .sampling import choose, predict, prediction_lines, sessions
+from .sampling import Pass, choose, cold_cache, predict, prediction_lines, sessions
 
 Log = Callable[[str], None]
 Clock = Callable[[], float]
@@ -279,6 +279,7 @@ class ReplayOptions:
     time_cap: float | None = None  # seconds from the first request sent (--time-cap, else the target's replay:)
     gate: tuple[str, ...] = ()  # redline sources that exit 4 (the target's replay.gate)
     sample: int = 0  # --sample N: about N requests of whole sessions of FILE (seed: --seed); 0: the whole file
+    passes: int = 1  # --passes R: the sample runs R times, each on a prefix cache of its own
 
     @property
     def cap(self) -> float:
@@ -299,6 +300,9 @@ class ReplayOptions:
             problems.append("--replay FILE replays your file: --replay-out only keeps a generated workload")
         if self.sample < 0 or (self.sample and self.file is None):
             problems.append("--sample N takes N >= 1 requests of whole sessions of a file: --replay FILE --sample N")
+        if self.passes < 1 or (self.passes > 1 and not self.sample):
+            problems.append(f"--passes R (>= 1, got {self.passes}) runs a sample R times: --replay FILE --sample N "
+                            "--passes R")
         if problems:
             raise ConfigError("invalid replay options: " + "; ".join(problems))
         return self
@@ -376,13 +380,24 @@ def replay_bench(url: str, options: ReplayOptions, run_dir: Path, *, echo: Log =
         population = sessions(requests)
         chosen = choose(population, options.sample, options.seed)
         requests = [requests[i] for s in chosen for i in s.requests]
-        workload["sample"] = {"requests": options.sample, "seed": options.seed, "sessions": [s.index for s in chosen]}
+        workload["sample"] = {"requests": options.sample, "seed": options.seed, "passes": options.passes,
+                              "sessions": [s.index for s in chosen]}
         echo(f"sample (seed {options.seed}): {len(requests)} requests of {len(chosen)} whole sessions")
-    run = run_replay(requests, url, model=model, time_cap=options.cap, timeout=options.timeout,
-                     planned_output=options.planned_output, log=echo, transport=transport)
-    result = ReplayBench(run, workload, run_dir)
-    if chosen is not None and population is not None:
-        result.prediction = predict(chosen, population, run.records, run.wall_s, time_cap=options.cap)
+    if chosen is None or population is None:
+        run = run_replay(requests, url, model=model, time_cap=options.cap, timeout=options.timeout,
+                         planned_output=options.planned_output, log=echo, transport=transport)
+        result = ReplayBench(run, workload, run_dir)
+    else:
+        runs = []
+        for k in range(1, options.passes + 1):
+            if options.passes > 1:
+                echo(f"pass {k} of {options.passes}")
+            runs.append(run_replay(cold_cache(requests, f"imageforge pass {k} {run_dir.name}"), url, model=model,
+                                   time_cap=options.cap, timeout=options.timeout,
+                                   planned_output=options.planned_output, log=echo, transport=transport))
+        result = ReplayBench(runs[0], workload, run_dir)
+        result.prediction = predict(chosen, population, [Pass(r.records, r.wall_s) for r in runs],
+                                    time_cap=options.cap)
     write_replay(result)
     return result
 

@@ -10,6 +10,9 @@
   per-minute rates and the wall time, each with a 95 % interval: a stratified ratio estimator over sessions
   (clusters), its interval a delete-a-group jackknife over contiguous groups of sessions in run order with
   Student's t (:func:`predict`: the sample's composition and the server's drift while it ran).
+  **Passes**: the sample can run several times (``--passes R``), each pass on a prefix cache of its own
+  (:func:`cold_cache`); the spread between the passes is the run-to-run spread of the machine, which no single
+  run can show, and goes into the interval with the jackknife's (Welch-Satterthwaite degrees of freedom).
   **Reuse across sessions**: sessions of one agent kind share a head (system messages and tools); in the full
   replay only the first session of a head prefills it, in a sample the first *sampled* one does.  Such a
   request's head tokens (measured as what later sampled sessions of that head got from the cache) are moved
@@ -22,6 +25,7 @@ Pure functions over requests and records: the runner (``replay.py``) sends the c
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -35,6 +39,33 @@ from ..errors import ConfigError
 from .evaluator import RequestRecord, bucket_of
 from .metrics import CACHED_WEIGHT, OUTPUT_WEIGHT, UNCACHED_INPUT_WEIGHT, platform_score
 from .replay_workload import ReplayRequest
+
+
+def cold_cache(requests: Sequence[ReplayRequest], tag: str) -> list[ReplayRequest]:
+    """The requests with ``[tag] `` in front of their first message's text: a prefix cache of their own (no
+    earlier run on the server, and no other pass, shares a block with them), while the sharing inside the run
+    (a session's turns, the heads sessions share) stays as it is. A few tokens more per request."""
+    out = []
+    for r in requests:
+        body = copy.deepcopy(r.body)
+        messages = body.get("messages") or []
+        if messages:
+            first = next((m for m in messages if m.get("role") == "system"), messages[0])
+            content = first.get("content")
+            if isinstance(content, list):
+                first["content"] = [{"type": "text", "text": f"[{tag}]"}, *content]
+            else:
+                first["content"] = f"[{tag}] {content or ''}"
+        out.append(ReplayRequest(body, r.meta, r.source))
+    return out
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One run of the sampled requests: their records (``index`` = position in the run) and its wall time."""
+
+    records: Sequence[RequestRecord]
+    wall_s: float
 
 
 def _digest(value: Any) -> str:
@@ -210,31 +241,51 @@ def time_groups(count: int) -> list[range]:
 Row = tuple[str, float, float, float, float]  # stratum; output, uncached, cached tokens; seconds
 
 
-def predict(chosen: Sequence[Session], population: Sequence[Session], records: Sequence[RequestRecord],
-            sample_wall_s: float, *, time_cap: float | None = None) -> dict[str, Any]:
-    """The full replay's figures from a sampled run (``records[i].index`` = the position in the sampled run, the
-    run replaying the chosen sessions' requests in order).
+def _welch_df(parts: Sequence[tuple[float, int]]) -> int:
+    """Welch-Satterthwaite degrees of freedom of a sum of variance estimates (variance, its df); at least 1."""
+    total = sum(v for v, _ in parts)
+    denom = sum(v * v / df for v, df in parts if df > 0 and v > 0)
+    return max(1, int(total * total / denom)) if denom > 0 else max(1, min(df for _, df in parts))
 
-    Each figure is a stratified ratio (expanded tokens / expanded seconds).  Its interval is a delete-a-group
-    jackknife over contiguous groups of sessions in the order they ran (:func:`time_groups`) with Student's t:
-    the groups differ by what was sampled *and* by when they ran, so the interval carries both the sample's
-    composition and the server's drift during the sampled run (its speed at one moment against another), which a
-    variance over single sessions misses.  Not in it: a change of the machine's state slower than the run."""
+
+def predict(chosen: Sequence[Session], population: Sequence[Session], passes: Sequence[Pass], *,
+            time_cap: float | None = None) -> dict[str, Any]:
+    """The full replay's figures from the sampled run's passes (each replaying the chosen sessions' requests in
+    order).
+
+    Each figure is a stratified ratio (expanded tokens / expanded seconds), averaged over the passes. Its
+    interval is for one full replay on the same server, with Student's t over two variance terms:
+
+    * a delete-a-group jackknife over contiguous groups of sessions in the order they ran (:func:`time_groups`),
+      each replicate averaged over the passes: the groups differ by what was sampled *and* by when they ran, so
+      this carries the sample's composition and the server's drift within a run;
+    * with two passes or more, the variance between the passes' figures, times ``1 + 1/R``: the machine's
+      run-to-run spread, once for the passes' mean and once for the full replay being predicted.
+
+    With one pass the second term is missing (``interval_covers`` says so): a change of the machine's state
+    slower than the run is then not in the interval."""
     if len(chosen) < 2:
         raise ConfigError(f"a sampled replay needs at least 2 whole sessions (got {len(chosen)}): raise --sample")
+    if not passes:
+        raise ConfigError("a sampled replay needs at least one pass")
     order = [i for s in chosen for i in s.requests]
-    by_file = {order[r.index]: r for r in records if r.index < len(order)}
-    fix = _head_correction(chosen, population, by_file)
-    rows: list[Row] = []
-    for s in chosen:
-        out, unc, cac, sec = _terms([by_file[i] for i in s.requests if i in by_file])
-        moved, saved = fix.get(s.index, (0.0, 0.0))
-        rows.append((s.stratum, out, unc - moved, cac + moved, max(0.0, sec - saved)))
     sizes: dict[str, int] = {}
     for s in population:
         sizes[s.stratum] = sizes.get(s.stratum, 0) + 1
-    measured_seconds = sum(r.total_s or 0.0 for r in records)
-    gaps = sample_wall_s / measured_seconds if measured_seconds > 0 else 1.0  # wall / the sum of request times
+
+    def pass_rows(one: Pass) -> tuple[list[Row], float, int]:
+        by_file = {order[r.index]: r for r in one.records if r.index < len(order)}
+        fix = _head_correction(chosen, population, by_file)
+        rows: list[Row] = []
+        for s in chosen:
+            out, unc, cac, sec = _terms([by_file[i] for i in s.requests if i in by_file])
+            moved, saved = fix.get(s.index, (0.0, 0.0))
+            rows.append((s.stratum, out, unc - moved, cac + moved, max(0.0, sec - saved)))
+        measured_seconds = sum(r.total_s or 0.0 for r in one.records)
+        gaps = one.wall_s / measured_seconds if measured_seconds > 0 else 1.0  # wall / the sum of request times
+        return rows, gaps, len(fix)
+
+    runs = [pass_rows(one) for one in passes]
 
     def expanded(part: Sequence[Row]) -> tuple[float, float, float, float]:
         """Output, uncached, cached tokens and seconds of the full replay, from ``part``'s strata (a stratum
@@ -249,7 +300,7 @@ def predict(chosen: Sequence[Session], population: Sequence[Session], records: S
                 totals[k] += factor * value
         return totals[0], totals[1], totals[2], totals[3]
 
-    def rates(part: Sequence[Row]) -> tuple[float, float, float, float]:
+    def rates(part: Sequence[Row], gaps: float) -> tuple[float, float, float, float]:
         """Weighted tokens, output, uncached and cached tokens per second of wall time."""
         out, unc, cac, sec = expanded(part)
         wall = sec * gaps
@@ -258,26 +309,41 @@ def predict(chosen: Sequence[Session], population: Sequence[Session], records: S
         return ((OUTPUT_WEIGHT * out + UNCACHED_INPUT_WEIGHT * unc + CACHED_WEIGHT * cac) / wall,
                 out / wall, unc / wall, cac / wall)
 
-    whole = rates(rows)
-    groups = time_groups(len(rows))
-    replicates = [rates([row for j, row in enumerate(rows) if j not in g]) for g in groups]
-    t = t_quantile(0.975, len(groups) - 1)
+    def mean_over_passes(drop: range = range(0)) -> list[float]:
+        """Each figure averaged over the passes, with the sessions of ``drop`` left out."""
+        per = [rates([row for j, row in enumerate(rows) if j not in drop], gaps) for rows, gaps, _ in runs]
+        return [statistics.fmean(p[k] for p in per) for k in range(4)]
+
+    per_pass = [rates(rows, gaps) for rows, gaps, _ in runs]
+    whole = mean_over_passes()
+    groups = time_groups(len(chosen))
+    replicates = [mean_over_passes(g) for g in groups]
+    r = len(passes)
 
     def interval(k: int, scale: float) -> Interval:
-        values = [r[k] for r in replicates]
+        values = [rep[k] for rep in replicates]
         mean = statistics.fmean(values)
-        sd = math.sqrt((len(values) - 1) / len(values) * sum((v - mean) ** 2 for v in values))
-        return Interval(whole[k] * scale, max(0.0, (whole[k] - t * sd) * scale), (whole[k] + t * sd) * scale)
+        jack = (len(values) - 1) / len(values) * sum((v - mean) ** 2 for v in values)
+        parts = [(jack, len(groups) - 1)]
+        if r > 1:
+            parts.append((statistics.variance([p[k] for p in per_pass]) * (1 + 1 / r), r - 1))
+        half = t_quantile(0.975, _welch_df(parts)) * math.sqrt(sum(v for v, _ in parts))
+        return Interval(whole[k] * scale, max(0.0, (whole[k] - half) * scale), (whole[k] + half) * scale)
 
     weighted = interval(0, 1.0)
-    wall = expanded(rows)[3] * gaps
+    wall = statistics.fmean(expanded(rows)[3] * gaps for rows, gaps, _ in runs)
     return {
         "sessions_sampled": len(chosen), "sessions_total": len(population),
         "requests_sampled": len(order), "requests_total": sum(len(s.requests) for s in population),
-        "strata": {h: {"sampled": sum(1 for r in rows if r[0] == h), "sessions": sizes[h]}
-                   for h in sorted({r[0] for r in rows})},
-        "head_corrections": len(fix),
+        "strata": {h: {"sampled": sum(1 for row in runs[0][0] if row[0] == h), "sessions": sizes[h]}
+                   for h in sorted({row[0] for row in runs[0][0]})},
+        "head_corrections": runs[0][2],
         "interval_groups": len(groups),
+        "passes": r,
+        "passes_weighted_tps": [p[0] for p in per_pass],
+        "interval_covers": ("the sample's composition, the server's drift within a run"
+                            + (f" and the run-to-run spread of {r} passes" if r > 1 else
+                               "; not the run-to-run spread (--passes 3 adds it)")),
         "weighted_tps": weighted.to_json(),
         "platform_score": Interval(platform_score(weighted.value), platform_score(weighted.low),
                                    platform_score(weighted.high)).to_json(),
@@ -302,4 +368,7 @@ def prediction_lines(p: Mapping[str, Any]) -> list[str]:
         f"PREDICTED full replay: weighted_tps {w['value']:,.1f} (95 % interval {w['low']:,.1f} - {w['high']:,.1f}); "
         f"platform_score {ps['value']:,.0f} ({ps['low']:,.0f} - {ps['high']:,.0f})",
         f"predicted wall time {p['wall_time_s']:,.0f} s{cut}",
+        f"the interval covers {p['interval_covers']}"
+        + ("" if p["passes"] < 2 else " (passes' weighted_tps: "
+           + ", ".join(f"{v:,.1f}" for v in p["passes_weighted_tps"]) + ")"),
     ]

@@ -279,6 +279,8 @@ def demo(c: Context, cmd: Output) -> None:
                        "redlines always gate)",
     "sample": "Replay FILE: about N requests of whole sessions, stratified (--seed picks them), and the full "
               "replay's predicted score, rates and wall time with 95 % intervals",
+    "passes": "Replay --sample: run the sample R times, each on a prefix cache of its own; the spread between the "
+              "passes (the machine's run-to-run spread) goes into the intervals (default 1: it is not in them)",
     "time_cap": "Replay: stop this many seconds after the first request; requests not started add nothing "
                 "(default: the target's replay.time_cap, bi100 13 h; else --duration)",
     "target": TARGET_HELP + "; with --url --replay: only its replay: settings (time cap, gating redlines)",
@@ -288,7 +290,7 @@ def demo(c: Context, cmd: Output) -> None:
 def bench(c: Context, cmd: Output, url: str = "", target: str = "", profile: str = "",
           set_: list[str] | None = None, port: int = 0, replay: str = "", replay_out: str = "",
           max_model_len: int = 0, planned_output: bool = True, require_targets: bool = False,
-          time_cap: float = 0, sample: int = 0, workload: Workload | None = None) -> None:
+          time_cap: float = 0, sample: int = 0, passes: int = 1, workload: Workload | None = None) -> None:
     """Load-test --url, or build + serve + bench + remove TARGET:PROFILE: TPS, score, latencies. Exit 4 on failure.
 
     --replay: the evaluator's workload one request at a time, its metrics (weighted_tps: the platform's score),
@@ -301,7 +303,8 @@ def bench(c: Context, cmd: Output, url: str = "", target: str = "", profile: str
     options = replay_options(replay, replay_out, requests=w.requests, seed=w.seed, max_model_len=max_model_len,
                              planned_output=planned_output, duration=w.duration, timeout=w.timeout,
                              max_error_rate=w.max_error_rate, require_targets=require_targets,
-                             time_cap=time_cap, sample=sample)
+                             time_cap=time_cap, sample=sample, passes=passes)
+
     def show(result: Any) -> None:  # before the verdict: the JSON document also when the bench fails
         if options:
             cmd.result("\n".join(result.lines()), result.to_json()["report"], logged=True)
