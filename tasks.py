@@ -32,7 +32,7 @@ def test(c: Context, unit: bool = False, k: str = "", lint: bool = True, coverag
     """Lint, type-check and run the tests (sets up the Docker engine and base images first)."""
     py = sys.executable
     if lint:
-        lint_paths = [p for p in ("src", "tests", "tasks.py", "bench", "benchmarks", "overlays", "images")
+        lint_paths = [p for p in ("src", "tests", "tasks.py", "bench", "benchmarks", "overlays", "images", "scripts")
                       if (ROOT / p).exists()]  # ruff fails on a path that is not there
         c.run(f"{py} -m ruff check {' '.join(lint_paths)}", pty=False)
         c.run(f"{py} -m mypy", pty=False)
