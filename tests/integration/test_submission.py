@@ -2,8 +2,9 @@
 
 * cpu: the emitted tree built with plain ``docker build`` (docker SDK, legacy builder, no imageforge code
   on that side) vs imageforge's build of the same manifest and profile (conftest ``cpu_submission``: the
-  ``aggressive`` profile): every path that differs from the base image has the same (path, type, mode,
-  uid:gid, sha256 of content or link target); the ENV is the same dict. That this image, started with
+  ``aggressive`` profile): every path of the two filesystems has the same (path, type, mode, uid:gid, sha256 of
+  content or link target), and the steps' own paths differ from the base image's (read path by path there: two
+  whole listings, not three); the ENV is the same dict. That this image, started with
   computility-run.yaml's command and env, passes the dummy smoke suite is test_image_contract.py's claim now
   (one vLLM start for both: the tree's image started there by a generic tool, as the platform starts it).
   Left out of the filesystem comparison, and why that is safe:
@@ -74,33 +75,54 @@ class _Stream(io.RawIOBase):
         return n
 
 
+def _entries(stream: Any, prefix: str = "") -> dict[str, Entry]:
+    """Path -> entry of a ``get_archive`` tar stream; ``prefix``: the absolute directory its names are under."""
+    out: dict[str, Entry] = {}
+    with tarfile.open(fileobj=io.BufferedReader(_Stream(stream), 1 << 20), mode="r|") as tar:
+        for m in tar:
+            rel = m.name.lstrip("./").lstrip("/") if m.name not in (".", "./", "/") else ""
+            name = (prefix.rstrip("/") + "/" + rel) if rel else (prefix or "/")
+            owner = f"{m.uid}:{m.gid}"
+            if m.isfile():
+                h = hashlib.sha256()
+                fh = tar.extractfile(m)
+                assert fh is not None
+                while chunk := fh.read(1 << 20):
+                    h.update(chunk)
+                out[name] = ("file", f"{m.mode:o}", owner, h.hexdigest())
+            elif m.islnk():
+                target = (prefix.rstrip("/") + "/" + m.linkname.lstrip("./").lstrip("/"))
+                out[name] = ("file", f"{m.mode:o}", owner, out.get(target, ("", "", "", "?"))[3])
+            elif m.issym():
+                out[name] = ("symlink", f"{m.mode:o}", owner, hashlib.sha256(m.linkname.encode()).hexdigest())
+            elif m.isdir():
+                out[name] = ("dir", f"{m.mode:o}", owner, "")
+            else:
+                out[name] = (f"type-{m.type!r}", f"{m.mode:o}", owner, f"{m.devmajor}:{m.devminor}")
+    return out
+
+
 def filesystem(image: str) -> dict[str, Entry]:
     """Every path of the image's filesystem (a created, never started container's archive of /)."""
-    c = sdk()
-    container = c.containers.create(image, command=["true"], labels={"org.imageforge.test": "submission"})
-    out: dict[str, Entry] = {}
+    container = sdk().containers.create(image, command=["true"], labels={"org.imageforge.test": "submission"})
     try:
         stream, _ = container.get_archive("/", chunk_size=1 << 20)
-        with tarfile.open(fileobj=io.BufferedReader(_Stream(stream), 1 << 20), mode="r|") as tar:
-            for m in tar:
-                name = "/" + m.name.lstrip("./").lstrip("/") if m.name not in (".", "./", "/") else "/"
-                owner = f"{m.uid}:{m.gid}"
-                if m.isfile():
-                    h = hashlib.sha256()
-                    fh = tar.extractfile(m)
-                    assert fh is not None
-                    while chunk := fh.read(1 << 20):
-                        h.update(chunk)
-                    out[name] = ("file", f"{m.mode:o}", owner, h.hexdigest())
-                elif m.islnk():
-                    target = "/" + m.linkname.lstrip("./").lstrip("/")
-                    out[name] = ("file", f"{m.mode:o}", owner, out.get(target, ("", "", "", "?"))[3])
-                elif m.issym():
-                    out[name] = ("symlink", f"{m.mode:o}", owner, hashlib.sha256(m.linkname.encode()).hexdigest())
-                elif m.isdir():
-                    out[name] = ("dir", f"{m.mode:o}", owner, "")
-                else:
-                    out[name] = (f"type-{m.type!r}", f"{m.mode:o}", owner, f"{m.devmajor}:{m.devminor}")
+        return _entries(stream)
+    finally:
+        container.remove(force=True)
+
+
+def entries_of(image: str, paths: set[str]) -> dict[str, Entry]:
+    """The entries under each of ``paths`` (a file, or a directory and what is in it) in the image; a path the
+    image does not have is simply absent."""
+    container = sdk().containers.create(image, command=["true"], labels={"org.imageforge.test": "submission"})
+    out: dict[str, Entry] = {}
+    try:
+        for path in sorted(paths):
+            parent = path.rsplit("/", 1)[0] or "/"
+            with contextlib.suppress(docker.errors.NotFound):
+                stream, _ = container.get_archive(path, chunk_size=1 << 20)
+                out.update(_entries(stream, parent))
     finally:
         container.remove(force=True)
     return out
@@ -114,17 +136,6 @@ def comparable(entry: Entry, path: str) -> Entry:
     return (*entry[:3], "") if "/__pycache__/" in path else entry
 
 
-def changed_from(base: dict[str, Entry], image: dict[str, Entry]) -> dict[str, Entry | None]:
-    """Path -> its entry where it differs from the base (None: removed), /tmp left out."""
-    out: dict[str, Entry | None] = {}
-    for path in set(base) | set(image):
-        if excluded(path):
-            continue
-        if base.get(path) != image.get(path):
-            out[path] = comparable(image[path], path) if path in image else None
-    return out
-
-
 def env_dict(image: str) -> dict[str, str]:
     env = sdk().images.get(image).attrs["Config"].get("Env") or []
     return dict(item.split("=", 1) for item in env)
@@ -134,23 +145,28 @@ def env_dict(image: str) -> dict[str, str]:
 
 
 def test_cpu_tree_builds_the_same_filesystem_and_env(cpu_submission: dict[str, Any]) -> None:
-    base = filesystem(cpu_submission["base"])
     ours = filesystem(cpu_submission["imageforge"])
     theirs = filesystem(cpu_submission["plain"])
     assert "/tmp/torchinductor_root" not in ours, "verify cleans torch's inductor cache, it is not just excluded"
-    a, b = changed_from(base, ours), changed_from(base, theirs)
-    # the steps did change things, in both: patched files, overlays, links, .pyc, the serving config
-    site = "/opt/venv/lib/python3.11/site-packages"
-    for path in (f"{site}/vllm/v1/attention/ops/prefix_prefill.py", f"{site}/vllm/model_executor/layers/fused_moe/"
-                 "sorted_moe.py", "/etc/imageforge/serving.yaml", "/etc/ld.so.cache"):
-        assert path in a, path
-    assert any(p.startswith("/usr/local/lib/libtorch") for p in a)
-    assert any("/__pycache__/prefix_prefill." in p for p in a)
+    a = {p: comparable(e, p) for p, e in ours.items() if not excluded(p)}
+    b = {p: comparable(e, p) for p, e in theirs.items() if not excluded(p)}
     only_ours = {p: a[p] for p in set(a) - set(b)}
     only_theirs = {p: b[p] for p in set(b) - set(a)}
     different = {p: (a[p], b[p]) for p in set(a) & set(b) if a[p] != b[p]}
     assert not only_ours and not only_theirs and not different, (only_ours, only_theirs, different)
     assert env_dict(cpu_submission["plain"]) == env_dict(cpu_submission["imageforge"])
+    # the steps did change things (the same in both, above): patched files, overlays, links, .pyc, the config
+    site = "/opt/venv/lib/python3.11/site-packages"
+    prefill = f"{site}/vllm/v1/attention/ops/prefix_prefill.py"
+    steps_paths = {prefill, f"{site}/vllm/model_executor/layers/fused_moe/sorted_moe.py",
+                   "/etc/imageforge/serving.yaml", "/etc/ld.so.cache"}
+    pycache = prefill.rsplit("/", 1)[0] + "/__pycache__"
+    base = entries_of(cpu_submission["base"], steps_paths | {"/usr/local/lib", pycache})
+    for path in steps_paths:
+        assert path in ours and base.get(path) != ours[path], path
+    libtorch = [p for p in ours if p.startswith("/usr/local/lib/libtorch")]
+    assert libtorch and any(base.get(p) != ours[p] for p in libtorch)
+    assert any("/__pycache__/prefix_prefill." in p and base.get(p) != ours[p] for p in ours)
 
 
 # --------------------------------------------------------------------------- bi100 on the vendor-layout fixture
