@@ -309,15 +309,14 @@ def predict(chosen: Sequence[Session], population: Sequence[Session], passes: Se
         return ((OUTPUT_WEIGHT * out + UNCACHED_INPUT_WEIGHT * unc + CACHED_WEIGHT * cac) / wall,
                 out / wall, unc / wall, cac / wall)
 
-    def mean_over_passes(drop: range = range(0)) -> list[float]:
-        """Each figure averaged over the passes, with the sessions of ``drop`` left out."""
-        per = [rates([row for j, row in enumerate(rows) if j not in drop], gaps) for rows, gaps, _ in runs]
+    def mean_over_passes(per: Sequence[tuple[float, float, float, float]]) -> list[float]:
         return [statistics.fmean(p[k] for p in per) for k in range(4)]
 
     per_pass = [rates(rows, gaps) for rows, gaps, _ in runs]
-    whole = mean_over_passes()
+    whole = mean_over_passes(per_pass)
     groups = time_groups(len(chosen))
-    replicates = [mean_over_passes(g) for g in groups]
+    replicates = [mean_over_passes([rates([row for j, row in enumerate(rows) if j not in g], gaps)
+                                    for rows, gaps, _ in runs]) for g in groups]
     r = len(passes)
 
     def interval(k: int, scale: float) -> Interval:
