@@ -383,18 +383,19 @@ def replay_bench(url: str, options: ReplayOptions, run_dir: Path, *, echo: Log =
         workload["sample"] = {"requests": options.sample, "seed": options.seed, "passes": options.passes,
                               "sessions": [s.index for s in chosen]}
         echo(f"sample (seed {options.seed}): {len(requests)} requests of {len(chosen)} whole sessions")
+
+    def replay(batch: Sequence[ReplayRequest]) -> ReplayRun:
+        return run_replay(batch, url, model=model, time_cap=options.cap, timeout=options.timeout,
+                          planned_output=options.planned_output, log=echo, transport=transport)
+
     if chosen is None or population is None:
-        run = run_replay(requests, url, model=model, time_cap=options.cap, timeout=options.timeout,
-                         planned_output=options.planned_output, log=echo, transport=transport)
-        result = ReplayBench(run, workload, run_dir)
+        result = ReplayBench(replay(requests), workload, run_dir)
     else:
         runs = []
         for k in range(1, options.passes + 1):
             if options.passes > 1:
                 echo(f"pass {k} of {options.passes}")
-            runs.append(run_replay(cold_cache(requests, f"imageforge pass {k} {run_dir.name}"), url, model=model,
-                                   time_cap=options.cap, timeout=options.timeout,
-                                   planned_output=options.planned_output, log=echo, transport=transport))
+            runs.append(replay(cold_cache(requests, f"imageforge pass {k} {run_dir.name}")))
         result = ReplayBench(runs[0], workload, run_dir)
         result.prediction = predict(chosen, population, [Pass(r.records, r.wall_s) for r in runs],
                                     time_cap=options.cap)
