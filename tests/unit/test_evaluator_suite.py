@@ -30,8 +30,8 @@ SEP = "--"  # NAME--VARIANT: a second form of the evaluator's check NAME
 # The harness's 56 keys, in its order, with the tag each must carry here: dummy-ok where its own request
 # and criterion hold on random weights, real-weights where they need a trained model's answer.
 EVALUATOR: dict[str, str] = {
-    "d01_basic_nostream": "dummy-ok",
-    "d02_stream_usage": "dummy-ok",
+    "d01_basic_nostream": "real-weights",  # an answer or reasoning: random weights sampled may end on an EOS at once
+    "d02_stream_usage": "real-weights",  # 5 lines: random weights sampled may end on an EOS within them
     "d03_tool_call": "real-weights",          # tool_choice auto: the model must decide to call
     "d04_reasoning": "real-weights",          # the answer must name 1 / one
     "d05_multimodal": "real-weights",         # the cpu model is text-only
@@ -40,9 +40,9 @@ EVALUATOR: dict[str, str] = {
     "d08_image_url_blocked": "evaluator-skipped",
     "d09_thinking_disable_top": "real-weights",  # the answer must hold "4"
     "d10_thinking_disable_ctk": "real-weights",
-    "t1a_thinking_true": "dummy-ok",
+    "t1a_thinking_true": "real-weights",  # reasoning: a first token may be an EOS or </think>
     "t1b_thinking_false": "dummy-ok",
-    "t1c_thinking_default": "dummy-ok",
+    "t1c_thinking_default": "real-weights",  # reasoning: a first token may be an EOS or </think>
     **{f"t2_temperature_{v}": "dummy-ok" for v in ("0_0", "1_0", "1_1", "2_0")},
     **{f"t2_top_p_{v}": "dummy-ok" for v in ("0_0", "0_01", "0_95", "1_0", "1_1")},
     **{f"t2_frequency_penalty_{v}": "dummy-ok" for v in ("neg2", "0", "2")},
@@ -60,7 +60,7 @@ EVALUATOR: dict[str, str] = {
     "t4b_system_control": "real-weights",
     "t5_function_calling": "real-weights",
     "t6_multi_turn": "real-weights",
-    "t7_streaming_sse": "dummy-ok",
+    "t7_streaming_sse": "real-weights",  # 5 lines: random weights sampled may end on an EOS within them
     "t8_json_object": "real-weights",
     "t9_json_schema": "real-weights",
     "t10_stop_word": "real-weights",
