@@ -51,6 +51,9 @@ def generic_container(cpu_submission: dict[str, Any], run_yaml: dict[str, Any]) 
         .with_command(run_yaml["command"])
         .with_exposed_ports(8000)
         .with_volume_mapping(str(model), "/models/tiny-qwen3-moe", "ro")
+        # build.yaml's run.volumes: vLLM's cache of the model class, as every server of the target gets it (without
+        # it vLLM inspects the model in a subprocess first: ~10 s of CPU; bench/RESULTS.md, "vLLM's cache")
+        .with_volume_mapping("imageforge-vllm-cache", "/root/.cache/vllm", "rw")
         .with_kwargs(shm_size="1g", labels={"org.imageforge.tool": "imageforge", "org.imageforge.kind": "test",
                                             "org.imageforge.test": "submission"})
         .waiting_for(HttpWaitStrategy(8000, "/health").for_status_code(200).with_startup_timeout(300))

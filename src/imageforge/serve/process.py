@@ -66,7 +66,10 @@ class ProcessRuntime(Runtime):
 
     root: Path = Path("/")
     python: str = "python3"  # the target interpreter (on the caller's PATH unless a path)
-    imports: bool = True  # verify's import check after an apply (off where the target cannot import)
+    # verify's import check after an apply: off, as an image build leaves it (``build --verify-imports``): every
+    # command this runtime serves starts vLLM next, which imports them on its way to /health, and a start that
+    # fails names the failing import (serve.startfail); `apply --in-place` checks them itself
+    imports: bool = False
     #: ((target, profile, step ids), what the root served then) of this runtime's last apply
     _applied: tuple[tuple[str, str, tuple[str, ...]], str] | None = field(default=None, repr=False, compare=False)
 
