@@ -49,9 +49,16 @@ def test(c: Context, unit: bool = False, k: str = "", lint: bool = True, coverag
     # one group, the in-place ones another, every other file its own (it says why, and counts the vLLM starts)
     args = f"-m pytest {paths}{selector} -n {WORKERS} --dist loadscope --no-loadscope-reorder --durations=20"
     if not coverage:
-        c.run(f"{py} {args}", pty=False)
+        c.run(f"{py} {args}", pty=False, env=BYTECODE)
         return
     _test_with_coverage(c, args)
+
+
+# Bytecode written while the tests run, whatever the caller's PYTHONDONTWRITEBYTECODE (empty = unset): a fresh
+# clone's venv and sources have none, and each of the ~300 Python processes a run starts (CLIs, the programs the
+# tests run, the workers themselves) would compile what it imports from source again (torch alone: +3 s of CPU
+# per process). __pycache__ is ignored by git.
+BYTECODE = {"PYTHONDONTWRITEBYTECODE": ""}
 
 
 def _test_with_coverage(c: Context, args: str) -> None:
@@ -65,7 +72,7 @@ def _test_with_coverage(c: Context, args: str) -> None:
     out = ROOT / ".imageforge" / "coverage"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    env = {"COVERAGE_FILE": str(out / "data"), "COVERAGE_RCFILE": str(ROOT / "pyproject.toml")}
+    env = {"COVERAGE_FILE": str(out / "data"), "COVERAGE_RCFILE": str(ROOT / "pyproject.toml"), **BYTECODE}
     result = c.run(f"{py} -m coverage run {args}", pty=False, warn=True, env=env)
     c.run(f"{py} -m coverage combine --quiet", pty=False, env=env, warn=True)
     report = c.run(f"{py} -m coverage report", pty=False, env=env, hide=True, warn=True)

@@ -10,6 +10,7 @@ A new module must be given a stage here (and in CONTRIBUTING.md's list).
 from __future__ import annotations
 
 import ast
+import functools
 import graphlib
 import shutil
 from pathlib import Path
@@ -68,14 +69,21 @@ def module_files(root: Path) -> dict[str, Path]:
     return out
 
 
+@functools.cache
+def import_nodes(text: str) -> tuple[ast.Import | ast.ImportFrom, ...]:
+    """Every import statement of a file's text, anywhere in it (by text: the tests' copies of the package parse
+    only the file they changed)."""
+    return tuple(node for node in ast.walk(ast.parse(text)) if isinstance(node, (ast.Import, ast.ImportFrom)))
+
+
 def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
     """The package's modules that ``module`` imports, anywhere in its file."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in import_nodes(path.read_text()):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
+        else:
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 source = ".".join([*base, *([node.module] if node.module else [])])
@@ -83,8 +91,6 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
                 source = node.module or ""
             # `from pkg import name`: the submodule pkg.name when there is one, else pkg itself
             names = [f"{source}.{a.name}" if f"{source}.{a.name}" in known else source for a in node.names]
-        else:
-            continue
         for name in names:
             while name and name not in known:  # `import imageforge.base.identity` -> that module
                 name = name.rpartition(".")[0]
