@@ -59,6 +59,45 @@ def model_dir() -> Path:
     raise FileNotFoundError(f"no {MODEL_REL}: run `invoke base --target cpu`")
 
 
+VLLM_CACHE = "imageforge-vllm-cache"  # build.yaml's cpu run.volumes: vLLM's cache, at /root/.cache/vllm
+
+
+def vllm_cache_tar(client: Any) -> bytes | None:
+    """The content of the cpu target's vLLM cache volume as a tar of ``.cache/vllm/...`` (``put_archive`` it at
+    ``/root``), read through a created, never started container of the cpu base; None when the volume does
+    not exist yet. vLLM keys its record of the model class by the class's source file, not by the model's path:
+    a server in a box or on another daemon seeded with it skips the ~10 s inspection subprocess of a first start
+    on this machine, as every container of the target does."""
+    import docker
+
+    try:
+        client.volumes.get(VLLM_CACHE)
+    except docker.errors.NotFound:
+        return None
+    container = client.containers.create(cpu_base_ref(), ["true"], volumes={VLLM_CACHE: {"bind": "/root/.cache/vllm",
+                                                                                             "mode": "ro"}},
+                                         labels={TEST_LABEL: "vllm-cache-copy"})
+    try:
+        stream, _ = container.get_archive("/root/.cache/vllm")
+        raw = b"".join(stream)
+    finally:
+        container.remove(force=True)
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(raw)) as src, tarfile.open(fileobj=out, mode="w") as dest:
+        dest.addfile(_dir(".cache"))
+        for member in src.getmembers():
+            data = src.extractfile(member) if member.isfile() else None
+            member.name = f".cache/{member.name}"
+            dest.addfile(member, data)
+    return out.getvalue()
+
+
+def _dir(name: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode = tarfile.DIRTYPE, 0o755
+    return info
+
+
 @contextlib.contextmanager
 def wheelhouse(python_version: str = "3.11") -> Iterator[Path]:
     """imageforge's wheel (this checkout) + its dependencies for cpXY manylinux x86_64, in a folder under
@@ -155,6 +194,9 @@ def make_box(image: str | None = None, *, log: Any = _log) -> Box:
             wheel_files += sorted((wheels / "own").glob("imageforge-*.whl"))
             entries += [(f"{BOX_WHEELS.lstrip('/')}/{w.name}", w) for w in wheel_files]
             assert container.put_archive("/", _tar(entries))
+        cache = vllm_cache_tar(cli)
+        if cache is not None:
+            assert container.put_archive("/root", cache)
         code, out = box.sh(f"/usr/bin/python3 -m venv {BOX_VENV} && {BOX_VENV}/bin/pip install -q --no-index "
                            f"--find-links {BOX_WHEELS} imageforge", timeout=600)
         assert code == 0, out

@@ -20,6 +20,7 @@ import docker
 import httpx
 import pytest
 
+from tests.integration.box_fixture import vllm_cache_tar
 from tests.integration.forge_fixtures import (
     REPO,
     Registry,
@@ -168,12 +169,16 @@ def test_cpu_export_loads_on_a_clean_daemon_and_serves(tmp_path: Path, cpu_varia
     model = REPO / ".imageforge" / "models" / "tiny-qwen3-moe"
     assert model.is_dir(), "the tiny model is written by `invoke build --target cpu`"
     port = free_port()
-    container = c2.containers.run(
-        f"{EXPORT_REPO}:conservative", detach=True, shm_size="1g",
+    container = c2.containers.create(
+        f"{EXPORT_REPO}:conservative", shm_size="1g",
         ports={"8000/tcp": ("127.0.0.1", port)},
         volumes={str(model): {"bind": "/models/tiny-qwen3-moe", "mode": "ro"}},
         labels={"org.imageforge.test": "export-serve"})
     try:
+        cache = vllm_cache_tar(client())  # what the target's cache volume holds on this daemon (see box_fixture)
+        if cache is not None:
+            assert container.put_archive("/root", cache)
+        container.start()
         deadline = time.monotonic() + 420
         health = None
         while time.monotonic() < deadline:
