@@ -197,8 +197,9 @@ def make_box(image: str | None = None, *, log: Any = _log) -> Box:
         cache = vllm_cache_tar(cli)
         if cache is not None:
             assert container.put_archive("/root", cache)
-        code, out = box.sh(f"/usr/bin/python3 -m venv {BOX_VENV} && {BOX_VENV}/bin/pip install -q --no-index "
-                           f"--find-links {BOX_WHEELS} imageforge", timeout=600)
+        # --no-compile: what runs in the box compiles as it imports (the box writes bytecode); the rest never needs to
+        code, out = box.sh(f"/usr/bin/python3 -m venv {BOX_VENV} && {BOX_VENV}/bin/pip install -q --no-compile "
+                           f"--no-index --find-links {BOX_WHEELS} imageforge", timeout=600)
         assert code == 0, out
         log(f"box {container.name}: {len(entries)} files, imageforge installed in {time.monotonic() - t0:.0f}s")
     except BaseException:

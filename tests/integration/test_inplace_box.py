@@ -144,7 +144,7 @@ def make_box(image: str, wheels: Path, **kwargs: Any) -> Iterator[Box]:
         container.put_archive("/", repo_tar())
         container.put_archive("/", wheels_tar(wheels))
         b = Box(container, **kwargs)
-        b.sh("/usr/bin/python3 -m venv /opt/imageforge && /opt/imageforge/bin/pip install -q --no-index "
+        b.sh("/usr/bin/python3 -m venv /opt/imageforge && /opt/imageforge/bin/pip install -q --no-compile --no-index "
              "--find-links /wheels imageforge")
         yield b
     finally:
