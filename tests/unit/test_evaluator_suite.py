@@ -298,6 +298,8 @@ def test_the_evaluators_request_values(suite: Suite) -> None:
 def test_parameters_set_t3_and_d06(suite: Suite, params: list[str], t3: list[int], repeats: int) -> None:
     sent = bodies(suite, FakeEvaluatorServer(), params)
     assert [sent[f"t3_max_tokens_{k}"]["max_tokens"] for k in ("mid", "max", "over")] == t3
+    # t15: the evaluator's 4096 where the context is above it, else half the context
+    assert sent["t15_idempotency_seed"]["max_tokens"] == (4096 if t3[2] - 1 > 4096 else (t3[2] - 1) // 2)
     prompt = sent["d06_cache_hit"]["messages"][0]["content"]
     sentence = str(suite.vars["cache_sentence"])
     assert prompt == sentence * repeats
