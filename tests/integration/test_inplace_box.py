@@ -178,7 +178,8 @@ def test_apply_status_revert_and_apply_again(box: Box) -> None:
     assert [s["id"] for s in report["steps"]] == ["prefill-base-block", "prefill-num-warps", "sorted-moe-module",
                                                   "moe-group-kernel", "cpu-moe-skip-prepack",
                                                   "cpu-moe-native-grouping", "cpu-moe-apply-sorted",
-                                                  "torch-libs-into-usr-local", "ldconfig", "verify"]
+                                                  "torch-libs-into-usr-local", "ldconfig", "cpu-engine-start-method",
+                                                  "verify"]
     assert report["verify"]["ok"] and report["verify"]["imports"] == 4 and report["verify"]["symlinks"] > 0
     _, ldconfig = box.sh("ldconfig -p | grep -c '=> /usr/local/lib/' || true")
     assert int(ldconfig.strip()) > 0

@@ -24,7 +24,7 @@ from imageforge.steps import kind
 REPO = Path(__file__).resolve().parents[2]
 CPU_STEPS = ["prefill-base-block", "prefill-num-warps", "sorted-moe-module", "moe-group-kernel",
              "cpu-moe-skip-prepack", "cpu-moe-native-grouping", "cpu-moe-apply-sorted", "torch-libs-into-usr-local",
-             "ldconfig"]
+             "ldconfig", "cpu-engine-start-method"]
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,8 @@ def test_a_variant_without_a_middle_step_keeps_the_later_ones(cpu: Any) -> None:
     keep = [s for s in CPU_STEPS if s not in moe]
     variant = subset_resolved(cpu, keep, suffix="ablate")
     assert [s.id for s in variant.steps] == keep == ["prefill-base-block", "prefill-num-warps",
-                                                      "torch-libs-into-usr-local", "ldconfig"]
+                                                      "torch-libs-into-usr-local", "ldconfig",
+                                                      "cpu-engine-start-method"]
     assert "vllm.model_executor.layers.fused_moe.sorted_moe" not in variant.target.verify.imports
     # the native step's extension module goes with the step (its kind's provides)
     assert "vllm.model_executor.layers.fused_moe.imageforge_moe_group" not in variant.target.verify.imports
