@@ -64,10 +64,10 @@ VLLM_CACHE = "imageforge-vllm-cache"  # build.yaml's cpu run.volumes: vLLM's cac
 
 def vllm_cache_tar(client: Any) -> bytes | None:
     """The content of the cpu target's vLLM cache volume as a tar of ``.cache/vllm/...`` (``put_archive`` it at
-    ``/root``), read through a created, never started container of the cpu base; None when the volume does
-    not exist yet. vLLM keys its record of the model class by the class's source file, not by the model's path:
-    a server in a box or on another daemon seeded with it skips the ~10 s inspection subprocess of a first start
-    on this machine, as every container of the target does."""
+    ``/root``): the archive of ``/root/.cache`` of a created, never started container of the cpu base with the
+    volume mounted; None when the volume does not exist yet. vLLM keys its record of the model class by the class's
+    source file, not by the model's path: a server in a box or on another daemon seeded with it skips the ~10 s
+    inspection subprocess of a first start on this machine, as every container of the target does."""
     import docker
 
     try:
@@ -78,24 +78,10 @@ def vllm_cache_tar(client: Any) -> bytes | None:
                                                                                              "mode": "ro"}},
                                          labels={TEST_LABEL: "vllm-cache-copy"})
     try:
-        stream, _ = container.get_archive("/root/.cache/vllm")
-        raw = b"".join(stream)
+        stream, _ = container.get_archive("/root/.cache")
+        return b"".join(stream)
     finally:
         container.remove(force=True)
-    out = io.BytesIO()
-    with tarfile.open(fileobj=io.BytesIO(raw)) as src, tarfile.open(fileobj=out, mode="w") as dest:
-        dest.addfile(_dir(".cache"))
-        for member in src.getmembers():
-            data = src.extractfile(member) if member.isfile() else None
-            member.name = f".cache/{member.name}"
-            dest.addfile(member, data)
-    return out.getvalue()
-
-
-def _dir(name: str) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.mode = tarfile.DIRTYPE, 0o755
-    return info
 
 
 @contextlib.contextmanager
