@@ -242,6 +242,19 @@ def _in_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")  # an xdist worker: the controller counts
 
 
+SESSION_START = "IMAGEFORGE_TEST_SESSION_START"  # the session's start (epoch seconds), read by its xdist workers
+
+
+def session_start() -> float:
+    """When this test session started (the controller's clock, inherited by the workers it spawns)."""
+    return float(os.environ[SESSION_START])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # set before xdist spawns the workers (pytest_sessionstart): they inherit the controller's environment
+    os.environ.setdefault(SESSION_START, f"{time.time():.6f}")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not _in_worker(session.config):
         _COUNTER.start()

@@ -15,7 +15,10 @@
   with (the claim costs no vLLM start of its own): a suite whose first check is a long generation, the
   container killed once it generates; the caller asserts the report (after its ``serving()`` block: removal).
 * :func:`labelled` -- the containers (running or not) imageforge labelled, with all of the given labels (whole
-  keys, :mod:`imageforge.labels`' constants), on the local daemon or a given client's.
+  keys, :mod:`imageforge.labels`' constants), on the local daemon or a given client's, made during this session.
+* :func:`this_session` -- the containers of a listing created since this test session began: a test asserting
+  "nothing is left" speaks of its own session's, never of an earlier, interrupted run's (a killed suite or daemon
+  leaves exited containers with the same labels behind, on a daemon the machine keeps).
 * :func:`sdk` -- a docker SDK client of the local daemon (or a host) with a long timeout (no imageforge code on
   that side); :func:`one_maker` -- the lock under which a shared fixture image is made.
 * :func:`plain_docker_build` -- ``docker build`` of a directory through the SDK only (a submission tree, as the
@@ -29,6 +32,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import re
 import shutil
 import signal
@@ -147,7 +151,23 @@ def labelled(labels: Mapping[str, str] | None = None, *, c: docker.DockerClient 
     from imageforge.labels import L_TOOL, TOOL
 
     wanted = [f"{L_TOOL}={TOOL}", *(f"{k}={v}" for k, v in (labels or {}).items())]
-    return list((c or client()).containers.list(all=True, ignore_removed=True, filters={"label": wanted}))
+    return this_session((c or client()).containers.list(all=True, ignore_removed=True, filters={"label": wanted}))
+
+
+def created_at(container: Any) -> float:
+    """A container's creation time (epoch seconds) from its inspection (``2026-12-05T10:05:52.353230575Z``)."""
+    stamp = str(container.attrs["Created"]).rstrip("Z")
+    whole, _, fraction = stamp.partition(".")
+    seconds = datetime.datetime.fromisoformat(whole).replace(tzinfo=datetime.timezone.utc).timestamp()
+    return seconds + float(f"0.{fraction or 0}")
+
+
+def this_session(containers: Sequence[Any]) -> list[Any]:
+    """The ones created since this test session started (tests/conftest.py's ``session_start``)."""
+    from tests.conftest import session_start
+
+    start = session_start()
+    return [x for x in containers if created_at(x) >= start]
 
 
 def sdk(host: str | None = None) -> docker.DockerClient:

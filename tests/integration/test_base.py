@@ -11,6 +11,7 @@ import pytest
 from imageforge import base
 from imageforge import docker_engine as de
 from imageforge.errors import BuildError
+from tests.integration.helpers import this_session
 
 pytestmark = pytest.mark.integration
 RECIPE = Path(__file__).resolve().parents[2] / "images" / "cpu"
@@ -78,7 +79,8 @@ def test_no_wheels_caches_or_mirrors_in_layers(cpu_base: base.BaseImage) -> None
 
 
 def test_no_build_containers_left(cpu_base: base.BaseImage) -> None:
-    left = de.client().containers.list(all=True, ignore_removed=True, filters={"name": "imageforge-build-"})
+    left = this_session(de.client().containers.list(all=True, ignore_removed=True,
+                                                   filters={"name": "imageforge-build-"}))
     assert left == []
 
 
@@ -96,5 +98,5 @@ def test_install_failure_tags_nothing_and_removes_container(cpu_base: base.BaseI
     assert "exit 7" in ei.value.message and "install.sh" in ei.value.message
     assert any("simulated pip failure" in line for line in ei.value.log_tail)
     assert de.image_or_none(st.ref) is None
-    assert de.client().containers.list(all=True, ignore_removed=True,
-                                       filters={"name": f"imageforge-build-{st.key[:16]}"}) == []
+    assert this_session(de.client().containers.list(all=True, ignore_removed=True,
+                                                    filters={"name": f"imageforge-build-{st.key[:16]}"})) == []

@@ -26,6 +26,7 @@ from imageforge.labels import L_KEY, L_TARGET, L_TOOL, L_VERIFIED
 from imageforge.manifest.load import load_manifest
 from imageforge.manifest.resolve import resolve
 from imageforge.plan import make_plan
+from tests.integration.helpers import this_session
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -417,8 +418,9 @@ def test_a_syntax_error_fails_its_step_and_no_tag_moves(project: Path) -> None:
     c = docker_client()
     assert c.images.get(good.tags[0]).id == good.image_id
     # this target's (the other worker of `invoke test` may be building another one)
-    leaked = c.containers.list(all=True, ignore_removed=True,
-                               filters={"label": [f"{L_TOOL}=imageforge", f"{L_TARGET}=probe"], "status": "exited"})
+    leaked = this_session(c.containers.list(all=True, ignore_removed=True,
+                                            filters={"label": [f"{L_TOOL}=imageforge", f"{L_TARGET}=probe"],
+                                                     "status": "exited"}))
     assert not [x for x in leaked if x.labels.get("org.imageforge.kind") == "verify"]
 
 

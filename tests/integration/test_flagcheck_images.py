@@ -19,6 +19,7 @@ from imageforge.flags.images import flags_cache_dir, learn_flags
 from imageforge.manifest.load import load_manifest
 from tests.integration.bi100_fixture import BASELINE, vendor_image
 from tests.integration.forge_fixtures import REPO, assert_clean_failure, client, invoke, settles
+from tests.integration.helpers import this_session
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +45,8 @@ def line_of(path: Path, text: str, after: str = "") -> int:
 
 
 def flag_containers() -> list[object]:
-    return list(client().containers.list(all=True, ignore_removed=True, filters={"label": "org.imageforge.kind=flags"}))
+    return this_session(client().containers.list(all=True, ignore_removed=True,
+                                                 filters={"label": "org.imageforge.kind=flags"}))
 
 
 

@@ -112,14 +112,9 @@ def test_the_issue_mistakes_against_the_real_parser(table: FlagTable) -> None:
 
 
 def test_no_container_is_left(listing: str) -> None:
-    import docker
+    from tests.integration.helpers import labelled
 
-    client = docker.from_env()
-    try:
-        assert client.containers.list(all=True, ignore_removed=True,
-                                      filters={"label": f"{LABEL}=flags-introspection"}) == []
-    finally:
-        client.close()
+    assert labelled({LABEL: "flags-introspection"}) == []
 
 
 
