@@ -393,7 +393,7 @@ class SecondDaemon:
     """A clean dockerd of its own (data root, exec root, pid file, socket, bridge) in a tmp dir."""
 
     def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="ifd2-", dir="/tmp"))
+        self.dir = helpers.scratch_dir("ifd2-", needs=4 * helpers.GIB)  # the export loads the 2.9 GB cpu image
         self.socket = self.dir / "docker.sock"
         self.bridge = f"ifbr{secrets.token_hex(2)}"
         self.proc: subprocess.Popen[bytes] | None = None

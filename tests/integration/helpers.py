@@ -16,6 +16,8 @@
   container killed once it generates; the caller asserts the report (after its ``serving()`` block: removal).
 * :func:`labelled` -- the containers (running or not) imageforge labelled, with all of the given labels (whole
   keys, :mod:`imageforge.labels`' constants), on the local daemon or a given client's, made during this session.
+* :func:`scratch_dir` -- a new directory for a test's bulk scratch data (a 2.5 GB image tarball, a second daemon's
+  data root): in memory (``/dev/shm``) when the machine has room to spare, else under ``/tmp``.
 * :func:`this_session` -- the containers of a listing created since this test session began: a test asserting
   "nothing is left" speaks of its own session's, never of an earlier, interrupted run's (a killed suite or daemon
   leaves exited containers with the same labels behind, on a daemon the machine keeps).
@@ -152,6 +154,30 @@ def labelled(labels: Mapping[str, str] | None = None, *, c: docker.DockerClient 
 
     wanted = [f"{L_TOOL}={TOOL}", *(f"{k}={v}" for k, v in (labels or {}).items())]
     return this_session((c or client()).containers.list(all=True, ignore_removed=True, filters={"label": wanted}))
+
+
+SHM = Path("/dev/shm")
+GIB = 1 << 30
+
+
+def mem_available() -> int:
+    """The kernel's estimate of the memory available to new work (``MemAvailable``), in bytes; 0 when unknown."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def scratch_dir(prefix: str, *, needs: int, spare: int = 6 * GIB) -> Path:
+    """A new directory for ``needs`` bytes a test writes and reads back at once (an exported image's tarball, the
+    data root of a daemon that loads it): under ``/dev/shm`` when it has the room and the machine's available memory
+    covers them with ``spare`` left for the servers beside, else under ``/tmp``. On this machine's disk the export's
+    ``docker load`` of the cpu image took 49 s and its test 117 s; in memory 29 s and 75 s (2026-12-05, alone)."""
+    with contextlib.suppress(OSError):
+        if shutil.disk_usage(SHM).free >= needs and mem_available() >= needs + spare:
+            return Path(tempfile.mkdtemp(prefix=prefix, dir=SHM))
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
 
 
 def created_at(container: Any) -> float:

@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tarfile
 import time
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from tests.integration.forge_fixtures import (
     tiny_base,
     write_manifest,
 )
-from tests.integration.helpers import labelled
+from tests.integration.helpers import GIB, labelled, scratch_dir
 
 pytestmark = pytest.mark.integration
 EXPORT_REPO = "imageforge-test/cpu-export"
@@ -128,7 +129,7 @@ def test_push_to_a_local_registry(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_cpu_export_loads_on_a_clean_daemon_and_serves(tmp_path: Path, cpu_variant: Callable[..., Path],
+def test_cpu_export_loads_on_a_clean_daemon_and_serves(cpu_variant: Callable[..., Path],
                                                        remove_images: list[str]) -> None:
     """The deliverable: the cpu image's tarball, loaded by a daemon that never saw it, serves.
 
@@ -141,7 +142,14 @@ def test_cpu_export_loads_on_a_clean_daemon_and_serves(tmp_path: Path, cpu_varia
         pytest.skip("the cpu base image is not built (invoke base --target cpu)")
     manifest = cpu_variant(EXPORT_REPO)
     remove_images.append(EXPORT_REPO)
-    out = tmp_path / "dist"
+    scratch = scratch_dir("ifexport-", needs=3 * GIB)  # in memory when there is room: see there
+    try:
+        _export_load_and_serve(manifest, scratch / "dist")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _export_load_and_serve(manifest: Path, out: Path) -> None:
     invoke("build", "--manifest", str(manifest), "--target", "cpu", "--profile", "conservative", check=True,
            timeout=900)
     proc = invoke("export", "--manifest", str(manifest), "--target", "cpu", "--profile", "conservative",
