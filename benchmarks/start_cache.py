@@ -18,19 +18,15 @@ the median, min and max, and the load averages (1/5/15 min) before and after.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import statistics
-from pathlib import Path
 from typing import Any
 
-from imageforge.manifest.load import load_manifest
-from imageforge.manifest.resolve import Resolved, resolve
-from imageforge.serve.container import ContainerRuntime
+from start_arms import interleaved, start_once, target_from_args
 
-REPO = Path(__file__).resolve().parents[1]
+from imageforge.manifest.resolve import Resolved
 
 
 def without_named_volumes(resolved: Resolved) -> Resolved:
@@ -38,33 +34,15 @@ def without_named_volumes(resolved: Resolved) -> Resolved:
     return dataclasses.replace(resolved, run=run)
 
 
-def start_once(resolved: Resolved) -> float:
-    runtime = ContainerRuntime()
-    prepared = runtime.prepare(resolved, environ=os.environ, log=lambda _line: None)  # built, or reused
-    with runtime.serving(resolved, prepared, environ=os.environ, log=lambda _line: None) as server:
-        seconds = server.startup_seconds
-    assert seconds is not None
-    return float(seconds)
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--manifest", default=str(REPO / "build.yaml"))
-    parser.add_argument("--target", default="cpu")
-    parser.add_argument("--profile", default="conservative")
-    parser.add_argument("--repeat", type=int, default=4)
-    args = parser.parse_args()
-    resolved = resolve(load_manifest(Path(args.manifest)), args.target, args.profile, environ=os.environ)
+    args, resolved = target_from_args(__doc__, repeat=4)
     named = [v.source for v in resolved.run.volumes if v.named]
     if not named:
         raise SystemExit(f"target {args.target} mounts no named volume: nothing to compare")
     arms = {"A": resolved, "B": without_named_volumes(resolved), "A2": resolved}
     out: dict[str, Any] = {"volumes": named, "load_before": list(os.getloadavg())}
-    out["first_start_with_the_volume"] = start_once(resolved)  # fills it if it was empty
-    times: dict[str, list[float]] = {name: [] for name in arms}
-    for _ in range(args.repeat):
-        for name, arm in arms.items():
-            times[name].append(round(start_once(arm), 2))
+    out["first_start_with_the_volume"] = start_once(resolved)[0]  # fills it if it was empty
+    times = {name: [seconds for seconds, _cpu in r] for name, r in interleaved(arms, args.repeat).items()}
     out["seconds"] = times
     out["summary"] = {name: {"median": statistics.median(t), "min": min(t), "max": max(t)}
                       for name, t in times.items()}
