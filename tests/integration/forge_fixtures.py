@@ -102,8 +102,9 @@ def _lean_os(c: docker.DockerClient) -> str:
     """The cpu recipe's OS image without its toolchain stage, flattened into one layer (made when missing): ~200 MB
     where the OS image is 447 MB, so a tiny image's export, push and copy to a second daemon carry half the bytes."""
     os_image = _os_image(c)
-    ref = f"imageforge-test/lean-os:{os_image.id.split(':')[-1][:12]}"
-    with helpers.one_maker(f"lean-os-{os_image.id.split(':')[-1][:12]}"):
+    short = os_image.id.split(":")[-1][:12]
+    ref = f"imageforge-test/lean-os:{short}"
+    with helpers.one_maker(f"lean-os-{short}"):
         with contextlib.suppress(docker.errors.ImageNotFound):
             c.images.get(ref)
             return ref
