@@ -13,16 +13,16 @@
   down to the test running when it was seen (session fixtures: the first test that asked for them), and the summary
   lists the starts per test file.
 * **Two workers** (``invoke test`` runs ``pytest -n 2``: pytest-xdist, with this file's scheduler, a
-  ``LoadScopeScheduling`` whose scope is a test's group): the tests go to the workers in groups. The integration
-  files whose tests start vLLM in Docker mode are one group (``VLLM_DOCKER``: they share the session's servers,
-  ``cpu_server`` and ``cpu_base_run``, started once), the files that start vLLM in place another
-  (``VLLM_INPLACE``), the export to a second dockerd a third (``VLLM_OTHER_DAEMON``); every other file is a group
-  of its own, taken by whichever worker is free. The server groups are queued first. Under xdist the counter runs
-  in the controller and learns each worker's current test from its ``logstart`` reports (its group from its
-  file); a start on this daemon is put down to the test the ``VLLM_DOCKER`` worker is running, an in-place one to
-  the ``VLLM_INPLACE`` worker's, another daemon's container to the ``VLLM_OTHER_DAEMON`` worker's. A test outside
-  ``VLLM_DOCKER`` asking for a session server is refused at collection (it would start a second one on its
-  worker).
+  ``LoadScopeScheduling`` whose scope is a test's group): the tests go to the workers in groups. The integration files
+  whose tests start vLLM in Docker mode are one group (``VLLM_DOCKER``: they share the session's servers,
+  ``cpu_server`` and ``cpu_base_run``, started once), the files that use the in-place box another (``VLLM_INPLACE``:
+  one box, tests/integration/conftest.py's ``box``), the export to a second dockerd a third (``VLLM_OTHER_DAEMON``);
+  every other file is a group of its own, taken by whichever worker is free. The server groups are queued first. Under
+  xdist the counter runs in the controller and learns each worker's current test from its ``logstart`` reports (its
+  group from its file); a start on this daemon is put down to the test the ``VLLM_DOCKER`` worker is running, an
+  in-place one to the ``VLLM_INPLACE`` worker's, another daemon's container to the ``VLLM_OTHER_DAEMON`` worker's. A
+  test outside ``VLLM_DOCKER`` asking for a session server is refused at collection (it would start a second one on
+  its worker).
 * **Where the time went** (:class:`GroupClock`): after the starts, a "test groups" section lists per worker the
   groups it ran, in order, with their span from the session's first test (seconds) and their tests' summed time;
   groups under 10 s are summed in one line. The split of the suite between the workers is read there.
@@ -48,7 +48,9 @@ VLLM_OTHER_DAEMON = "vllm-other-daemon"
 # when two tests of its own are left, so the export follows the in-place group (the shorter) on its worker while
 # the other runs the Docker group (the longest), and the other files fill in after.
 STREAMS: dict[str, tuple[str, ...]] = {
-    VLLM_INPLACE: tuple(f"tests/integration/{name}.py" for name in ("test_inplace_box", "test_inplace_serve")),
+    # one box for the three (tests/integration/conftest.py's ``box``), used file by file in this order
+    VLLM_INPLACE: tuple(f"tests/integration/{name}.py" for name in ("test_inplace_box", "test_inplace_serve",
+                                                                     "test_native")),
     VLLM_DOCKER: tuple(f"tests/integration/{name}.py" for name in (
         "test_bench", "test_equiv_client", "test_evaluator_suite", "test_forensics_run", "test_image_contract",
         "test_run", "test_smoke", "test_submission")),

@@ -8,8 +8,11 @@ source names (``.imageforge/models/tiny-qwen3-moe``), and imageforge installed i
 ``pip download`` of its dependencies, binary only, cached under ``/tmp``).  Inside, commands run as a team on
 the card runs them: ``cd /work/repo && /opt/imageforge/bin/invoke TASK ... --in-place``.
 
-:func:`make_box` makes one; :class:`Box` runs shell commands in it (``sh``), ``invoke`` tasks, reads files and
-is removed at the end.  One box per test module: each vLLM start in it costs 30-50 s on 2 cores.
+:func:`make_box` makes one (from the cpu base, or another image such as the bi100 vendor-layout fixture);
+:class:`Box` runs shell commands in it (``sh``), ``invoke`` tasks and the ``imageforge`` command, reads files,
+lists trees (:meth:`Box.listing`: what revert must give back) and is removed at the end.  One cpu box per test
+session: tests/integration/conftest.py's ``box``, used in turn by the files of the in-place group
+(tests/conftest.py's ``VLLM_INPLACE``); each vLLM start in it costs 30-50 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import os
 import shlex
 import shutil
@@ -26,7 +30,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -126,17 +130,53 @@ def _tar(entries: list[tuple[str, Path]]) -> bytes:
     return buf.getvalue()
 
 
+# (path, type, mode, uid:gid, size, mtime_ns, link, sha256) of every entry under each tree named on the command line
+# (imageforge.inplace.listing, run by the box's imageforge); of /etc only the folder itself and what is below it
+LISTING = """
+import json, sys
+from pathlib import Path
+from imageforge.inplace import listing
+rows = []
+for top in sys.argv[1:]:
+    rows += [list(r) for r in listing(Path(top)) if not (top == "/etc" and r[0] != "/etc")]
+print(json.dumps(rows))
+"""
+
+
 @dataclass
 class Box:
     container: Any
     repo: str = BOX_REPO
+    environ: dict[str, str] = field(default_factory=dict)  # every command's environment (e.g. an activated venv)
 
-    def sh(self, command: str, *, timeout: int = 900, env: dict[str, str] | None = None) -> tuple[int, str]:
-        """``bash -c COMMAND`` in the box (stdout and stderr together), killed after ``timeout`` s."""
+    def sh(self, command: str, *, timeout: int = 900, env: dict[str, str] | None = None,
+           check: bool = False) -> tuple[int, str]:
+        """``bash -c COMMAND`` in the box (stdout and stderr together), killed after ``timeout`` s; ``check``: a
+        non-zero exit fails the test with the output's tail."""
         result = self.container.exec_run(["timeout", "-s", "KILL", str(timeout), "bash", "-c", command],
-                                         environment=env or {}, workdir=self.repo)
+                                         environment={**self.environ, **(env or {})}, workdir=self.repo)
         text = result.output.decode("utf-8", "replace") if isinstance(result.output, bytes) else str(result.output)
+        if check and result.exit_code != 0:
+            raise AssertionError(f"box: {command} -> exit {result.exit_code}\n{text[-4000:]}")
         return int(result.exit_code), text
+
+    def imageforge(self, args: str, *, check: bool = True) -> tuple[int, str, float]:
+        """The installed ``imageforge`` command: (exit code, its stdout alone: the result, seconds)."""
+        t0 = time.monotonic()
+        code, (out, err) = self.container.exec_run(["/bin/sh", "-c", f"{BOX_VENV}/bin/imageforge {args}"],
+                                                   workdir=self.repo, environment=self.environ, demux=True)
+        seconds = time.monotonic() - t0
+        stdout, stderr = (out or b"").decode(errors="replace"), (err or b"").decode(errors="replace")
+        if check and code != 0:
+            raise AssertionError(f"box: imageforge {args} -> exit {code}\n{stdout[-3000:]}\n{stderr[-3000:]}")
+        return int(code), stdout, seconds
+
+    def listing(self, trees: list[str]) -> list[list[Any]]:
+        """The listing of ``trees`` (see ``LISTING``), one row per entry, as lists."""
+        _, out = self.sh(f"{BOX_VENV}/bin/python -c {shlex.quote(LISTING)} " + " ".join(map(shlex.quote, trees)),
+                         check=True)
+        rows: list[list[Any]] = json.loads(out)
+        return rows
 
     def invoke(self, *args: str, timeout: int = 900) -> tuple[int, str]:
         """``invoke TASK ...`` of the copied repository, with the box's own venv's invoke."""
@@ -162,14 +202,17 @@ def cpu_base_ref() -> str:
 
 
 def make_box(image: str | None = None, *, log: Any = _log) -> Box:
-    """A started box with the repository, the tiny model and imageforge in its own venv (see the module)."""
+    """A started box of ``image`` (default: the current cpu base) with the repository, the tiny model and
+    imageforge in its own venv (see the module). The image's entrypoint is not run: the box's process is
+    ``sleep infinity``."""
     import docker
 
     t0 = time.monotonic()
     cli = docker.from_env(timeout=600)
     container = cli.containers.run(
-        image or cpu_base_ref(), ["sleep", "infinity"], detach=True, init=True, shm_size="1g", network_mode="none",
-        labels={TEST_LABEL: "in-place-box"}, name=f"imageforge-box-{os.getpid()}-{int(time.time())}")
+        image or cpu_base_ref(), ["sleep", "infinity"], entrypoint=[], detach=True, init=True, shm_size="1g",
+        network_mode="none", labels={TEST_LABEL: "in-place-box"},
+        name=f"imageforge-box-{os.getpid()}-{int(time.time() * 1000)}")
     box = Box(container)
     try:
         entries = [(f"{BOX_REPO.lstrip('/')}/{p}", REPO / p) for p in repo_files()]
@@ -180,7 +223,7 @@ def make_box(image: str | None = None, *, log: Any = _log) -> Box:
             wheel_files += sorted((wheels / "own").glob("imageforge-*.whl"))
             entries += [(f"{BOX_WHEELS.lstrip('/')}/{w.name}", w) for w in wheel_files]
             assert container.put_archive("/", _tar(entries))
-        cache = vllm_cache_tar(cli)
+        cache = vllm_cache_tar(cli) if image is None else None  # the cpu target's servers only
         if cache is not None:
             assert container.put_archive("/root", cache)
         # --no-compile: what runs in the box compiles as it imports (the box writes bytecode); the rest never needs to

@@ -19,6 +19,11 @@
   and by a plain ``docker build`` of the tree (docker SDK only), once per session: test_submission compares their
   filesystems, test_image_contract starts the plain one as computility-run.yaml says (the one vLLM start for the
   image contract and the submission's dummy suite). The plain image is removed at the session's end.
+* ``box`` -- ONE in-place box per test session (:mod:`tests.integration.box_fixture`: a container of the cpu base,
+  no network, no Docker socket, imageforge installed offline into its own venv), used in turn by the files of the
+  in-place group (tests/conftest.py's ``VLLM_INPLACE``, one worker, file by file): test_inplace_box applies and
+  reverts (the box left as it was), test_inplace_serve serves in place (reverted again at its end), test_native
+  builds the native step in it last. Removed at the session's end.
 
 Other test modules may add fixtures here (each listed above). Helpers that are not fixtures (free port, the cpu
 base's references, the OS image by its computed tag, run in a directory, invoke) are in ``helpers.py``; the
@@ -52,6 +57,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     made = sys.modules.get("tests.integration.forge_fixtures")
     if made is not None:
         made.session_cleanup()
+
+
+@pytest.fixture(scope="session")
+def box(docker_ready: None) -> Iterator[Any]:
+    """The session's in-place box (see the module; tests.integration.box_fixture.Box)."""
+    from tests.integration.box_fixture import make_box
+
+    try:
+        made = make_box()
+    except FileNotFoundError as exc:  # the cpu base image or the tiny model is not there
+        pytest.skip(str(exc))
+    try:
+        yield made
+    finally:
+        made.remove()
 
 
 @pytest.fixture(scope="session")

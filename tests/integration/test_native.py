@@ -5,8 +5,9 @@ and built again in a box by `native build --in-place`.
   extension passes; a planted reference to a c10 function the base's torch does not define is named, demangled;
 * the image build installs the pinned bytes, and inside the image the extension (imported after torch) groups as
   ``torch.sort(stable=True)`` + ``searchsorted`` do, through the patched ``sort_pairs`` too (native_probe.py);
-* a box (a container of the cpu base with imageforge installed offline: box_fixture) builds it with the base's
-  toolchain stage and ``--check`` says the committed pin is what a fresh build makes.
+* the session's box (a container of the cpu base with imageforge installed offline: box_fixture; this file runs in
+  the in-place group, after the in-place files) builds it with the base's toolchain stage and ``--check`` says the
+  committed pin is what a fresh build makes.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from imageforge.steps import ContainerFS
 from imageforge.steps.native import elf_findings, native_findings
 from tests.cli import imageforge
 from tests.integration import helpers
+from tests.integration.box_fixture import Box
 
 pytestmark = pytest.mark.integration
 
@@ -110,15 +112,10 @@ def test_the_image_build_installs_the_pinned_file_and_it_groups_like_torch_sort(
 
 
 @pytest.mark.timeout(2400)
-def test_built_in_the_box_a_fresh_build_matches_the_committed_pin(docker_ready: None) -> None:
-    from tests.integration.box_fixture import make_box
-
-    box = make_box()
-    try:
-        code, out = box.sh("/opt/imageforge/bin/imageforge native build --target cpu --step moe-group-kernel "
-                           "--in-place --python /opt/venv/bin/python --check --json 2>/dev/null", timeout=1800)
-    finally:
-        box.remove()
+def test_built_in_the_box_a_fresh_build_matches_the_committed_pin(box: Box) -> None:
+    """In the session's box (tests/integration/conftest.py), after the in-place files: --check writes nothing."""
+    code, out = box.sh("/opt/imageforge/bin/imageforge native build --target cpu --step moe-group-kernel "
+                       "--in-place --python /opt/venv/bin/python --check --json 2>/dev/null", timeout=1800)
     report = json.loads(out)  # stdout is the JSON document alone: the build's own output went to stderr
     assert code == 0, out[-3000:]
     assert report["findings"] == [] and [p["changed"] for p in report["pins"]] == [False]
