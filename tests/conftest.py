@@ -121,7 +121,11 @@ class VllmStarts:
                 continue
             pid = int(entry.name)
             with contextlib.suppress(OSError, IndexError, ValueError):
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:  # every process, every second: the cheap test first
+                    raw = fh.read()
+                if b"vllm" not in raw:
+                    continue
+                argv = raw.decode(errors="replace").split("\0")
                 if not runs_vllm_server(argv):
                     continue
                 stat = Path(f"/proc/{pid}/stat").read_text()

@@ -245,9 +245,14 @@ def _write_tarball(chunks: Iterable[bytes], dest: Path, *, compress: bool) -> tu
 
 
 def saved_image_ids(tarball: Path) -> list[str]:
-    """Image IDs (sha256:...) a `docker save` tarball holds, from its manifest.json."""
-    opener: Any = gzip.open if tarball.name.endswith(".gz") else open
-    with opener(tarball, "rb") as raw, tarfile.open(fileobj=raw, mode="r|") as tar:
+    """Image IDs (sha256:...) a `docker save` tarball holds, from its manifest.json (written last: a plain tarball
+    is read with seeks over the layers, headers only; a gzipped one has to be read through)."""
+    with contextlib.ExitStack() as stack:
+        if tarball.name.endswith(".gz"):
+            raw = stack.enter_context(gzip.open(tarball, "rb"))
+            tar = stack.enter_context(tarfile.open(fileobj=raw, mode="r|"))
+        else:
+            tar = stack.enter_context(tarfile.open(tarball, mode="r:"))
         for member in tar:
             if member.name == "manifest.json":
                 fh = tar.extractfile(member)

@@ -219,3 +219,32 @@ def test_plan_clean_containers() -> None:
                       removable_runs=lambda c: c.labels.get(L_RUN) == "r0")
     assert {r.id for r in plan.containers} == {"dead-run", "old-stopped"}
     assert plan.images == []
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_saved_image_ids_reads_the_manifest_written_last(tmp_path: Path, compress: bool) -> None:
+    """A `docker save` layout (layer folders first, manifest.json last), plain or gzipped, as export writes it."""
+    import io
+    import os
+    import tarfile
+
+    from imageforge.export import saved_image_ids
+
+    layer = os.urandom(3 << 20)
+    manifest = json.dumps([{"Config": "4f2c9e.json", "RepoTags": ["x:y"], "Layers": ["abc/layer.tar"]},
+                           {"Config": "blobs/sha256/77aa", "RepoTags": [], "Layers": []}]).encode()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in (("abc/layer.tar", layer), ("4f2c9e.json", b"{}"), ("manifest.json", manifest)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    chunks = iter([buf.getvalue()[i:i + 65536] for i in range(0, len(buf.getvalue()), 65536)])
+    digest, size = _write_tarball(chunks, tmp_path / ("img.tar.gz" if compress else "img.tar"), compress=compress)
+    tarball = tmp_path / ("img.tar.gz" if compress else "img.tar")
+    assert size == tarball.stat().st_size and len(digest) == 64
+    assert saved_image_ids(tarball) == ["sha256:4f2c9e", "sha256:77aa"]
+    empty = tmp_path / "empty.tar"
+    with tarfile.open(empty, mode="w"):
+        pass
+    assert saved_image_ids(empty) == []
