@@ -1,7 +1,9 @@
 """The image file system a step kind's ``apply`` reads: a read-only view, in memory or over a container.
 
 * :class:`DictFS`: an in-memory view (unit tests, the checks' fixtures);
-* :class:`ContainerFS`: a created (never started) container, through get_archive/HEAD archive only.
+* :class:`ContainerFS`: a created (never started) container, through get_archive/HEAD archive only; a pristine
+  container's directory listings are kept on disk by image ID (the archive of a directory carries its files: torch/lib
+  is ~450 MB to name 13 entries).
 
 ``apply`` never writes through these: it returns :class:`imageforge.steps.core.Changes`, which
 the build writes into its step container (put_archive) and check-patches records in its overlay.
@@ -9,12 +11,22 @@ the build writes into its step container (put_archive) and check-patches records
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import os
 import posixpath
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from ..docker_engine import containers as dc
 from ..errors import BuildError
+from ..settings import cache_dir
+
+#: The format of a kept listing; a new one makes every older entry a miss.
+LISTING_FORMAT = "imageforge-dir-listing/1"
 
 
 @dataclass(frozen=True)
@@ -151,10 +163,49 @@ class ContainerFS:
         return data, FileMeta(member.mode, member.uid, member.gid, int(member.mtime))
 
     def list_dir(self, directory: str) -> list[tuple[str, Entry]]:
+        """The directory's entries; a pristine container's are read once per image ID and directory (then from
+        ``cache_dir()/listings``: an image ID names its content)."""
+        image_id = (getattr(self.container, "attrs", None) or {}).get("Image") if self.pristine else None
+        kept = _listing_path(str(image_id), directory) if image_id else None
+        if kept is not None:
+            found = _read_listing(kept)
+            if found is not None:
+                return found
         out: list[tuple[str, Entry]] = []
         for name, info in dc.list_dir(self.container, directory):
             if info.issym():
                 out.append((name, Entry("link", info.linkname)))
             else:
                 out.append((name, Entry("dir" if info.isdir() else "file")))
+        if kept is not None:
+            _write_listing(kept, out)
         return out
+
+
+def _listing_path(image_id: str, directory: str) -> Path:
+    key = json.dumps([LISTING_FORMAT, image_id, posixpath.normpath(directory)])
+    return cache_dir() / "listings" / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+
+
+def _read_listing(path: Path) -> list[tuple[str, Entry]] | None:
+    """A kept listing, or None (none kept, or one that does not read as one: read again)."""
+    try:
+        rows = json.loads(path.read_text())
+        return [(str(name), Entry(kind, None if target is None else str(target))) for name, kind, target in rows
+                if kind in ("file", "dir", "link")]
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _write_listing(path: Path, entries: list[tuple[str, Entry]]) -> None:
+    """Written to a temporary file and renamed into place (a reader never sees half of one); best effort."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".listing-")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump([[name, e.kind, e.link_target] for name, e in entries], fh)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)

@@ -1,0 +1,75 @@
+"""ContainerFS's directory listings: read through the container's archive, and for a pristine container (an image's
+files, never written) kept on disk by image ID and directory, so the ~450 MB archive of torch/lib is streamed once per
+image, not on every check-patches, preflight and build."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imageforge.steps import ContainerFS
+from imageforge.steps.fs import Entry
+
+IMAGE = "sha256:" + "cd" * 32
+
+
+class _Archived:
+    """A created container whose get_archive streams a tar made here; it counts the archives asked for."""
+
+    def __init__(self, image: str = IMAGE) -> None:
+        self.attrs = {"Image": image}
+        self.asked: list[str] = []
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for name, data in (("./libtorch.so", b"\x7fELF" * 1000), ("./sub/x.so", b"x")):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            link = tarfile.TarInfo("./libc10.so.1")
+            link.type, link.linkname = tarfile.SYMTYPE, "libc10.so"
+            tar.addfile(link)
+            folder = tarfile.TarInfo("./sub")
+            folder.type = tarfile.DIRTYPE
+            tar.addfile(folder)
+        self.data = buf.getvalue()
+
+    def get_archive(self, path: str) -> tuple[Iterator[bytes], dict[str, Any]]:
+        self.asked.append(path)
+        return iter([self.data[i:i + 4096] for i in range(0, len(self.data), 4096)]), {}
+
+
+LISTED = [("libtorch.so", Entry("file")), ("libc10.so.1", Entry("link", "libc10.so")), ("sub", Entry("dir"))]
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("IMAGEFORGE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "listings"
+
+
+def test_a_pristine_listing_is_read_once_per_image_and_directory(cache: Path) -> None:
+    first = _Archived()
+    assert ContainerFS(first, pristine=True).list_dir("/site/torch/lib") == LISTED
+    again = _Archived()  # another container of the same image: the kept listing, no archive
+    assert ContainerFS(again, pristine=True).list_dir("/site/torch/lib/") == LISTED and again.asked == []
+    other = _Archived("sha256:" + "ef" * 32)  # another image: read
+    assert ContainerFS(other, pristine=True).list_dir("/site/torch/lib") == LISTED and len(other.asked) == 1
+    assert len(list(cache.glob("*.json"))) == 2
+
+
+def test_a_step_container_is_read_every_time_and_a_bad_entry_is_read_again(cache: Path) -> None:
+    step = _Archived()  # not pristine: what a step wrote there is not the image's
+    fs = ContainerFS(step)
+    assert fs.list_dir("/site/torch/lib") == LISTED and fs.list_dir("/site/torch/lib") == LISTED
+    assert len(step.asked) == 2 and not cache.exists()
+    ContainerFS(_Archived(), pristine=True).list_dir("/site/torch/lib")
+    [entry] = cache.glob("*.json")
+    entry.write_text("[[\"libtorch.so\"")  # cut short: a miss, read and written again
+    reread = _Archived()
+    assert ContainerFS(reread, pristine=True).list_dir("/site/torch/lib") == LISTED and len(reread.asked) == 1
+    assert ContainerFS(_Archived(), pristine=True).list_dir("/site/torch/lib") == LISTED
