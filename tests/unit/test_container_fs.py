@@ -1,10 +1,12 @@
-"""ContainerFS's directory listings: read through the container's archive, and for a pristine container (an image's
-files, never written) kept on disk by image ID and directory, so the ~450 MB archive of torch/lib is streamed once per
-image, not on every check-patches, preflight and build."""
+"""Directory listings of a created container: ``docker_engine.containers.list_dir`` reads the directory's streamed
+archive (any chunking) for its direct entries; ContainerFS keeps a pristine container's (an image's files, never
+written) on disk by image ID and directory, so the ~450 MB archive of torch/lib is streamed once per image, not on
+every check-patches, preflight and build."""
 
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from imageforge.docker_engine import containers as dc
 from imageforge.steps import ContainerFS
 from imageforge.steps.fs import Entry
 
@@ -21,12 +24,13 @@ IMAGE = "sha256:" + "cd" * 32
 class _Archived:
     """A created container whose get_archive streams a tar made here; it counts the archives asked for."""
 
-    def __init__(self, image: str = IMAGE) -> None:
+    def __init__(self, image: str = IMAGE, *, chunk: int = 4096, big: bytes = b"\x7fELF" * 1000) -> None:
         self.attrs = {"Image": image}
         self.asked: list[str] = []
+        self.chunk = chunk
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
-            for name, data in (("./libtorch.so", b"\x7fELF" * 1000), ("./sub/x.so", b"x")):
+            for name, data in (("./libtorch.so", big), ("./sub/x.so", b"x")):
                 info = tarfile.TarInfo(name)
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
@@ -39,8 +43,8 @@ class _Archived:
         self.data = buf.getvalue()
 
     def get_archive(self, path: str) -> tuple[Iterator[bytes], dict[str, Any]]:
-        self.asked.append(path)
-        return iter([self.data[i:i + 4096] for i in range(0, len(self.data), 4096)]), {}
+        self.asked.append(path)  # list_dir asks for the folder's content: PATH/.
+        return iter([self.data[i:i + self.chunk] for i in range(0, len(self.data), self.chunk)]), {}
 
 
 LISTED = [("libtorch.so", Entry("file")), ("libc10.so.1", Entry("link", "libc10.so")), ("sub", Entry("dir"))]
@@ -73,3 +77,15 @@ def test_a_step_container_is_read_every_time_and_a_bad_entry_is_read_again(cache
     reread = _Archived()
     assert ContainerFS(reread, pristine=True).list_dir("/site/torch/lib") == LISTED and len(reread.asked) == 1
     assert ContainerFS(_Archived(), pristine=True).list_dir("/site/torch/lib") == LISTED
+
+
+def test_list_dir_reads_a_streamed_archive_in_any_chunking() -> None:
+    """The direct entries (a subfolder's content left out) and their headers, whatever the chunks' size against
+    tarfile's 10 KiB records; a member larger than a chunk is skipped, not returned."""
+    big = os.urandom(3 * (1 << 20) + 12345)
+    for chunk in (511, 10240, 2 << 20, 8 << 20):
+        container = _Archived(chunk=chunk, big=big)
+        entries = dc.list_dir(container, "/site/torch/lib/")
+        assert [(n, i.size, i.issym(), i.isdir()) for n, i in entries] == [
+            ("libtorch.so", len(big), False, False), ("libc10.so.1", 0, True, False), ("sub", 0, False, True)], chunk
+        assert container.asked == ["/site/torch/lib/."]

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -169,45 +168,3 @@ def test_imageforge_start_dockerd_asks_for_it(no_daemon: Path, monkeypatch: pyte
     with pytest.raises(InfraError, match="exited with code 4"):
         de.ensure_daemon(timeout=20, log=lambda s: None)
 
-
-class _ArchiveContainer:
-    """A container whose get_archive streams a tar made here, in chunks of ``chunk`` bytes (as the SDK's 2 MB)."""
-
-    def __init__(self, data: bytes, chunk: int) -> None:
-        self.data, self.chunk = data, chunk
-
-    def get_archive(self, path: str) -> tuple[Any, dict[str, Any]]:
-        assert path == "/site/torch/lib/."
-        return (self.data[i:i + self.chunk] for i in range(0, len(self.data), self.chunk)), {}
-
-
-def test_list_dir_reads_a_streamed_archive_in_any_chunking() -> None:
-    """The direct entries of the directory (a subfolder's content left out), their headers, whatever the chunks'
-    size against tarfile's blocks; the reader returns every byte in order."""
-    import io
-    import tarfile
-
-    from imageforge.docker_engine import containers as dc
-
-    buf = io.BytesIO()
-    big = os.urandom(3 * (1 << 20) + 12345)  # more than a chunk and tarfile's blocks
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in (("./libbig.so", big), ("./sub/inner.so", b"x" * 700), ("./libsmall.so", b"elf")):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        link = tarfile.TarInfo("./libc10.so.1")
-        link.type, link.linkname = tarfile.SYMTYPE, "libc10.so"
-        tar.addfile(link)
-        folder = tarfile.TarInfo("./sub")
-        folder.type = tarfile.DIRTYPE
-        tar.addfile(folder)
-    data = buf.getvalue()
-    for chunk in (511, 10240, 2 << 20, len(data)):
-        entries = dc.list_dir(_ArchiveContainer(data, chunk), "/site/torch/lib/")
-        assert [(n, i.size, i.issym(), i.isdir()) for n, i in entries] == [
-            ("libbig.so", len(big), False, False), ("libsmall.so", 3, False, False), ("libc10.so.1", 0, True, False),
-            ("sub", 0, False, True)], chunk
-    reader = dc._StreamReader(iter([b"abc", b"", b"defgh", b"i"]))
-    assert [reader.read(2) for _ in range(6)] == [b"ab", b"c", b"de", b"fg", b"h", b"i"]
-    assert reader.read(2) == b""
