@@ -167,4 +167,3 @@ def test_imageforge_start_dockerd_asks_for_it(no_daemon: Path, monkeypatch: pyte
     monkeypatch.setenv(de.START_DOCKERD_ENV, "1")
     with pytest.raises(InfraError, match="exited with code 4"):
         de.ensure_daemon(timeout=20, log=lambda s: None)
-
