@@ -252,7 +252,7 @@ def start_server(profile: str, server_cpu: str) -> tuple[Any, str, str, str]:
     from imageforge.manifest.load import load_manifest
     from imageforge.manifest.resolve import resolve
     from imageforge.rundirs import new_run_id
-    from imageforge.serve.container import HOST, free_port
+    from imageforge.serve.ports import HOST, free_port
     from imageforge.serve.spec import container_spec
     from imageforge.serve.waits import probe_health, wait_until
 

@@ -428,68 +428,21 @@ def equiv(s: Settings, target: str | None, profile: str | None, sets: Sequence[s
           echo: Log = print, show: Callable[[EquivRun], None] | None = None, record: str = "",
           url: str = "", runtime: Runtime | None = None) -> EquivRun | None:
     """`equiv`: TARGET:PROFILE against --against (base, a profile, an image or a record FILE), teacher-forced;
-    exit 4 when exceeded.
-
-    ``record`` FILE: serve only the reference and write its evidence there (nothing compared: None); with
-    ``url``: record the server already running there instead (nothing applied, started or stopped; see
-    :func:`imageforge.equiv.runner.record_running`).
-    A ``runtime`` that serves one server at a time (in place): one after the other on this machine, the reference
-    the required steps applied (see :func:`imageforge.equiv.runner.equiv_one_at_a_time`).
-    """
+    exit 4 when exceeded; None when it only recorded (``record``, with ``url``: the running server). What is served
+    for which options: :func:`imageforge.equiv.runner.equiv_command`."""
     from .equiv import raise_if_failed
-    from .equiv.record import is_record_path
-    from .equiv.runner import (
-        against_record,
-        equiv_one_at_a_time,
-        equiv_target,
-        load_record,
-        record_reference,
-        record_running,
-        refuse_url_options,
-        settings_from_cli,
-    )
-    from .errors import ConfigError
+    from .equiv.runner import equiv_command, refuse_url_options
     from .serve.openai_wire import check_url
 
     if url:
         refuse_url_options(record, against, profile, sets, runtime)
         check_url(url)
     resolved = _resolve(s, load(s), target, profile, sets)
-    chosen = settings_from_cli(resolved.target.equiv, top_k=top_k, greedy_tokens=greedy_tokens, prompts=prompts)
-    file_against = bool(against) and is_record_path(against)
-    if record and file_against:
-        raise ConfigError("equiv: --record FILE writes a reference; --against FILE compares with one",
-                          hint="record first, then compare with --against FILE")
-    if url:
-        record_running(resolved, Path(record), url, dtype=dtype or None, settings=chosen, echo=echo)
+    result = equiv_command(resolved, None if url else runtime or _default_runtime(s), against=against, dtype=dtype,
+                           top_k=top_k, greedy_tokens=greedy_tokens, prompts=prompts, record=record, url=url,
+                           sets=sets, environ=s.environ, echo=echo, host_address=s.host_address)
+    if result is None:
         return None
-    where = runtime or _default_runtime(s)
-    if where.one_at_a_time:
-        if against not in ("", "base") and not file_against:
-            raise ConfigError(f"equiv --in-place: the reference is the required steps applied, not {against!r}",
-                              hint="--against FILE (a record) or leave --against out")
-        if file_against and (top_k or greedy_tokens or prompts):
-            raise ConfigError("equiv --against FILE compares on the recorded prompts: --top-k, --greedy-tokens and "
-                              "--prompts do not apply")
-        maybe = equiv_one_at_a_time(resolved, where, record=Path(record) if record else None,
-                               against=Path(against) if file_against else None, dtype=dtype or None,
-                               settings=chosen, environ=s.environ, echo=echo, host_address=s.host_address)
-        if maybe is None:
-            return None
-        result = maybe
-    elif record:
-        record_reference(resolved, Path(record), where, against=against or "base", dtype=dtype or None,
-                         settings=chosen, sets=sets, environ=s.environ, echo=echo, host_address=s.host_address)
-        return None
-    elif file_against:
-        if top_k or greedy_tokens or prompts:
-            raise ConfigError("equiv --against FILE compares on the recorded prompts: --top-k, --greedy-tokens and "
-                              "--prompts do not apply")
-        result = against_record(resolved, load_record(Path(against)), where, dtype=dtype or None,
-                                environ=s.environ, echo=echo, host_address=s.host_address, where=against)
-    else:
-        result = equiv_target(resolved, where, against=against or "base", dtype=dtype or None, settings=chosen,
-                              sets=sets, environ=s.environ, echo=echo, host_address=s.host_address)
     if show is not None:
         show(result)
     raise_if_failed(result.verdict)
@@ -530,18 +483,13 @@ def ablate(s: Settings, target: str | None, profile: str | None, sets: Sequence[
     A ``runtime`` that serves one server at a time (in place): full, each variant, full, the root as before at the
     end.
     """
-    from .forensics.ablate_runner import ablate_one_at_a_time, ablate_target
+    from .forensics.ablate_runner import ablate_on
 
     resolved = _resolve(s, load(s), target, profile, sets)
     chosen = [name.strip() for name in steps.split(",") if name.strip()] or None
-    where = runtime or _default_runtime(s)
-    if where.one_at_a_time:
-        return ablate_one_at_a_time(resolved, _workload(workload), where, steps=chosen, repeats=repeat,
-                               out=Path(out) if out else None, equiv=equiv, environ=s.environ, echo=echo,
-                               host_address=s.host_address)
-    return ablate_target(resolved, _workload(workload), where, steps=chosen, repeats=repeat,
-                         out=Path(out) if out else None, equiv=equiv, environ=s.environ, echo=echo,
-                         host_address=s.host_address)
+    return ablate_on(resolved, _workload(workload), runtime or _default_runtime(s), steps=chosen, repeats=repeat,
+                     out=Path(out) if out else None, equiv=equiv, environ=s.environ, echo=echo,
+                     host_address=s.host_address)
 
 
 # --------------------------------------------------------------------------- what the platform builds
@@ -603,8 +551,8 @@ def wheels(python: str, out: str, *, log: Log | None = None) -> Wheelhouse:
 
 
 def apply(s: Settings, target: str | None, profile: str | None, *, root: str = "/", python: str = "python3",
-                   steps: Sequence[str] = (), skip: Sequence[str] = (), dry_run: bool = False, imports: bool = True,
-                   force: bool = False, show: Callable[[str], None] = print, log: Log = print) -> Any:
+          steps: Sequence[str] = (), skip: Sequence[str] = (), dry_run: bool = False, imports: bool = True,
+          force: bool = False, show: Callable[[str], None] = print, log: Log = print) -> Any:
     """`apply --in-place`: TARGET:PROFILE's steps on the machine under ``root`` (journaled); ``dry_run``: the table.
 
     Never touches the Docker engine. The caller's environment (``s.environ``) goes to the target interpreter

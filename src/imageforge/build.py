@@ -80,8 +80,7 @@ from .lock import check_lock
 from .manifest.model import Step, Target
 from .manifest.resolve import Resolved
 from .plan import Plan, PlannedStep, canonical, make_plan
-from .rundirs import RunLog, image_lock
-from .rundirs import new_run_id as new_run_id  # smoke and bench still import it from here
+from .rundirs import RunLog, image_lock, new_run_id
 from .scripts.run import IDLE_LOOP
 from .steps import SERVING_CONFIG, ApplyContext, Changes, ContainerFS, Entry, StepProblem, StepResult, kind
 from .verify import (

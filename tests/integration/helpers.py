@@ -50,7 +50,7 @@ from typing import Any
 import docker
 import yaml
 
-from imageforge.serve.container import free_port
+from imageforge.serve.ports import free_port
 from imageforge.smoke import ServerHooks, SmokeReport, load_suite, run_suite
 from tests.cli import merged_environ
 

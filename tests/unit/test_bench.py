@@ -488,7 +488,7 @@ def test_sweep_in_place_serves_each_point_one_at_a_time_and_leaves_the_root_as_b
     (Moved from tests/integration/test_inplace_box.py, where it took two real vLLM starts, ~100 s.)"""
     from imageforge import inplace
     from imageforge.bench import runner
-    from imageforge.serve.container import free_port
+    from imageforge.serve.ports import free_port
     from imageforge.serve.process import ProcessRuntime, running_records
     from tests.cli import imageforge
 

@@ -20,7 +20,7 @@ from imageforge.errors import ConfigError, SmokeError
 from imageforge.manifest.load import load_manifest
 from imageforge.manifest.resolve import resolve
 from imageforge.manifest.tolerances import EquivSettings
-from imageforge.serve.container import free_port
+from imageforge.serve.ports import free_port
 from imageforge.serve.process import ProcessRuntime, running_records
 from imageforge.serve.waits import wait_healthy
 

@@ -16,22 +16,16 @@ import pytest
 from imageforge.errors import InfraError, SmokeError
 from imageforge.manifest.model import Volume, frozen_map
 from imageforge.manifest.resolve import Resolved
-from imageforge.serve.container import (
-    HOST,
-    Progress,
-    Server,
-    exit_hint,
-    free_port,
-    port_in_use,
-    port_taken_error,
-    wait_ready,
-)
+from imageforge.serve.container import Server, wait_ready
+from imageforge.serve.ports import HOST, free_port, port_in_use, port_taken_error
 from imageforge.serve.spec import (
     container_port,
     container_spec,
     device_requests,
     expand_vars,
 )
+from imageforge.serve.startfail import exit_hint
+from imageforge.serve.waits import Progress
 from imageforge.steps import PatchSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -247,7 +241,7 @@ def test_timeout_reports_state_and_hint(tmp_path: Path) -> None:
 
 
 def test_host_address_publishes_there_and_daemon_may_pick_the_port(cpu: Resolved, tmp_path: Path) -> None:
-    from imageforge.serve.container import default_host_address
+    from imageforge.serve.ports import default_host_address
 
     (tmp_path / ".imageforge" / "models" / "tiny-qwen3-moe").mkdir(parents=True)
     spec = container_spec(rooted(cpu, tmp_path), "img", host_port=None, run_id="r4", environ={},

@@ -23,7 +23,7 @@ from imageforge.manifest.resolve import Resolved, resolve
 from imageforge.serve import process as sp
 from imageforge.serve import process_spec as ps
 from imageforge.serve import procfs
-from imageforge.serve.container import free_port
+from imageforge.serve.ports import free_port
 from imageforge.serve.runtime import Prepared
 
 REPO = Path(__file__).resolve().parents[2]
@@ -347,7 +347,7 @@ def test_run_and_stop_in_place_never_import_docker(fake: Resolved) -> None:
     code = textwrap.dedent(f"""\
         import sys
         from imageforge import app
-        from imageforge.serve.container import free_port
+        from imageforge.serve.ports import free_port
         s = app.settings(manifest={str(fake.manifest.root / "build.yaml")!r})
         where = app.runtime(s, process=True, python=sys.executable)
         server = app.run(s, "p", None, [], base=False, port=free_port(), timeout=20, runtime=where)

@@ -21,8 +21,8 @@ from imageforge.errors import InfraError, SmokeError
 from imageforge.manifest.load import load_manifest
 from imageforge.manifest.resolve import Resolved, resolve
 from imageforge.serve import process as sp
-from imageforge.serve.container import exit_hint, free_port
-from imageforge.serve.startfail import start_error
+from imageforge.serve.ports import free_port
+from imageforge.serve.startfail import exit_hint, start_error
 from imageforge.steps import OverlaySpec
 
 REPO = Path(__file__).resolve().parents[2]

@@ -40,7 +40,7 @@ from ..rundirs import new_run_id
 from .client import EquivClient, collect_against, collect_reference
 from .compare import Verdict, compare, gate
 from .evidence import Evidence
-from .record import Record, load_record, make_record, write_record
+from .record import Record, is_record_path, load_record, make_record, write_record
 
 if TYPE_CHECKING:
     from ..manifest.resolve import Resolved
@@ -379,6 +379,42 @@ def settings_from_cli(settings: EquivSettings, *, top_k: int = 0, greedy_tokens:
     )
 
 
+def equiv_command(resolved: Resolved, runtime: Runtime | None, *, against: str = "base", dtype: str = "",
+                  top_k: int = 0, greedy_tokens: int = 0, prompts: int = 0, record: str = "", url: str = "",
+                  sets: Sequence[str] = (), environ: Mapping[str, str] | None = None, echo: Log = print,
+                  host_address: str | None = None) -> EquivRun | None:
+    """`equiv`'s choice of what to serve and compare, from its options (the front door's
+    :func:`imageforge.app.equiv`): ``record`` FILE serves only the reference and writes its evidence (None), with
+    ``url`` the server already running there (``runtime`` None: nothing applied, started or stopped); ``against``
+    FILE compares with a record; a ``one_at_a_time`` runtime serves one server after the other
+    (:func:`equiv_one_at_a_time`); else both sides at once (:func:`equiv_target`)."""
+    chosen = settings_from_cli(resolved.target.equiv, top_k=top_k, greedy_tokens=greedy_tokens, prompts=prompts)
+    file_against = bool(against) and is_record_path(against)
+    if record and file_against:
+        raise ConfigError("equiv: --record FILE writes a reference; --against FILE compares with one",
+                          hint="record first, then compare with --against FILE")
+    if file_against and (top_k or greedy_tokens or prompts):
+        raise ConfigError("equiv --against FILE compares on the recorded prompts: --top-k, --greedy-tokens and "
+                          "--prompts do not apply")
+    if url or runtime is None:
+        record_running(resolved, Path(record), url, dtype=dtype or None, settings=chosen, echo=echo)
+        return None
+    common: dict[str, Any] = {"dtype": dtype or None, "environ": environ, "echo": echo, "host_address": host_address}
+    if runtime.one_at_a_time:
+        if against not in ("", "base") and not file_against:
+            raise ConfigError(f"equiv --in-place: the reference is the required steps applied, not {against!r}",
+                              hint="--against FILE (a record) or leave --against out")
+        return equiv_one_at_a_time(resolved, runtime, record=Path(record) if record else None,
+                                   against=Path(against) if file_against else None, settings=chosen, **common)
+    if record:
+        record_reference(resolved, Path(record), runtime, against=against or "base", settings=chosen, sets=sets,
+                         **common)
+        return None
+    if file_against:
+        return against_record(resolved, load_record(Path(against)), runtime, where=against, **common)
+    return equiv_target(resolved, runtime, against=against or "base", settings=chosen, sets=sets, **common)
+
+
 __all__ = [
     "EquivRun",
     "Side",
@@ -386,6 +422,7 @@ __all__ = [
     "check_dtype",
     "check_fits",
     "compare_urls",
+    "equiv_command",
     "equiv_one_at_a_time",
     "equiv_target",
     "load_record",

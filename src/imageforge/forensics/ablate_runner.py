@@ -288,3 +288,14 @@ def _ablate_equiv(resolved: Resolved, full_url: str, variant_url: str, run_dir: 
     if dtype is None:
         return "report"
     return "pass" if result.verdict.passed else "FAIL"
+
+
+def ablate_on(resolved: Resolved, workload: Workload, runtime: Runtime, *, steps: Sequence[str] | None = None,
+              repeats: int = 3, out: Path | None = None, equiv: bool = True,
+              environ: Mapping[str, str] | None = None, echo: Log = print,
+              host_address: str | None = None) -> AblationRun:
+    """`ablate` on ``runtime``: every variant served beside the full image (:func:`ablate_target`), or one server
+    at a time when the runtime serves only one (:func:`ablate_one_at_a_time`)."""
+    run = ablate_one_at_a_time if runtime.one_at_a_time else ablate_target
+    return run(resolved, workload, runtime, steps=steps, repeats=repeats, out=out, equiv=equiv, environ=environ,
+               echo=echo, host_address=host_address)

@@ -19,11 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
-import signal
-import socket
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +29,6 @@ from typing_extensions import Unpack
 
 from .. import settings
 from ..base import base_reference
-from ..blame import diagnose
 from ..build import build_target
 from ..docker_engine import (
     client,
@@ -50,86 +44,17 @@ from ..labels import L_KIND, L_RUN, L_RUN_SPEC, L_STARTED_BY, L_TARGET, L_TOOL, 
 from ..manifest.resolve import Resolved
 from ..rundirs import new_run_id, run_dir
 from ..verify import record_started
-from .runtime import Prepared, Runtime
+from .ports import default_host_address, free_port, port_in_use, port_taken_error
+from .runtime import Prepared, Runtime, sigterm_as_interrupt
 from .spec import KIND_SERVER, container_port, container_spec, run_spec_digest
-from .startfail import start_error
-from .waits import Health, poll_health
+from .startfail import exit_hint, start_error
+from .waits import Health, Progress, poll_health
 
 Log = Callable[[str], None]
 
 STARTED_BY_RUN = "invoke-run"
-HOST = settings.DEFAULT_HOST_ADDRESS
 LOG_TAIL = 50
 STOP_TIMEOUT = 5  # seconds of SIGTERM before SIGKILL (vLLM stops in ~1.3 s once serving)
-
-
-def default_host_address(environ: Mapping[str, str] | None = None) -> str:
-    """Where servers are published and reached: ``$IMAGEFORGE_HOST_ADDRESS`` or 127.0.0.1.
-
-    With a remote ``DOCKER_HOST``, set it (or ``--host-address``) to an address of that host this
-    machine can reach; ports are then published there and picked by the daemon.
-    """
-    return settings.host_address(None, os.environ if environ is None else environ)
-
-
-def port_in_use(port: int, host: str = HOST) -> bool:
-    """True when something already listens on ``host:port`` (or the port cannot be bound)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # as a listening server would: connections in TIME_WAIT do not make the port taken
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-            sock.listen(1)
-        except OSError:
-            return True
-    return False
-
-
-def free_port(host: str = HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def port_taken_error(port: int, host: str = HOST) -> InfraError:
-    return InfraError(
-        f"port {port} on {host} is already in use",
-        found=f"something listens on {host}:{port}",
-        hint=f"pass another --port, or leave --port out to pick a free one; `invoke stop` removes servers "
-        f"that `invoke run` left running (`ss -ltnp 'sport = :{port}'` shows who holds it)",
-    )
-
-
-def exit_hint(lines: Sequence[str], resolved: Resolved | None = None, *, log: Sequence[str] | None = None) -> str:
-    """A hint for a server that stopped during start-up, from the last log lines (``log``: the whole log, where
-    a traceback through a file a step wrote is looked for: :mod:`imageforge.blame`)."""
-    if resolved is not None:
-        failure = diagnose(lines if log is None else log, resolved.steps)
-        if failure is not None and failure.step is not None:
-            return (failure.step_hint() + f" (`invoke run --target {resolved.target.name} --base` runs the image "
-                    "without the steps)")
-    text = "\n".join(lines)
-    rules: list[tuple[str, str]] = [
-        (r"No module named|ModuleNotFoundError|ImportError", "an import failed: check the overlays and patches "
-         "of this image (`invoke plan` lists them) and rebuild"),
-        (r"SyntaxError|IndentationError", "a patched or overlaid Python file does not compile: check the patch"),
-        (r"Unsupported CPU attention", "the model's head_dim is not supported by the CPU attention backend"),
-        (r"shm|/dev/shm|Bus error", "the container's /dev/shm is too small: raise run.shm_size in the manifest"),
-        (r"out of memory|OOM|Cannot allocate memory", "the server ran out of memory: lower the KV cache "
-         "(VLLM_CPU_KVCACHE_SPACE / gpu-memory-utilization) or max-num-seqs"),
-        (r"unrecognized arguments|invalid choice|error: argument", "vllm serve rejected an argument: check "
-         "the target's serving args (`invoke plan` shows them)"),
-        (r"Address already in use", "the port inside the container is taken: check serving.args.port"),
-        (r"No such file or directory|does not exist|not a valid model|Can't load", "the model directory is "
-         "missing or incomplete: check run.volumes and serving.args.model"),
-    ]
-    for pattern, hint in rules:
-        if re.search(pattern, text):
-            return hint
-    if resolved is not None:
-        return f"the last log lines below say why; `invoke run --target {resolved.target.name} --base` runs " \
-            "the image without the steps"
-    return "the last log lines below say why"
 
 
 # --------------------------------------------------------------------------- the server
@@ -359,32 +284,6 @@ def published_port(container: Any, cport: int) -> int:
                      found=json.dumps(bindings))
 
 
-class Progress:
-    """One progress line: rewritten in place on a terminal, a line every ``every`` s otherwise."""
-
-    def __init__(self, what: str, log: Log, *, every: float = 10.0, stream: Any = None) -> None:
-        self.what = what
-        self.log = log
-        self.every = every
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self._last = -every
-
-    def update(self, elapsed: float) -> None:
-        if self.tty:
-            self.stream.write(f"\r{self.what}: {elapsed:5.0f}s")
-            self.stream.flush()
-        elif elapsed - self._last >= self.every:
-            self._last = elapsed
-            self.log(f"{self.what}: {elapsed:.0f}s")
-
-    def done(self, message: str) -> None:
-        if self.tty:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
-        self.log(message)
-
-
 def wait_ready(
     server: Server,
     *,
@@ -465,23 +364,6 @@ def remove_server(server: Server, *, log: Log | None = None, keep_log: bool = Tr
         server.forward.close()
     if log is not None:
         log(f"removed {server.name}")
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """In the main thread, turn SIGTERM into KeyboardInterrupt so cleanup code runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

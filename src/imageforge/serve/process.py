@@ -37,12 +37,12 @@ from ..inplace import Journal
 from ..inplace.verify import VERIFY_STEP
 from ..manifest.resolve import Resolved, resolve
 from ..rundirs import new_run_id, run_dir, runs_dir
-from .container import Progress, exit_hint, free_port, port_in_use, sigterm_as_interrupt
+from .ports import free_port, port_in_use
 from .process_spec import ProcessSpec, parse_size, process_spec
 from .procfs import alive, group_members, port_holder, proc_stat
-from .runtime import Prepared, Runtime
-from .startfail import start_error
-from .waits import Health, poll_health
+from .runtime import Prepared, Runtime, sigterm_as_interrupt
+from .startfail import exit_hint, start_error
+from .waits import Health, Progress, poll_health
 
 Log = Callable[[str], None]
 

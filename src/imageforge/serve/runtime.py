@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -102,4 +104,22 @@ class Runtime(abc.ABC):
         """``stop``: end the servers ``run`` left (``every``: also those of interrupted runs); their names."""
 
 
-__all__ = ["Prepared", "Runtime"]
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """In the main thread, turn SIGTERM into KeyboardInterrupt so cleanup code runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+__all__ = ["Prepared", "Runtime", "sigterm_as_interrupt"]

@@ -10,12 +10,14 @@ caller's class for a server killed for memory); without a traceback the error is
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..blame import diagnose
 from ..errors import ImageforgeError, SmokeError
 from ..manifest.model import Step
+from ..manifest.resolve import Resolved
 
 
 def start_error(*, what: str, package: str, seconds: float, state: str, expected: str, hint: str,
@@ -24,7 +26,7 @@ def start_error(*, what: str, package: str, seconds: float, state: str, expected
     """The error of a server that stopped before ``/health`` answered (the container's and the process's).
 
     ``what``: ``target:profile``; ``state``: how it ended (``status exited, exit code 1``); ``hint``:
-    :func:`imageforge.serve.container.exit_hint` (the step's hint when a step wrote the blamed file); ``log``: the
+    :func:`exit_hint` (the step's hint when a step wrote the blamed file); ``log``: the
     server's whole log. Without a traceback the message is the one of before: "the server of T:P stopped before it
     was ready".
     """
@@ -41,3 +43,35 @@ def start_error(*, what: str, package: str, seconds: float, state: str, expected
 
 
 __all__ = ["start_error"]
+
+
+def exit_hint(lines: Sequence[str], resolved: Resolved | None = None, *, log: Sequence[str] | None = None) -> str:
+    """A hint for a server that stopped during start-up, from the last log lines (``log``: the whole log, where
+    a traceback through a file a step wrote is looked for: :mod:`imageforge.blame`)."""
+    if resolved is not None:
+        failure = diagnose(lines if log is None else log, resolved.steps)
+        if failure is not None and failure.step is not None:
+            return (failure.step_hint() + f" (`invoke run --target {resolved.target.name} --base` runs the image "
+                    "without the steps)")
+    text = "\n".join(lines)
+    rules: list[tuple[str, str]] = [
+        (r"No module named|ModuleNotFoundError|ImportError", "an import failed: check the overlays and patches "
+         "of this image (`invoke plan` lists them) and rebuild"),
+        (r"SyntaxError|IndentationError", "a patched or overlaid Python file does not compile: check the patch"),
+        (r"Unsupported CPU attention", "the model's head_dim is not supported by the CPU attention backend"),
+        (r"shm|/dev/shm|Bus error", "the container's /dev/shm is too small: raise run.shm_size in the manifest"),
+        (r"out of memory|OOM|Cannot allocate memory", "the server ran out of memory: lower the KV cache "
+         "(VLLM_CPU_KVCACHE_SPACE / gpu-memory-utilization) or max-num-seqs"),
+        (r"unrecognized arguments|invalid choice|error: argument", "vllm serve rejected an argument: check "
+         "the target's serving args (`invoke plan` shows them)"),
+        (r"Address already in use", "the port inside the container is taken: check serving.args.port"),
+        (r"No such file or directory|does not exist|not a valid model|Can't load", "the model directory is "
+         "missing or incomplete: check run.volumes and serving.args.model"),
+    ]
+    for pattern, hint in rules:
+        if re.search(pattern, text):
+            return hint
+    if resolved is not None:
+        return f"the last log lines below say why; `invoke run --target {resolved.target.name} --base` runs " \
+            "the image without the steps"
+    return "the last log lines below say why"

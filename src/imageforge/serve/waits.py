@@ -4,6 +4,7 @@
   run's ``wait_ready``, smoke's liveness checks and ``smoke --wait`` all ask it.
 * :func:`poll_health` -- the one readiness poll (``/health`` until 200, a check that stops it when the server
   exited): a container's server and an in-place process wait through it, each adding only its exit check.
+* :class:`Progress` -- the line a long wait shows (rewritten in place on a terminal, every 10 s otherwise).
 * :func:`wait_until` / :func:`await_until` -- call a condition until it gives a value or the time is up,
   in the style of testcontainers' wait strategies (a condition may raise to stop waiting at once, e.g. a
   container that exited).  Used for readiness and for ``/metrics`` counters catching up.
@@ -17,14 +18,16 @@ This module sits below run, smoke and bench and imports nothing of imageforge.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
 T = TypeVar("T")
+Log = Callable[[str], None]
 
 HEALTH_PATH = "/health"
 
@@ -141,3 +144,29 @@ def wait_healthy(url: str, *, timeout: float, interval: float = 1.0, probe_timeo
 
 
 __all__ = ["HEALTH_PATH", "Health", "await_until", "poll_health", "probe_health", "wait_healthy", "wait_until"]
+
+
+class Progress:
+    """One progress line: rewritten in place on a terminal, a line every ``every`` s otherwise."""
+
+    def __init__(self, what: str, log: Log, *, every: float = 10.0, stream: Any = None) -> None:
+        self.what = what
+        self.log = log
+        self.every = every
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._last = -every
+
+    def update(self, elapsed: float) -> None:
+        if self.tty:
+            self.stream.write(f"\r{self.what}: {elapsed:5.0f}s")
+            self.stream.flush()
+        elif elapsed - self._last >= self.every:
+            self._last = elapsed
+            self.log(f"{self.what}: {elapsed:.0f}s")
+
+    def done(self, message: str) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+        self.log(message)
