@@ -47,13 +47,12 @@ from .base import (
     discover_package,
     missing_variable_error,
 )
-from .base.identity import committed_ids_file, discovery_cache_dir
+from .base.identity import committed_ids_file
 from .docker_engine import client, daemon_errors, ensure_daemon
 from .docker_engine.containers import (
     Containers,
     containers,
     file_entry,
-    list_dir,
     process_overrides,
     symlink_entry,
     tar_of,
@@ -83,6 +82,7 @@ from .plan import Plan, PlannedStep, canonical, make_plan
 from .rundirs import RunLog, image_lock, new_run_id
 from .scripts.run import IDLE_LOOP
 from .steps import SERVING_CONFIG, ApplyContext, Changes, ContainerFS, Entry, StepProblem, StepResult, kind
+from .steps.fs import kept_listing
 from .verify import (
     VerifySpec,
     changed_label,
@@ -239,41 +239,23 @@ class Builder:
             finally:
                 self.scope.remove(container)
 
-    def glob_listing(self, container: Any, directory: str, step: Step) -> list[tuple[str, bool]]:
-        """(name, is directory) of ``directory``'s entries.
-
-        get_archive streams the whole directory (torch/lib: ~1 s), so the listing is cached per
-        base image when no earlier step can have changed it: no script step before this one, and
-        no file step writing into, over or above the directory.
-        """
-        import hashlib
-
+    def listing_is_the_base(self, directory: str, step: Step) -> bool:
+        """Whether ``directory`` reads in ``step``'s container as in the base image: no script step before this
+        one, and no file step writing into, over or above the directory (its listing is then kept by the base's
+        ID: :func:`imageforge.steps.fs.kept_listing`)."""
         assert self.info is not None
         prefix = directory.rstrip("/") + "/"
-        cacheable = True
         for planned in self.plan.steps:
             earlier = planned.step
             if earlier is None or earlier is step:
                 break
             definition = kind(earlier.kind)
             if definition.runs_process:
-                cacheable = False
-                break
+                return False
             paths = definition.touches(earlier, self.info.site)
             if any(p == directory.rstrip("/") or p.startswith(prefix) or prefix.startswith(p + "/") for p in paths):
-                cacheable = False
-                break
-        digest = hashlib.sha256(directory.encode()).hexdigest()[:16]
-        cache_file = discovery_cache_dir() / f"listing-{self.base_id.split(':')[-1]}-{digest}.json"
-        if cacheable and cache_file.exists():
-            with contextlib.suppress(ValueError, OSError):
-                return [(str(n), bool(d)) for n, d in json.loads(cache_file.read_text())]
-        listing = [(name, info.isdir()) for name, info in list_dir(container, directory)]
-        if cacheable and listing:
-            with contextlib.suppress(OSError):
-                cache_file.parent.mkdir(parents=True, exist_ok=True)
-                cache_file.write_text(json.dumps(listing))
-        return listing
+                return False
+        return True
 
     # -- verify / config ----------------------------------------------------
 
@@ -345,7 +327,8 @@ def _remember_committed(image_id: str) -> None:
 
 
 class BuildFS(ContainerFS):
-    """The step container's files as a step kind reads them; directory listings through the builder's cache."""
+    """The step container's files as a step kind reads them; a directory no earlier step changed is listed as the
+    base image's (kept by its ID, shared by every chain on that base)."""
 
     def __init__(self, builder: Builder, container: Any, step: Step, *, pristine: bool = False) -> None:
         super().__init__(container, pristine=pristine)
@@ -353,8 +336,9 @@ class BuildFS(ContainerFS):
         self.step = step
 
     def list_dir(self, directory: str) -> list[tuple[str, Entry]]:
-        return [(name, Entry("dir" if is_directory else "file"))
-                for name, is_directory in self.builder.glob_listing(self.container, directory, self.step)]
+        if self.builder.listing_is_the_base(directory, self.step):
+            return kept_listing(self.builder.base_id, directory, lambda: self.read_dir(directory))
+        return super().list_dir(directory)
 
 
 def changes_tar(changes: Changes) -> bytes:

@@ -14,11 +14,15 @@ serving values.  Serving values themselves (``IMAGEFORGE_SET``, ``--set``) stay 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 ENV_MANIFEST = "IMAGEFORGE_MANIFEST"
 ENV_TRACEBACK = "IMAGEFORGE_TRACEBACK"
@@ -76,6 +80,21 @@ def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     ~/.cache/imageforge."""
     value = pick(None, os.environ if environ is None else environ, ENV_CACHE, DEFAULT_CACHE)[0]
     return Path(value).expanduser()
+
+
+def keep_json(path: Path, doc: Any) -> None:
+    """Keep ``doc`` as a host-cache entry at ``path``: written to a temporary file beside it and renamed into place,
+    so a reader never sees half of one. A cache that cannot be written is no cache: an OSError is swallowed."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(doc, fh, separators=(",", ":"))
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
 
 @dataclass(frozen=True)

@@ -146,50 +146,55 @@ def test_docker_host_second_daemon(tmp_path: Path) -> None:
     assert "no Docker daemon answers at DOCKER_HOST" in gone.stderr
 
 
-def test_symlink_glob_listing_cache_never_hides_an_earlier_step(tmp_path: Path) -> None:
-    """The engine caches a glob directory's listing per base image only when no earlier step can
-    change the directory: a script that adds files there must be seen."""
+def test_symlink_glob_listing_cache_never_hides_an_earlier_step(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A glob directory no earlier step can change is listed once per base image (kept by the base's ID, shared by
+    every chain on it); a file step writing into it or a script before it is seen even when that listing is kept."""
+    from imageforge.steps.fs import listing_path
+
     cache = tmp_path / "cache"
     env = {"IMAGEFORGE_CACHE": str(cache)}
-    script_first = """\
-          - id: extra
-            kind: overlay
-            source: overlays/extra.py
-            dest: vllm/ops/extra.py
-          - id: make-libs
-            kind: script
-            source: scripts/libs.sh
-          - id: link-libs
+    monkeypatch.setenv("IMAGEFORGE_CACHE", str(cache))  # listing_path's cache: the builds'
+    base = tiny_base()
+    ops = "/usr/local/lib/python3.11/dist-packages/vllm/ops"
+    kept = listing_path(docker.from_env().images.get(base).id, ops)
+    glob_ops = f"""\
+          - id: link-ops
             kind: symlink
-            glob: /opt/libs/lib*.so
-            into: /usr/local/lib
-"""
-    manifest, _ = write_manifest(tmp_path / "a", tiny_base(), steps=script_first, files={
-        "scripts/libs.sh": "#!/bin/sh\nmkdir -p /opt/libs && touch /opt/libs/liba.so /opt/libs/libb.so\n"})
-    out = invoke("build", "--manifest", str(manifest), env=env, check=True).stderr
-    assert "2 link(s) made" in out
-    assert not list((cache / "discovery").glob("listing-*")), "not cached: a script ran before the glob"
-    base_dir = """\
-          - id: extra
-            kind: overlay
-            source: overlays/extra.py
-            dest: vllm/ops/extra.py
-          - id: link-vllm
-            kind: symlink
-            glob: /usr/local/lib/python3.11/dist-packages/vllm/ops/*.py
+            glob: {ops}/*.py
             into: /opt/links
 """
-    manifest, _ = write_manifest(tmp_path / "b", tiny_base(), steps=base_dir)
+    overlay = """\
+          - id: extra
+            kind: overlay
+            source: overlays/extra.py
+            dest: {dest}
+"""
+    # untouched (the overlay writes elsewhere): listed once, kept under the base's ID
+    manifest, _ = write_manifest(tmp_path / "a", base, steps=overlay.format(dest="vllm/extra.py") + glob_ops)
+    out = invoke("build", "--manifest", str(manifest), env=env, check=True).stderr
+    assert "2 link(s) made" in out, "__init__.py and attn.py"
+    names = {name for name, _kind, _target in json.loads(kept.read_text())}
+    assert names == {"__init__.py", "attn.py"}, names
+    # the overlay writes into the globbed directory: its file is seen, the kept listing stays the base's
+    manifest, _ = write_manifest(tmp_path / "b", base, steps=overlay.format(dest="vllm/ops/extra.py") + glob_ops)
     out = invoke("build", "--manifest", str(manifest), env=env, check=True).stderr
     assert "3 link(s) made" in out, "__init__.py, attn.py and the overlay's extra.py"
-    # the overlay wrote into the globbed directory: the listing must come from the image, not a cache
-    assert "extra.py" not in "".join(p.read_text() for p in (cache / "discovery").glob("listing-*"))
-    untouched = base_dir.replace("vllm/ops/*.py", "vllm-1.0.dist-info/*").replace("link-vllm", "link-dist")
-    manifest, _ = write_manifest(tmp_path / "c", tiny_base(), steps=untouched)
+    # a script before the glob adds a file there: seen too
+    script = """\
+          - id: make-op
+            kind: script
+            source: scripts/op.sh
+"""
+    manifest, _ = write_manifest(tmp_path / "c", base, steps=overlay.format(dest="vllm/extra.py") + script + glob_ops,
+                                 files={"scripts/op.sh": f"#!/bin/sh\ntouch {ops}/made.py\n"})
     out = invoke("build", "--manifest", str(manifest), env=env, check=True).stderr
-    assert "2 link(s) made" in out
-    cached = list((cache / "discovery").glob("listing-*"))
-    assert len(cached) == 1 and "METADATA" in cached[0].read_text(), "an untouched directory's listing is cached"
-    manifest, _ = write_manifest(tmp_path / "d", tiny_base(), steps=untouched)  # new overlay content: a new chain
+    assert "3 link(s) made" in out, "__init__.py, attn.py and the script's made.py"
+    assert {name for name, _kind, _target in json.loads(kept.read_text())} == {"__init__.py", "attn.py"}
+    # another chain on the same base (write_manifest's overlay content is new each time): the kept listing is read,
+    # not written again
+    written = kept.stat().st_mtime_ns
+    manifest, _ = write_manifest(tmp_path / "d", base, steps=overlay.format(dest="vllm/extra.py") + glob_ops)
     out = invoke("build", "--manifest", str(manifest), env=env, check=True).stderr
-    assert "2 link(s) made" in out
+    assert "2 link(s) made" in out and "link-ops" in out
+    assert kept.stat().st_mtime_ns == written

@@ -11,19 +11,17 @@ the build writes into its step container (put_archive) and check-patches records
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 import posixpath
-import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from ..docker_engine import containers as dc
 from ..errors import BuildError
-from ..settings import cache_dir
+from ..settings import cache_dir, keep_json
 
 #: The format of a kept listing; a new one makes every older entry a miss.
 LISTING_FORMAT = "imageforge-dir-listing/1"
@@ -129,22 +127,32 @@ class ContainerFS:
     def __init__(self, container: Any, *, pristine: bool = False) -> None:
         self.container = container
         self.pristine = pristine
+        self._stats: dict[str, dict[str, Any] | None] = {}  # a pristine container's HEAD answers, by path
+
+    def _path_stat(self, path: str) -> dict[str, Any] | None:
+        """The daemon's stat of ``path`` (HEAD archive); a pristine container's asked once per path (the ELF
+        resolution follows every component of every candidate path: /usr, /usr/local, ... again and again)."""
+        if not self.pristine:
+            return dc.path_stat(self.container, path)
+        if path not in self._stats:
+            self._stats[path] = dc.path_stat(self.container, path)
+        return self._stats[path]
 
     def identity(self, path: str) -> tuple[str | int, ...] | None:
         """The image's content at ``path`` (its ELF summary is kept by it: vendor_api.elfcache): the container's
         image ID, the path, its size, mtime and mode; None for a container that is not pristine (what a step
         wrote there is not the image's) and for what is not a regular file."""
-        image_id = (getattr(self.container, "attrs", None) or {}).get("Image") if self.pristine else None
-        if not image_id:
+        image_id = self.image_id()
+        if image_id is None:
             return None
-        st = dc.path_stat(self.container, path)
+        st = self._path_stat(path)
         if st is None or dc.is_symlink(st) or dc.is_dir(st):
             return None
         return ("image", str(image_id), path, int(st.get("size", -1)), str(st.get("mtime", "")),
                 int(st.get("mode", 0)))
 
     def stat(self, path: str) -> Entry | None:
-        st = dc.path_stat(self.container, path)
+        st = self._path_stat(path)
         if st is None:
             return None
         if dc.is_symlink(st):
@@ -163,26 +171,45 @@ class ContainerFS:
         return data, FileMeta(member.mode, member.uid, member.gid, int(member.mtime))
 
     def list_dir(self, directory: str) -> list[tuple[str, Entry]]:
-        """The directory's entries; a pristine container's are read once per image ID and directory (then from
-        ``cache_dir()/listings``: an image ID names its content)."""
+        """The directory's entries; a pristine container's through :func:`kept_listing` (by its image ID)."""
+        image_id = self.image_id()
+        if image_id is None:
+            return self.read_dir(directory)
+        return kept_listing(image_id, directory, lambda: self.read_dir(directory))
+
+    def image_id(self) -> str | None:
+        """The ID of the image whose files these are: a pristine container's image; None otherwise."""
         image_id = (getattr(self.container, "attrs", None) or {}).get("Image") if self.pristine else None
-        kept = _listing_path(str(image_id), directory) if image_id else None
-        if kept is not None:
-            found = _read_listing(kept)
-            if found is not None:
-                return found
+        return str(image_id) if image_id else None
+
+    def read_dir(self, directory: str) -> list[tuple[str, Entry]]:
+        """The directory's entries, read from the container now (its archive)."""
         out: list[tuple[str, Entry]] = []
         for name, info in dc.list_dir(self.container, directory):
             if info.issym():
                 out.append((name, Entry("link", info.linkname)))
             else:
                 out.append((name, Entry("dir" if info.isdir() else "file")))
-        if kept is not None:
-            _write_listing(kept, out)
         return out
 
 
-def _listing_path(image_id: str, directory: str) -> Path:
+Listing = list[tuple[str, Entry]]
+
+
+def kept_listing(image_id: str, directory: str, read: Callable[[], Listing]) -> Listing:
+    """``directory``'s entries in the image ``image_id``: ``read()`` once, then kept in ``cache_dir()/listings``
+    (an image ID names its content; a kept entry that does not read as one is read again)."""
+    kept = listing_path(image_id, directory)
+    found = _read_listing(kept)
+    if found is not None:
+        return found
+    out = read()
+    keep_json(kept, [[name, e.kind, e.link_target] for name, e in out])
+    return out
+
+
+def listing_path(image_id: str, directory: str) -> Path:
+    """Where the listing of ``directory`` in the image ``image_id`` is kept."""
     key = json.dumps([LISTING_FORMAT, image_id, posixpath.normpath(directory)])
     return cache_dir() / "listings" / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
 
@@ -195,17 +222,3 @@ def _read_listing(path: Path) -> list[tuple[str, Entry]] | None:
                 if kind in ("file", "dir", "link")]
     except (OSError, ValueError, TypeError):
         return None
-
-
-def _write_listing(path: Path, entries: list[tuple[str, Entry]]) -> None:
-    """Written to a temporary file and renamed into place (a reader never sees half of one); best effort."""
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".listing-")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump([[name, e.kind, e.link_target] for name, e in entries], fh)
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)

@@ -20,13 +20,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..settings import cache_dir
+from ..settings import cache_dir, keep_json
 from .elfcheck import ElfSummary, Undefined
 
 #: The entry format; a new one makes every older entry a miss.
@@ -76,17 +74,7 @@ class SummaryStore:
         """Keep ``summary`` for ``identity`` (a cache that cannot be written is no cache: nothing is raised)."""
         path = self._path(identity)
         doc = {"format": FORMAT, "identity": list(identity), "summary": _to_json(summary)}
-        with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-            try:
-                with os.fdopen(fd, "w") as fh:
-                    json.dump(doc, fh, separators=(",", ":"))
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+        keep_json(path, doc)
 
     def get_or_make(self, identity: Identity, make: Callable[[], ElfSummary]) -> ElfSummary:
         """The kept summary, else ``make()`` kept; one maker at a time per identity (the others then read it)."""
