@@ -67,9 +67,11 @@ BYTECODE = {"PYTHONDONTWRITEBYTECODE": ""}
 
 
 def _test_with_coverage(c: Context, args: str) -> None:
-    """``coverage run`` over pytest; pyproject's [tool.coverage] patches subprocess, so every Python process the
-    tests start (invoke subprocesses, a server process) writes its own data file; combined, then TOTAL printed."""
+    """``coverage run`` over pytest; every Python subprocess of the tests that imports imageforge (invoke
+    subprocesses, a server process) is measured from that import on and writes its own data file
+    (tests/coverage_on_import.py); combined, then TOTAL printed."""
     import shutil
+    import sysconfig
 
     from invoke.exceptions import Exit
 
@@ -77,8 +79,19 @@ def _test_with_coverage(c: Context, args: str) -> None:
     out = ROOT / ".imageforge" / "coverage"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    env = {"COVERAGE_FILE": str(out / "data"), "COVERAGE_RCFILE": str(ROOT / "pyproject.toml"), **BYTECODE}
-    result = c.run(f"{py} -m coverage run {args}", pty=False, warn=True, env=env)
+    rcfile = str(ROOT / "pyproject.toml")
+    env = {"COVERAGE_FILE": str(out / "data"), "COVERAGE_RCFILE": rcfile, "IMAGEFORGE_COVERAGE_ON_IMPORT": rcfile,
+           **BYTECODE}
+    site = Path(sysconfig.get_path("purelib"))  # this venv's: the tests' subprocesses run its python
+    hook = site / "imageforge_coverage_on_import.py"
+    pth = site / "imageforge_coverage_on_import.pth"
+    shutil.copyfile(ROOT / "tests" / "coverage_on_import.py", hook)
+    pth.write_text("import imageforge_coverage_on_import\n")
+    try:
+        result = c.run(f"{py} -m coverage run {args}", pty=False, warn=True, env=env)
+    finally:
+        pth.unlink(missing_ok=True)
+        hook.unlink(missing_ok=True)
     c.run(f"{py} -m coverage combine --quiet", pty=False, env=env, warn=True)
     report = c.run(f"{py} -m coverage report", pty=False, env=env, hide=True, warn=True)
     (out / "report.txt").write_text(report.stdout if report else "")
