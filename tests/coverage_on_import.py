@@ -23,8 +23,8 @@ PACKAGE = "imageforge"
 
 
 class StartOnImport:
-    """A meta path finder that finds nothing: at the first import of the package it starts coverage (unless one
-    runs already: the ``coverage run`` process itself) and leaves ``sys.meta_path``."""
+    """A meta path finder that finds nothing: at the first import of the package it leaves ``sys.meta_path`` and
+    starts coverage (unless one runs already: the ``coverage run`` process itself)."""
 
     def __init__(self, config_file: str) -> None:
         self.config_file = config_file
@@ -33,7 +33,9 @@ class StartOnImport:
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if name != PACKAGE and not name.startswith(PACKAGE + "."):
             return None
-        sys.meta_path.remove(self)
+        # every such finder leaves first (a second copy of this module may have installed one too): starting
+        # coverage looks the package up again, which must not start a second one
+        sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != type(self).__name__]
         import coverage
 
         if coverage.Coverage.current() is None:
@@ -53,7 +55,7 @@ class StartOnImport:
 
 def install() -> None:
     config_file = os.environ.get(VARIABLE)
-    if config_file and not any(isinstance(f, StartOnImport) for f in sys.meta_path):
+    if config_file and not any(type(f).__name__ == StartOnImport.__name__ for f in sys.meta_path):
         sys.meta_path.insert(0, StartOnImport(config_file))
 
 

@@ -43,3 +43,12 @@ def test_a_process_is_measured_from_its_first_import_of_imageforge(tmp_path: Pat
     lines = set(data.lines(errors) or [])
     assert 1 in lines, "the module's first line: measured from the import on"
     assert body in lines, "what the process ran after the import"
+
+
+def test_two_copies_of_the_hook_start_one_coverage(tmp_path: Path) -> None:
+    """The venv's copy (the run's .pth) and another (this test's import of tests/coverage_on_import.py): starting
+    coverage looks the package up again, which must not start a second one (a second data file)."""
+    second = ("import importlib.util; spec = importlib.util.spec_from_file_location('second_copy', "
+              f"{str(TESTS / 'coverage_on_import.py')!r}); copy = importlib.util.module_from_spec(spec); "
+              "spec.loader.exec_module(copy); ")
+    assert len(_run(second + "import imageforge.errors", tmp_path)) == 1
