@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Severity = Literal["error", "warning", "info"]
@@ -103,9 +103,6 @@ class Finding:
         return {"check": self.check, "severity": self.level, "message": self.message, "path": self.path,
                 "line": self.line, "column": self.column, "step": self.step, "expected": self.expected,
                 "found": self.found, "hint": self.hint}
-
-    def lowered(self, severity: Severity) -> Finding:
-        return replace(self, severity=severity)
 
 
 @dataclass(frozen=True)

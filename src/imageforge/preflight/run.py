@@ -18,8 +18,7 @@ import json
 import posixpath
 import shlex
 import tempfile
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,12 +208,6 @@ def host_inputs(manifest: Manifest, steps: Sequence[Step], environ: Mapping[str,
         if folder is not None and folder.is_dir():
             files += [(p, step.id) for p in sorted(folder.rglob("*")) if p.is_file() and ".git" not in p.parts]
     return files
-
-
-@contextlib.contextmanager
-def _timer() -> Iterator[Callable[[], float]]:
-    start = time.monotonic()
-    yield lambda: time.monotonic() - start
 
 
 def run_preflight(load: Callable[[], Manifest], validate: Callable[[Manifest], Any], target_name: str | None,
