@@ -1,6 +1,6 @@
-"""The house rules of src/imageforge that a reader sees before any import: how many modules sit at the top, how long
-one module may grow, no module that only re-exports another's names, and CONTRIBUTING.md's map of homes true to the
-code.
+"""The house rules a reader sees before running anything: how many modules sit at the top of src/imageforge, how
+long one module may grow, no module that only re-exports another's names, CONTRIBUTING.md's map of homes true to the
+code, bench/RESULTS.md as current figures, and no label of how the work was organised.
 
 * at most :data:`MAX_TOP` ``.py`` files directly under ``src/imageforge`` (``__init__.py`` included): a new concern
   goes into the package of its stage;
@@ -9,7 +9,11 @@ code.
   docstring is a second name for code that lives elsewhere, and so is ``from .x import name as name`` (the explicit
   re-export) outside an ``__init__.py``;
 * CONTRIBUTING.md's map of homes (its table "The map of homes, by concern") names only homes that exist (a
-  ``pkg/`` with the modules in its brackets, a ``module.py``), and every top-level module and package has a row.
+  ``pkg/`` with the modules in its brackets, a ``module.py``), and every top-level module and package has a row;
+* bench/RESULTS.md holds current figures: at most :data:`MAX_RESULTS_LINES` lines, every section with its What,
+  Reproduce, Latest and Goal (history is git's);
+* no file of the repository names how its work was organised (a numbered work session or stop): such a label
+  means nothing to a reader.
 """
 
 from __future__ import annotations
@@ -17,13 +21,19 @@ from __future__ import annotations
 import ast
 import re
 import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src" / "imageforge"
 MAP_HEADING = "The map of homes, by concern:"
 MAX_TOP = 15
 MAX_LINES = 600
+MAX_RESULTS_LINES = 700
+SECTION_PARTS = ("- **What.**", "- **Reproduce.**", "**Latest.**", "**Goal.**")
+LABEL = re.compile(r"\b(?:session|stop)s? \d+\b", re.IGNORECASE)
 
 
 def _is_shim(tree: ast.Module) -> bool:
@@ -142,3 +152,57 @@ def test_a_home_that_moved_and_a_package_without_a_row_are_found(tmp_path: Path)
     (package / "newstage" / "__init__.py").write_text("")
     assert map_findings(text, package) == ["CONTRIBUTING.md names `serve/ports`: not in imageforge/",
                                            "imageforge/newstage/ has no row in CONTRIBUTING.md's map of homes"]
+
+
+def results_findings(text: str) -> list[str]:
+    """What keeps bench/RESULTS.md from being current figures (see the module)."""
+    lines = text.count("\n")
+    found = [f"bench/RESULTS.md: {lines} lines (at most {MAX_RESULTS_LINES}): history is git's"] \
+        if lines > MAX_RESULTS_LINES else []
+    for section in re.split(r"^## ", text, flags=re.M)[1:]:
+        title = section.splitlines()[0]
+        found += [f"bench/RESULTS.md: section {title!r} has no {part}" for part in SECTION_PARTS if part not in section]
+    return found
+
+
+def label_findings(paths: list[Path], root: Path) -> list[str]:
+    """``file:line`` of every label of how the work was organised in the text files ``paths``."""
+    found = []
+    for path in paths:
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue  # binary (a .so, a .png) or a link to nothing
+        found += [f"{path.relative_to(root)}:{n}: {m.group(0)!r}" for n, line in enumerate(text.splitlines(), 1)
+                  for m in LABEL.finditer(line)]
+    return found
+
+
+def test_results_md_is_current_figures() -> None:
+    text = (REPO / "bench" / "RESULTS.md").read_text()
+    assert text.count("\n## ") >= 10
+    assert results_findings(text) == []
+
+
+def test_a_long_results_md_and_a_section_without_its_goal_are_found() -> None:
+    text = (REPO / "bench" / "RESULTS.md").read_text()
+    longer = text + "\n" * (MAX_RESULTS_LINES + 1 - text.count("\n"))
+    assert results_findings(longer) == [f"bench/RESULTS.md: {MAX_RESULTS_LINES + 1} lines (at most "
+                                        f"{MAX_RESULTS_LINES}): history is git's"]
+    first = re.search(r"^## (.+)$", text, re.M)
+    assert first is not None
+    cut = text.replace("**Goal.**", "**Aim.**", 1)  # the first section's
+    assert results_findings(cut) == [f"bench/RESULTS.md: section {first.group(1)!r} has no **Goal.**"]
+
+
+def test_no_file_names_how_the_work_was_organised(tmp_path: Path) -> None:
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=False)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    paths = [REPO / name for name in listed.stdout.decode().split("\0") if name]
+    assert len(paths) > 100
+    assert label_findings(paths, REPO) == []
+    planted = tmp_path / "NOTES.md"
+    session, stop = "session " + "29", "Stop " + "28"  # not written whole: this file is scanned too
+    planted.write_text(f"Measured in {session}.\nOne pytest session per run; {stop} landed.\n")
+    assert label_findings([planted], tmp_path) == [f"NOTES.md:1: {session!r}", f"NOTES.md:2: {stop!r}"]
