@@ -1,6 +1,6 @@
 """Helpers shared by the integration tests (one home for each; import them from here).
 
-* :func:`free_port` -- a free TCP port on 127.0.0.1 (imageforge.serve.container's own).
+* :func:`free_port` -- a free TCP port on 127.0.0.1 (imageforge.serve.ports's own).
 * :func:`cpu_base_refs` -- the cpu recipe's computed references: (OS image tag, vLLM base tag).
 * :func:`os_image` -- the recipe's OS image, found **by its computed tag**, never by the
   ``org.imageforge.kind=os-base`` label: every image built FROM the OS image inherits that label (a user's

@@ -26,8 +26,9 @@ import httpx
 import pytest
 
 from imageforge import docker_engine as de
-from imageforge.docker_engine.forward import SSHForward, free_local_port
+from imageforge.docker_engine.forward import SSHForward
 from imageforge.errors import InfraError
+from imageforge.serve.ports import free_port
 
 pytestmark = [pytest.mark.integration]
 
@@ -62,7 +63,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     for key in ("host_key", "id_ed25519"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True)
     shutil.copy(d / "id_ed25519.pub", d / "authorized_keys")
-    port = free_local_port()
+    port = free_port()
     (d / "sshd_config").write_text(f"""\
 Port {port}
 ListenAddress 127.0.0.1
@@ -139,7 +140,7 @@ def test_the_daemon_answers_over_ssh_as_docker_host_and_as_a_context(over_ssh: S
 
 def test_an_ssh_host_without_a_daemon_is_exit_5_and_starts_nothing(over_ssh: Sshd,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DOCKER_HOST", f"ssh://root@127.0.0.1:{free_local_port()}")  # nothing listens there
+    monkeypatch.setenv("DOCKER_HOST", f"ssh://root@127.0.0.1:{free_port()}")  # nothing listens there
     with pytest.raises(InfraError) as ei:
         de.ensure_daemon(start=True, log=print)
     assert ei.value.exit_code == 5 and "DOCKER_HOST=ssh://" in ei.value.message
@@ -173,7 +174,7 @@ def test_the_forward_reaches_a_port_on_the_ssh_host_and_is_closed(over_ssh: Sshd
             os.kill(pid, 0)
         with pytest.raises(httpx.ConnectError):
             httpx.get(forward.url + "/", timeout=3)
-        bad = SSHForward(f"ssh://root@127.0.0.1:{free_local_port()}", "127.0.0.1", remote_port)
+        bad = SSHForward(f"ssh://root@127.0.0.1:{free_port()}", "127.0.0.1", remote_port)
         with pytest.raises(InfraError, match="did not open"):
             bad.open(timeout=10)
         assert bad.pid is None

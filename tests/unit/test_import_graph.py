@@ -26,7 +26,8 @@ PACKAGE = "imageforge"
 STAGES: tuple[tuple[str, ...], ...] = (
     ("errors", "labels", "settings"),  # one error root, every label, the tool's own options
     # pure helpers; run directories and locks; HTTP wire formats and the health wait; progress and output
-    ("patches", "rundirs", "cli.output", "cli.progress", "serve.openai_wire", "serve.waits", "workload",
+    ("patches", "rundirs", "cli.output", "cli.progress", "serve.openai_wire", "serve.waits", "serve.ports",
+     "workload",
      "wheelhouse",  # wheelhouse.join: the stdlib joiner beside the parts
      "inimage",  # the programs run inside an image (verify, the flag listing, the tree's step runtime), as text
      "vendor_api",  # the vendor API record: its format, the arity check, ELF facts, the probe

@@ -23,16 +23,11 @@ from urllib.parse import urlsplit
 
 from imageforge.docker_engine import _terminate  # the package's one TERM-then-KILL
 from imageforge.errors import InfraError
+from imageforge.serve.ports import free_port
 from imageforge.serve.waits import wait_until
 
 #: Seconds the forward may take to accept connections (ssh login included).
 OPEN_TIMEOUT = 30.0
-
-
-def free_local_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def ssh_destination(ssh_url: str) -> list[str]:
@@ -89,7 +84,7 @@ class SSHForward:
         self.ssh_url = ssh_url
         self.remote_address = remote_address
         self.remote_port = remote_port
-        self.local_port = local_port or free_local_port()
+        self.local_port = local_port or free_port("127.0.0.1")
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property

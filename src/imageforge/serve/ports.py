@@ -1,7 +1,9 @@
 """Where a server listens on this machine: the address servers are published on and reached at, and its ports.
 
 Both runtimes pick and check ports here: a container's published port (:mod:`imageforge.serve.container`) and an
-in-place process's listening port (:mod:`imageforge.serve.process`).
+in-place process's listening port (:mod:`imageforge.serve.process`); so does the ssh forward to a remote daemon
+(:mod:`imageforge.docker_engine.forward`), which is why this module sits below the daemon and imports nothing of
+imageforge but the settings and the error root.
 """
 
 from __future__ import annotations
@@ -44,10 +46,12 @@ def free_port(host: str = HOST) -> int:
         return int(sock.getsockname()[1])
 
 
-def port_taken_error(port: int, host: str = HOST) -> InfraError:
+def port_taken_error(port: int, host: str = HOST, *, pid: int | None = None) -> InfraError:
+    """The error of a port something already listens on (``pid``: who, when this machine can tell)."""
     return InfraError(
-        f"port {port} on {host} is already in use",
-        found=f"something listens on {host}:{port}",
+        f"port {port} on {host} is already in use" + (f" by pid {pid}" if pid else ""),
+        found=f"pid {pid} listens on :{port}" if pid else f"something listens on {host}:{port}",
         hint=f"pass another --port, or leave --port out to pick a free one; `invoke stop` removes servers "
-        f"that `invoke run` left running (`ss -ltnp 'sport = :{port}'` shows who holds it)",
+        f"that `invoke run` left running (`invoke stop --in-place` those run in place; `ss -ltnp 'sport = :{port}'` "
+        "shows who holds it)",
     )

@@ -37,7 +37,7 @@ from ..inplace import Journal
 from ..inplace.verify import VERIFY_STEP
 from ..manifest.resolve import Resolved, resolve
 from ..rundirs import new_run_id, run_dir, runs_dir
-from .ports import free_port, port_in_use
+from .ports import free_port, port_in_use, port_taken_error
 from .process_spec import ProcessSpec, parse_size, process_spec
 from .procfs import alive, group_members, port_holder, proc_stat
 from .runtime import Prepared, Runtime, sigterm_as_interrupt
@@ -313,12 +313,7 @@ def refuse_if_busy(root: Path, host: str, port: int | None) -> None:
             hint="`invoke stop --in-place` ends it (one server at a time on this machine)",
         )
     if port is not None and port_in_use(port, host):
-        pid = port_holder(port)
-        raise InfraError(
-            f"port {port} on {host} is already in use" + (f" by pid {pid}" if pid else ""),
-            found=f"pid {pid} listens on :{port}" if pid else f"something listens on {host}:{port}",
-            hint=f"stop it, or pass another --port (`ss -ltnp 'sport = :{port}'` shows who holds it)",
-        )
+        raise port_taken_error(port, host, pid=port_holder(port))
 
 
 def start_process(resolved: Resolved, runtime: ProcessRuntime, *, environ: Mapping[str, str] | None = None,
