@@ -160,11 +160,13 @@ class Box:
             raise AssertionError(f"box: {command} -> exit {result.exit_code}\n{text[-4000:]}")
         return int(result.exit_code), text
 
-    def imageforge(self, args: str, *, check: bool = True) -> tuple[int, str, float]:
-        """The installed ``imageforge`` command: (exit code, its stdout alone: the result, seconds)."""
+    def imageforge(self, args: str, *, check: bool = True, timeout: int = 900) -> tuple[int, str, float]:
+        """The installed ``imageforge`` command (killed after ``timeout`` s): (exit code, its stdout alone: the
+        result, seconds)."""
         t0 = time.monotonic()
-        code, (out, err) = self.container.exec_run(["/bin/sh", "-c", f"{BOX_VENV}/bin/imageforge {args}"],
-                                                   workdir=self.repo, environment=self.environ, demux=True)
+        code, (out, err) = self.container.exec_run(
+            ["timeout", "-s", "KILL", str(timeout), "/bin/sh", "-c", f"{BOX_VENV}/bin/imageforge {args}"],
+            workdir=self.repo, environment=self.environ, demux=True)
         seconds = time.monotonic() - t0
         stdout, stderr = (out or b"").decode(errors="replace"), (err or b"").decode(errors="replace")
         if check and code != 0:
