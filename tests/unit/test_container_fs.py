@@ -89,3 +89,24 @@ def test_list_dir_reads_a_streamed_archive_in_any_chunking() -> None:
         assert [(n, i.size, i.issym(), i.isdir()) for n, i in entries] == [
             ("libtorch.so", len(big), False, False), ("libc10.so.1", 0, True, False), ("sub", 0, False, True)], chunk
         assert container.asked == ["/site/torch/lib/."]
+
+
+def test_a_pristine_container_is_asked_for_a_path_s_stat_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ELF resolution follows every component of every candidate path; a pristine container's answers do not
+    change, a step container's may (what the step writes)."""
+    asked: list[str] = []
+
+    def path_stat(container: Any, path: str) -> dict[str, Any] | None:
+        asked.append(path)
+        return None if path.endswith("missing") else {"mode": 0o644, "size": 3, "mtime": "2026-12-05T00:00:00Z"}
+
+    monkeypatch.setattr(dc, "path_stat", path_stat)
+    pristine = ContainerFS(_Archived(), pristine=True)
+    for _ in range(3):
+        assert pristine.stat("/usr/lib/x.so") == Entry("file") and pristine.stat("/usr/missing") is None
+    assert pristine.identity("/usr/lib/x.so") == ("image", IMAGE, "/usr/lib/x.so", 3, "2026-12-05T00:00:00Z", 0o644)
+    assert asked == ["/usr/lib/x.so", "/usr/missing"]
+    asked.clear()
+    step = ContainerFS(_Archived())
+    assert step.stat("/usr/lib/x.so") == step.stat("/usr/lib/x.so") == Entry("file") and step.identity("/x") is None
+    assert asked == ["/usr/lib/x.so", "/usr/lib/x.so"]

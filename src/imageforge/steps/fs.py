@@ -148,7 +148,7 @@ class ContainerFS:
         st = self._path_stat(path)
         if st is None or dc.is_symlink(st) or dc.is_dir(st):
             return None
-        return ("image", str(image_id), path, int(st.get("size", -1)), str(st.get("mtime", "")),
+        return ("image", image_id, path, int(st.get("size", -1)), str(st.get("mtime", "")),
                 int(st.get("mode", 0)))
 
     def stat(self, path: str) -> Entry | None:
@@ -214,7 +214,7 @@ def listing_path(image_id: str, directory: str) -> Path:
     return cache_dir() / "listings" / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
 
 
-def _read_listing(path: Path) -> list[tuple[str, Entry]] | None:
+def _read_listing(path: Path) -> Listing | None:
     """A kept listing, or None (none kept, or one that does not read as one: read again)."""
     try:
         rows = json.loads(path.read_text())
